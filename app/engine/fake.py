@@ -1,0 +1,151 @@
+"""A scripted engine for fast protocol tests: same interface and threading as the real one.
+
+It "generates" a fixed reply word by word on a native thread, honouring max_tokens and stop
+strings through the same TextAssembler, so routes, envelopes and SSE framing can be tested
+without a model. Prompts containing ``FAIL_BEFORE`` fail before acceptance, ``FAIL_AFTER``
+after the first piece.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from app.bridge import Channel, allocate_lock, start_native_thread
+from app.engine.text import TextAssembler
+from app.engine.types import (
+    Accepted,
+    Event,
+    Failed,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    TextPiece,
+)
+from app.errors import ContextOverflow, EngineFailure, ModelNotReady, QueueFull
+from app.state import LoadState
+
+
+class FakeHandle:
+    def __init__(self, channel: Channel):
+        self._channel = channel
+        self.cancelled = False
+        self._over = False
+
+    def next_event(self, timeout: float | None = None) -> Event:
+        ev = self._channel.get(timeout)
+        if isinstance(ev, Finished | Failed):
+            self._over = True
+        return ev
+
+    def __iter__(self):
+        while not self._over:
+            yield self.next_event()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        reply: str = "Hello from the fake engine. It speaks in short words.",
+        delay: float = 0.0,
+        n_ctx: int = 512,
+        capacity: int = 8,
+        ready: bool = True,
+    ):
+        self.reply = reply
+        self.delay = delay
+        self.capacity = capacity
+        self.state = LoadState()
+        self.requests: list[GenerationRequest] = []
+        self.handles: list[FakeHandle] = []
+        self._lock = allocate_lock()
+        self._running = 0
+        self._info = ModelInfo(
+            name="fake-model",
+            path="/dev/null",
+            n_ctx=n_ctx,
+            n_ctx_train=n_ctx,
+            chat_template=None,
+            bos_token="<s>",
+            eos_token="</s>",
+            created=1700000000,
+        )
+        if ready:
+            self.state.set("ready", progress=1.0)
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._info if self.state.ready else None
+
+    def queue_depth(self) -> int:
+        return self._running
+
+    def shutdown(self) -> None:
+        pass
+
+    def submit(self, request: GenerationRequest) -> FakeHandle:
+        if not self.state.ready:
+            raise ModelNotReady(f"model is {self.state.stage}")
+        with self._lock:
+            if self._running >= self.capacity:
+                raise QueueFull("server is busy")
+            self._running += 1
+        self.requests.append(request)
+        channel = Channel()
+        handle = FakeHandle(channel)
+        self.handles.append(handle)
+        start_native_thread(lambda: self._run(request, channel, handle))
+        return handle
+
+    def _run(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
+        try:
+            self._generate(req, channel, handle)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _generate(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
+        prompt = req.prompt
+        n_prompt = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+        text = prompt if isinstance(prompt, str) else ""
+        if "FAIL_BEFORE" in text:
+            channel.put(Failed(EngineFailure("scripted failure before the first token")))
+            return
+        if n_prompt >= self._info.n_ctx:
+            channel.put(Failed(ContextOverflow(f"prompt has {n_prompt} tokens")))
+            return
+        channel.put(Accepted(n_prompt))
+        words = re.findall(r"\S+\s*", self.reply)
+        limit = req.params.max_tokens or len(words)
+        asm = TextAssembler(req.params.stop)
+        n = 0
+        for word in words:
+            if handle.cancelled:
+                return
+            if self.delay:
+                time.sleep(self.delay)
+            n += 1
+            piece = asm.feed(word.encode())
+            if asm.stopped:
+                if piece:
+                    channel.put(TextPiece(piece, n))
+                channel.put(Finished("stop", n_prompt, n))
+                return
+            if piece:
+                channel.put(TextPiece(piece, n))
+            if "FAIL_AFTER" in text:
+                channel.put(Failed(EngineFailure("scripted failure mid-stream")))
+                return
+            if n >= limit:
+                tail = asm.flush()
+                if tail:
+                    channel.put(TextPiece(tail, n))
+                channel.put(Finished("length" if n < len(words) else "stop", n_prompt, n))
+                return
+        tail = asm.flush()
+        if tail:
+            channel.put(TextPiece(tail, n))
+        channel.put(Finished("stop", n_prompt, n))

@@ -1,0 +1,603 @@
+"""The llama.cpp engine: owns the model and context on one native OS thread.
+
+Driven through llama-cpp-python's low-level API: every step builds one ``llama_batch`` with the
+next token of each generating sequence plus prompt chunks of sequences being admitted, calls
+``llama_decode`` once, and samples each sequence with its own sampler chain in C
+(``llama_sampler_sample``). Logits are requested only where a token is sampled. Nothing here
+runs on a greenlet: greenlets hand requests in through a lock-free deque and get events back
+through their sink (see app.bridge).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.engine.text import TextAssembler
+from app.engine.types import (
+    Accepted,
+    Event,
+    Failed,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    Sink,
+    TextPiece,
+)
+from app.errors import (
+    ApiError,
+    BadRequest,
+    ContextOverflow,
+    EngineFailure,
+    ModelNotReady,
+    QueueFull,
+    ShuttingDown,
+)
+from app.state import LoadState
+
+log = logging.getLogger(__name__)
+
+_FLASH = {"auto": -1, "off": 0, "on": 1}
+
+
+class ModelLoadError(Exception):
+    """The model could not be loaded; the message names the model and the cause."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    ctx_size: int = 4096
+    gpu_layers: int = -1
+    threads: int = 0
+    threads_batch: int = 0
+    batch_size: int = 512
+    flash_attn: str = "auto"
+    max_queue: int = 64
+    parallel: int = 1
+    served_model_name: str | None = None
+    chat_template: str | None = None
+    verbose: bool = False
+
+
+@dataclass(eq=False)
+class _Job:
+    request: GenerationRequest
+    sink: Sink
+    tokens: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    done: bool = False
+    max_new: int = 0
+    n_generated: int = 0
+    assembler: TextAssembler | None = None
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq_id: int
+    job: _Job | None = None
+    n_past: int = 0  # tokens of this sequence already in the KV cache
+    n_prompt_done: int = 0  # prompt tokens decoded so far
+    last_token: int = -1
+    sampler: object | None = None
+    i_batch: int = -1  # index in the current batch whose logits this slot samples
+
+
+class LlamaHandle:
+    """A submitted job as seen by the request's greenlet."""
+
+    def __init__(self, engine: LlamaEngine, job: _Job, channel: Channel):
+        self._engine = engine
+        self._job = job
+        self._channel = channel
+        self._over = False
+
+    def next_event(self, timeout: float | None = None) -> Event:
+        ev = self._channel.get(timeout)
+        if isinstance(ev, Finished | Failed):
+            self._over = True
+        return ev
+
+    def __iter__(self):
+        while not self._over:
+            yield self.next_event()
+
+    def cancel(self) -> None:
+        if not self._over:
+            self._job.cancelled = True
+            self._engine._wake.set()
+
+
+class LlamaEngine:
+    """Loads a GGUF model on its own thread and serves generation jobs from a queue."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        state: LoadState,
+        resolve_model: Callable[[LoadState], str],
+        on_fatal: Callable[[str], None] | None = None,
+    ):
+        self.config = config
+        self.state = state
+        self._resolve_model = resolve_model
+        self._on_fatal = on_fatal
+        self._info: ModelInfo | None = None
+        self._inbox: deque[_Job] = deque()
+        self._waiting: deque[_Job] = deque()
+        self._wake = ThreadEvent()
+        self._count_lock = allocate_lock()
+        self._in_flight = 0  # submitted and not finished: admitted + waiting
+        self._stopping = False
+        self._stopped = ThreadEvent()
+        self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
+
+    # ---- greenlet side ---------------------------------------------------------------------
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._info
+
+    def start(self) -> None:
+        start_native_thread(self._thread_main)
+
+    def queue_depth(self) -> int:
+        """Requests submitted but not yet admitted to a slot."""
+        return max(0, self._in_flight - self.config.parallel)
+
+    def submit(self, request: GenerationRequest) -> LlamaHandle:
+        if self._stopping:
+            raise ShuttingDown("server is shutting down")
+        if not self.state.ready:
+            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        channel = Channel()
+        job = _Job(request=request, sink=channel.put)
+        self._enqueue(job)
+        return LlamaHandle(self, job, channel)
+
+    def _enqueue(self, job: _Job) -> None:
+        with self._count_lock:
+            if self._in_flight >= self.config.parallel + self.config.max_queue:
+                raise QueueFull(
+                    f"server is busy: {self.config.max_queue} requests already waiting"
+                )
+            self._in_flight += 1
+        self._inbox.append(job)
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop after the jobs in flight; used at worker exit."""
+        self._stopping = True
+        self._wake.set()
+        self._stopped.wait(timeout)
+
+    # ---- engine thread ---------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            path = self._resolve_model(self.state)
+            self._load(path)
+            self._warm_up()
+        except Exception as exc:  # noqa: BLE001 - every load failure must end the process
+            msg = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
+            self.state.fail(msg)
+            log.error("model load failed: %s", msg)
+            if self._on_fatal:
+                self._on_fatal(msg)
+            self._stopped.set()
+            return
+        self.state.set("ready", progress=1.0)
+        log.info("model ready: %s (n_ctx=%d)", self._info.name, self._n_ctx)
+        try:
+            self._loop()
+        except Exception:  # pragma: no cover - a bug; fail what is in flight loudly
+            log.exception("engine loop crashed")
+            self._fail_everything(EngineFailure("engine stopped unexpectedly"))
+        finally:
+            self._free()
+            self._stopped.set()
+
+    def _load(self, path: str) -> None:
+        import llama_cpp  # imported here: loading the shared library takes time
+        from llama_cpp import llama_cpp as ll
+
+        self._ll = ll
+        cfg = self.config
+        if not cfg.verbose:
+            llama_cpp._logger.set_verbose(False)
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"model {path}: file not found")
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"GGUF":
+                raise ModelLoadError(f"model {path}: not a GGUF file (bad magic)")
+        ll.llama_backend_init()
+
+        self.state.set("loading", progress=0.0, detail=os.path.basename(path))
+        mparams = ll.llama_model_default_params()
+        gpu = ll.llama_supports_gpu_offload()
+        mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
+
+        def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
+            self.state.set("loading", progress=float(progress))
+            return True
+
+        self._progress_cb = ll.llama_progress_callback(on_progress)
+        mparams.progress_callback = self._progress_cb
+        model = ll.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"model {path}: llama.cpp could not load it (corrupt or unsupported file, "
+                "or not enough memory)"
+            )
+        self._model = model
+        self._vocab = ll.llama_model_get_vocab(model)
+        n_ctx_train = ll.llama_model_n_ctx_train(model)
+
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = cfg.ctx_size or n_ctx_train
+        cparams.n_batch = cfg.batch_size
+        cparams.n_ubatch = min(cfg.batch_size, 512)
+        cparams.n_seq_max = cfg.parallel
+        n_threads = cfg.threads or len(os.sched_getaffinity(0))
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = cfg.threads_batch or n_threads
+        cparams.flash_attn_type = _FLASH[cfg.flash_attn]
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        ctx = ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelLoadError(
+                f"model {path}: could not create a context of {cparams.n_ctx} tokens "
+                "(not enough memory?)"
+            )
+        self._ctx = ctx
+        self._mem = ll.llama_get_memory(ctx)
+        self._n_ctx = ll.llama_n_ctx(ctx)
+        self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.parallel), 0, 1)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._tok_buf_len = 0
+        self._tok_buf = None
+        self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
+        self._bos = ll.llama_vocab_bos(self._vocab)
+        self._add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
+
+        template = cfg.chat_template
+        if template is None:
+            raw = ll.llama_model_chat_template(model, None)
+            template = raw.decode("utf-8", errors="replace") if raw else None
+        name = cfg.served_model_name or _model_name(path)
+        self._info = ModelInfo(
+            name=name,
+            path=path,
+            n_ctx=self._n_ctx,
+            n_ctx_train=n_ctx_train,
+            chat_template=template,
+            bos_token=self._token_text(self._bos),
+            eos_token=self._token_text(ll.llama_vocab_eos(self._vocab)),
+            created=int(time.time()),
+        )
+        log.info(
+            "loaded %s: n_ctx=%d, gpu offload=%s, gpu_layers=%d, threads=%d",
+            path,
+            self._n_ctx,
+            gpu,
+            mparams.n_gpu_layers,
+            n_threads,
+        )
+
+    def _warm_up(self) -> None:
+        """Generate one token through the normal path before declaring the model ready."""
+        self.state.set("warming_up", progress=None)
+        events: list[Event] = []
+        job = _Job(
+            request=GenerationRequest(prompt="Hello", params=_warmup_params()),
+            sink=events.append,
+        )
+        self._in_flight += 1
+        self._inbox.append(job)
+        for _ in range(100):
+            self._step_once()
+            if job.done:
+                break
+        last = events[-1] if events else None
+        if isinstance(last, Failed):
+            raise ModelLoadError(f"warm-up generation failed: {last.error.message}")
+        if not isinstance(last, Finished):
+            raise ModelLoadError("warm-up generation did not finish")
+
+    def _loop(self) -> None:
+        while True:
+            busy = self._step_once()
+            if self._stopping and not busy and not self._inbox and not self._waiting:
+                return
+            if not busy:
+                self._wake.wait(0.5)
+
+    def _step_once(self) -> bool:
+        """Take new jobs, admit waiting ones, decode one batch. False when there was no work."""
+        self._take_inbox()
+        self._reap_cancelled()
+        self._admit()
+        if not any(s.job for s in self._slots):
+            return False
+        self._decode_step()
+        return True
+
+    def _take_inbox(self) -> None:
+        while self._inbox:
+            job = self._inbox.popleft()
+            if job.cancelled:
+                self._finish_unstarted(job)
+                continue
+            try:
+                self._prepare(job)
+            except ApiError as err:
+                self._fail_job(job, err)
+                continue
+            job.sink(Accepted(prompt_tokens=len(job.tokens)))
+            self._waiting.append(job)
+
+    def _prepare(self, job: _Job) -> None:
+        req = job.request
+        if isinstance(req.prompt, str):
+            job.tokens = self._tokenize(req.prompt, add_bos=req.add_bos and self._add_bos)
+        else:
+            n_vocab = self._ll.llama_vocab_n_tokens(self._vocab)
+            bad = [t for t in req.prompt if not 0 <= t < n_vocab]
+            if bad:
+                raise BadRequest(f"prompt token id {bad[0]} is out of range", param="prompt")
+            job.tokens = list(req.prompt)
+        n_prompt = len(job.tokens)
+        if n_prompt == 0:
+            raise BadRequest("prompt is empty", param="prompt")
+        if n_prompt >= self._n_ctx:
+            raise ContextOverflow(
+                f"prompt has {n_prompt} tokens, but the context holds {self._n_ctx} tokens "
+                "(and at least one must be left to generate)",
+                param="messages",
+            )
+        max_tokens = req.params.max_tokens
+        if max_tokens is not None and n_prompt + max_tokens > self._n_ctx:
+            raise ContextOverflow(
+                f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                f"context of {self._n_ctx} tokens",
+                param="max_tokens",
+            )
+        job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
+        job.assembler = TextAssembler(req.params.stop)
+
+    def _reap_cancelled(self) -> None:
+        for slot in self._slots:
+            if slot.job is not None and slot.job.cancelled:
+                self._release(slot)
+        if any(j.cancelled for j in self._waiting):
+            keep = deque()
+            for job in self._waiting:
+                if job.cancelled:
+                    self._finish_unstarted(job)
+                else:
+                    keep.append(job)
+            self._waiting = keep
+
+    def _admit(self) -> None:
+        for slot in self._slots:
+            if slot.job is None and self._waiting:
+                job = self._waiting.popleft()
+                slot.job = job
+                slot.n_past = 0
+                slot.n_prompt_done = 0
+                slot.last_token = -1
+                slot.sampler = self._make_sampler(job.request.params)
+
+    def _decode_step(self) -> None:
+        ll = self._ll
+        batch = self._batch
+        n = 0
+        budget = self.config.batch_size
+        # 1. one token for every sequence that is generating
+        for slot in self._slots:
+            slot.i_batch = -1
+            job = slot.job
+            if job is None or slot.n_prompt_done < len(job.tokens):
+                continue
+            self._batch_add(n, slot.last_token, slot.n_past, slot.seq_id, True)
+            slot.i_batch = n
+            slot.n_past += 1
+            n += 1
+            budget -= 1
+        # 2. prompt chunks for sequences being admitted, within the step's token budget
+        for slot in self._slots:
+            job = slot.job
+            if job is None or slot.n_prompt_done >= len(job.tokens) or budget <= 0:
+                continue
+            take = min(budget, len(job.tokens) - slot.n_prompt_done)
+            for k in range(take):
+                i = slot.n_prompt_done + k
+                last = i == len(job.tokens) - 1
+                self._batch_add(n, job.tokens[i], i, slot.seq_id, last)
+                if last:
+                    slot.i_batch = n
+                n += 1
+            slot.n_prompt_done += take
+            slot.n_past = slot.n_prompt_done
+            budget -= take
+        batch.n_tokens = n
+        rc = ll.llama_decode(self._ctx, batch)
+        if rc != 0:
+            err = EngineFailure(
+                f"llama_decode failed (code {rc})"
+                + (": no room left in the KV cache" if rc == 1 else "")
+            )
+            for slot in self._slots:
+                if slot.job is not None and (slot.i_batch >= 0 or rc < 0):
+                    self._fail_job(slot.job, err)
+                    self._release(slot)
+            return
+        for slot in self._slots:
+            if slot.i_batch >= 0 and slot.job is not None:
+                tok = ll.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
+                self._on_token(slot, tok)
+
+    def _batch_add(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+        b = self._batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq_id
+        b.logits[i] = logits
+
+    def _on_token(self, slot: _Slot, tok: int) -> None:
+        job = slot.job
+        assert job is not None and job.assembler is not None
+        if self._ll.llama_vocab_is_eog(self._vocab, tok):
+            self._finish(slot, "stop")
+            return
+        job.n_generated += 1
+        text = job.assembler.feed(self._piece(tok))
+        if job.assembler.stopped:
+            if text:
+                job.sink(TextPiece(text, job.n_generated))
+            self._finish(slot, "stop")
+            return
+        if job.n_generated >= job.max_new or slot.n_past >= self._n_ctx:
+            text += job.assembler.flush()
+            if text:
+                job.sink(TextPiece(text, job.n_generated))
+            self._finish(slot, "length")
+            return
+        if text:
+            job.sink(TextPiece(text, job.n_generated))
+        slot.last_token = tok
+
+    def _finish(self, slot: _Slot, reason: str) -> None:
+        job = slot.job
+        assert job is not None and job.assembler is not None
+        tail = job.assembler.flush()
+        if tail:
+            job.sink(TextPiece(tail, job.n_generated))
+        job.sink(Finished(reason, len(job.tokens), job.n_generated))
+        self._release(slot)
+
+    def _release(self, slot: _Slot) -> None:
+        """Free the slot's KV and sampler at once (finish, cancel or error)."""
+        job = slot.job
+        self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        if slot.sampler is not None:
+            self._ll.llama_sampler_free(slot.sampler)
+            slot.sampler = None
+        slot.job = None
+        slot.i_batch = -1
+        if job is not None:
+            if job.cancelled and not job.done:
+                log.debug("generation cancelled after %d tokens", job.n_generated)
+            self._job_over(job)
+
+    def _job_over(self, job: _Job) -> None:
+        if not job.done:
+            job.done = True
+            with self._count_lock:
+                self._in_flight -= 1
+
+    def _finish_unstarted(self, job: _Job) -> None:
+        self._job_over(job)
+
+    def _fail_job(self, job: _Job, err: ApiError) -> None:
+        if not job.done:
+            job.sink(Failed(err))
+        self._job_over(job)
+
+    def _fail_everything(self, err: ApiError) -> None:
+        for slot in self._slots:
+            if slot.job is not None:
+                self._fail_job(slot.job, err)
+                slot.job = None
+        for job in list(self._waiting) + list(self._inbox):
+            self._fail_job(job, err)
+        self._waiting.clear()
+        self._inbox.clear()
+
+    # ---- llama.cpp helpers (engine thread only) ----------------------------------------------
+    def _tokenize(self, text: str, add_bos: bool) -> list[int]:
+        ll = self._ll
+        data = text.encode("utf-8")
+        need = len(data) + 2
+        if self._tok_buf_len < need:
+            self._tok_buf_len = max(need, 1024)
+            self._tok_buf = (ll.llama_token * self._tok_buf_len)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), self._tok_buf, self._tok_buf_len, add_bos, True)
+        if n < 0:
+            raise BadRequest("prompt could not be tokenized", param="prompt")
+        tokens = list(self._tok_buf[:n])
+        if add_bos and len(tokens) >= 2 and tokens[0] == tokens[1] == self._bos:
+            tokens.pop(0)  # the template already wrote the BOS text
+        return tokens
+
+    def _piece(self, tok: int) -> bytes:
+        n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._ll.llama_token_to_piece(self._vocab, tok, buf, -n, 0, False)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def _token_text(self, tok: int) -> str:
+        if tok < 0:
+            return ""
+        n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, True)
+        return self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
+
+    def _make_sampler(self, p) -> object:
+        ll = self._ll
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        add = ll.llama_sampler_chain_add
+        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            add(
+                chain,
+                ll.llama_sampler_init_penalties(
+                    p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                ),
+            )
+        if p.temperature <= 0:
+            add(chain, ll.llama_sampler_init_greedy())
+            return chain
+        if p.top_k > 0:
+            add(chain, ll.llama_sampler_init_top_k(p.top_k))
+        if p.top_p < 1.0:
+            add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
+        if p.min_p > 0:
+            add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
+        add(chain, ll.llama_sampler_init_temp(p.temperature))
+        seed = p.seed if p.seed is not None else secrets.randbits(32)
+        add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def _free(self) -> None:
+        ll = self._ll
+        if ll is None:
+            return
+        for slot in getattr(self, "_slots", []):
+            if slot.sampler is not None:
+                ll.llama_sampler_free(slot.sampler)
+                slot.sampler = None
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+
+def _warmup_params():
+    from app.engine.types import SamplingParams
+
+    return SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def _model_name(path: str) -> str:
+    base = os.path.basename(path)
+    return base[: -len(".gguf")] if base.lower().endswith(".gguf") else base

@@ -1,0 +1,217 @@
+"""OpenAI request validation and response objects, as pure functions over plain dicts."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.engine.types import ModelInfo, SamplingParams
+from app.errors import BadRequest
+from app.protocol.chat_template import flatten_content
+
+SYSTEM_FINGERPRINT = "vertex-gguf"
+
+
+class StreamOptions(BaseModel):
+    """Unknown keys are ignored, not rejected (clients send vendor extensions)."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0, le=10)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | int | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v:
+            raise ValueError("logprobs are not supported by this server")
+        return v
+
+    def sampling(self) -> SamplingParams:
+        stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            stop=tuple(s for s in stop if s),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+        )
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError(f"response_format type {v.get('type')!r} is not supported yet")
+        return v
+
+    def sampling(self) -> SamplingParams:
+        params = super().sampling()
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            params = SamplingParams(**{**params.__dict__, "max_tokens": self.max_completion_tokens})
+        return params
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        out = []
+        for i, m in enumerate(self.messages):
+            msg = m.model_dump(exclude_none=True)
+            msg["content"] = flatten_content(m.content, f"messages.{i}")
+            if msg["role"] == "developer":
+                msg["role"] = "system"
+            out.append(msg)
+        return out
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=1)
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported")
+        return v
+
+    def single_prompt(self) -> str | tuple[int, ...]:
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if len(p) == 0:
+            raise BadRequest("prompt is empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return tuple(p)  # type: ignore[arg-type]
+        if len(p) != 1:
+            raise BadRequest(
+                "a list of several prompts is not supported: send one prompt per request "
+                "(or one instance per prompt in a Vertex envelope)",
+                param="prompt",
+            )
+        only = p[0]
+        return only if isinstance(only, str) else tuple(only)
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
+    """Validate a request body; the 400 names the first offending field."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
+        msg = first["msg"]
+        if first["type"] == "missing":
+            msg = "field required"
+        raise BadRequest(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_completion(
+    rid: str, created: int, info: ModelInfo, text: str, finish: str, use: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": info.name,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": use,
+    }
+
+
+def text_completion(
+    rid: str, created: int, info: ModelInfo, text: str, finish: str, use: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": info.name,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "usage": use,
+    }
+
+
+def models_list(info: ModelInfo) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(info)]}
+
+
+def model_card(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "id": info.name,
+        "object": "model",
+        "created": info.created,
+        "owned_by": "vertex-gguf",
+        "meta": {"n_ctx": info.n_ctx, "n_ctx_train": info.n_ctx_train},
+    }

@@ -1,0 +1,124 @@
+"""OpenAI streaming chunks and their SSE framing, as pure functions.
+
+The termination semantics (``[DONE]`` or not, role chunk content, usage chunk, what follows an
+error) are one small policy object; the writer asks it what to send and nothing else branches on
+a profile.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.engine.types import Finished, TextPiece
+from app.errors import ApiError, error_body
+from app.protocol.openai import SYSTEM_FINGERPRINT, usage
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+def frame(obj: dict[str, Any]) -> bytes:
+    """One SSE data event holding one compact JSON object."""
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def comment(text: str = "ping") -> bytes:
+    """An SSE comment: a heartbeat that no client parses as data."""
+    return f": {text}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class StreamPolicy:
+    """How a stream starts and ends."""
+
+    send_done: bool = True
+    done_after_error: bool = True
+    role_content: Literal["", "null"] = ""
+    always_usage: bool = False
+    heartbeat_seconds: float = 0.0
+
+
+class ChunkWriter:
+    """Builds the SSE bytes of one streamed choice, event by event."""
+
+    def __init__(
+        self,
+        kind: Literal["chat", "completion"],
+        rid: str,
+        created: int,
+        model: str,
+        policy: StreamPolicy,
+        *,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
+        prompt_tokens: int = 0,
+    ):
+        self.kind = kind
+        self.policy = policy
+        self.include_usage = include_usage or policy.always_usage
+        self.continuous_usage = continuous_usage
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self._base = {
+            "id": rid,
+            "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+
+    def _chunk(self, choice: dict[str, Any] | None) -> bytes:
+        obj = dict(self._base)
+        obj["choices"] = [choice] if choice is not None else []
+        if self.continuous_usage:
+            obj["usage"] = usage(self.prompt_tokens, self.completion_tokens)
+        elif self.include_usage:
+            obj["usage"] = None
+        return frame(obj)
+
+    def _choice(self, content: str | None, finish: str | None, role: bool = False) -> dict:
+        if self.kind == "completion":
+            return {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+            delta["content"] = None if self.policy.role_content == "null" else ""
+        elif content is not None:
+            delta["content"] = content
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def start(self) -> list[bytes]:
+        if self.kind == "chat":
+            return [self._chunk(self._choice(None, None, role=True))]
+        return []
+
+    def text(self, piece: TextPiece) -> list[bytes]:
+        self.completion_tokens = piece.completion_tokens
+        if not piece.text:
+            return []
+        return [self._chunk(self._choice(piece.text, None))]
+
+    def finish(self, ev: Finished) -> list[bytes]:
+        self.prompt_tokens = ev.prompt_tokens
+        self.completion_tokens = ev.completion_tokens
+        out = [self._chunk(self._choice(None, ev.reason))]
+        if self.include_usage:
+            obj = dict(self._base)
+            obj["choices"] = []
+            obj["usage"] = usage(ev.prompt_tokens, ev.completion_tokens)
+            out.append(frame(obj))
+        if self.policy.send_done:
+            out.append(DONE)
+        return out
+
+    def error(self, err: ApiError) -> list[bytes]:
+        out = [frame(error_body(err))]
+        if self.policy.send_done and self.policy.done_after_error:
+            out.append(DONE)
+        return out

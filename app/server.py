@@ -1,0 +1,44 @@
+"""Runs the app under gunicorn (gevent worker) with settings already parsed."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from app.gunicorn_conf import exit_worker_on_load_failure, options
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Server(BaseApplication):
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in options(self.settings).items():
+            if value is not None:
+                self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        # Runs in the worker after fork and after gevent's monkey-patching.
+        from app import create_app
+
+        return create_app(self.settings, on_fatal=exit_worker_on_load_failure)
+
+
+def serve(settings: Settings) -> None:
+    s = settings
+    log.info(
+        "vertex-gguf starting on %s:%d (health %s, predict %s, model %s)",
+        s.host, s.port, s.health_route, s.predict_route, s.model or "default",
+    )
+    if s.aip_mode:
+        log.info(
+            "Vertex AI: AIP_MODE=%s endpoint=%s deployed_model=%s",
+            s.aip_mode, s.aip_endpoint_id, s.aip_deployed_model_id,
+        )
+    Server(settings).run()

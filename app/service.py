@@ -1,0 +1,209 @@
+"""What a request asks of the model, between thin routes and the engine.
+
+Turns validated OpenAI requests into engine requests, collects or streams the engine's events,
+and runs Vertex envelope instances concurrently. No Flask here: routes wrap the results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+
+from app.engine.types import (
+    Accepted,
+    Engine,
+    Failed,
+    Finished,
+    GenerationRequest,
+    Handle,
+    ModelInfo,
+    TextPiece,
+)
+from app.errors import ApiError, BadRequest, ModelNotReady, as_api_error
+from app.protocol import chat_template, openai, vertex
+from app.protocol.sse import ChunkWriter, StreamPolicy, comment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    kind: vertex.Kind
+    request: openai.ChatRequest | openai.CompletionRequest
+    generation: GenerationRequest
+    echo: str = ""
+
+
+class Service:
+    def __init__(self, engine: Engine, policy: StreamPolicy, max_instances: int):
+        self.engine = engine
+        self.policy = policy
+        self.max_instances = max_instances
+
+    def info(self) -> ModelInfo:
+        info = self.engine.info
+        if info is None:
+            raise ModelNotReady(f"model is {self.engine.state.stage.replace('_', ' ')}")
+        return info
+
+    # ---- building requests ------------------------------------------------------------------
+    def prepare(self, kind: vertex.Kind, body: Any) -> Prepared:
+        info = self.info()
+        if kind == "chat":
+            req = openai.parse(openai.ChatRequest, body)
+            if req.tools and req.tool_choice != "none":
+                raise BadRequest("tool calling is not supported yet", param="tools")
+            prompt = chat_template.render(
+                info.chat_template,
+                req.template_messages(),
+                bos_token=info.bos_token,
+                eos_token=info.eos_token,
+            )
+            return Prepared(kind, req, GenerationRequest(prompt, req.sampling()))
+        req = openai.parse(openai.CompletionRequest, body)
+        prompt = req.single_prompt()
+        echo = ""
+        if req.echo:
+            if not isinstance(prompt, str):
+                raise BadRequest("echo is only supported with a text prompt", param="echo")
+            echo = prompt
+        return Prepared(kind, req, GenerationRequest(prompt, req.sampling()), echo=echo)
+
+    def _start(self, prep: Prepared) -> tuple[Handle, int]:
+        """Submit and wait for acceptance, so that errors arrive before the first byte."""
+        handle = self.engine.submit(prep.generation)
+        try:
+            first = handle.next_event()
+        except BaseException:
+            handle.cancel()
+            raise
+        if isinstance(first, Failed):
+            raise first.error
+        assert isinstance(first, Accepted), first
+        return handle, first.prompt_tokens
+
+    # ---- non-streaming ----------------------------------------------------------------------
+    def complete(self, kind: vertex.Kind, body: Any) -> dict[str, Any]:
+        prep = self.prepare(kind, body)
+        created = int(time.time())
+        handle, _ = self._start(prep)
+        parts: list[str] = [prep.echo] if prep.echo else []
+        done = False
+        try:
+            for ev in handle:
+                if isinstance(ev, TextPiece):
+                    parts.append(ev.text)
+                elif isinstance(ev, Finished):
+                    done = True
+                    use = openai.usage(ev.prompt_tokens, ev.completion_tokens)
+                    info = self.info()
+                    if kind == "chat":
+                        rid = openai.new_id("chatcmpl")
+                        return openai.chat_completion(rid, created, info, "".join(parts), ev.reason, use)
+                    rid = openai.new_id("cmpl")
+                    return openai.text_completion(rid, created, info, "".join(parts), ev.reason, use)
+                elif isinstance(ev, Failed):
+                    done = True
+                    raise ev.error
+            raise ApiError("generation ended without a result")
+        finally:
+            if not done:
+                handle.cancel()
+
+    # ---- streaming --------------------------------------------------------------------------
+    def stream(
+        self, kind: vertex.Kind, body: Any, policy: StreamPolicy | None = None
+    ) -> Iterator[bytes]:
+        """Checks everything that can fail before the first byte, then returns the SSE body."""
+        policy = policy or self.policy
+        prep = self.prepare(kind, body)
+        created = int(time.time())
+        handle, prompt_tokens = self._start(prep)
+        opts = prep.request.stream_options or openai.StreamOptions()
+        writer = ChunkWriter(
+            kind,
+            openai.new_id("chatcmpl" if kind == "chat" else "cmpl"),
+            created,
+            self.info().name,
+            policy,
+            include_usage=opts.include_usage,
+            continuous_usage=opts.continuous_usage_stats,
+            prompt_tokens=prompt_tokens,
+        )
+        echo = prep.echo
+        return self._sse(handle, writer, policy, echo)
+
+    def _sse(
+        self, handle: Handle, writer: ChunkWriter, policy: StreamPolicy, echo: str
+    ) -> Iterator[bytes]:
+        over = False
+        try:
+            yield from writer.start()
+            if echo:
+                yield from writer.text(TextPiece(echo, 0))
+            heartbeat = policy.heartbeat_seconds or None
+            while True:
+                try:
+                    ev = handle.next_event(heartbeat)
+                except TimeoutError:
+                    yield comment()
+                    continue
+                if isinstance(ev, TextPiece):
+                    yield from writer.text(ev)
+                elif isinstance(ev, Finished):
+                    over = True
+                    yield from writer.finish(ev)
+                    return
+                elif isinstance(ev, Failed):
+                    over = True
+                    log.warning("stream failed mid-way: %s", ev.error.message)
+                    yield from writer.error(ev.error)
+                    return
+        finally:
+            if not over:
+                handle.cancel()
+                log.info(
+                    "client went away mid-stream: generation cancelled after %d tokens",
+                    writer.completion_tokens,
+                )
+
+    # ---- Vertex predict ---------------------------------------------------------------------
+    def predict(self, body: Any) -> dict[str, Any] | Iterator[bytes]:
+        """An envelope -> predictions; a raw OpenAI body -> what /v1 would answer."""
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        if not vertex.is_envelope(body):
+            kind = vertex.kind_of(body)
+            raw = vertex.strip_format(body)
+            return self.stream(kind, raw) if raw.get("stream") else self.complete(kind, raw)
+        items = vertex.parse_envelope(body, self.max_instances)
+        wants_stream = [i for i in items if isinstance(i, vertex.Instance) and i.body.get("stream")]
+        if wants_stream:
+            if len(items) != 1:
+                raise BadRequest(
+                    f"stream: true needs exactly one instance (got {len(items)}): a stream "
+                    "carries one answer; send the instances as separate requests",
+                    param="instances",
+                )
+            return self.stream(wants_stream[0].kind, wants_stream[0].body)
+        self.info()  # 503 for the whole envelope while loading
+        jobs = [
+            gevent.spawn(self._instance, item) if isinstance(item, vertex.Instance) else None
+            for item in items
+        ]
+        gevent.joinall([j for j in jobs if j is not None])
+        results: list[dict[str, Any] | ApiError] = []
+        for item, job in zip(items, jobs, strict=True):
+            results.append(item if job is None else job.value)  # type: ignore[arg-type]
+        return vertex.predictions(results)
+
+    def _instance(self, item: vertex.Instance) -> dict[str, Any] | ApiError:
+        try:
+            return self.complete(item.kind, item.body)
+        except Exception as exc:  # noqa: BLE001 - one instance's failure stays in its slot
+            return as_api_error(exc)

@@ -1,0 +1,253 @@
+"""The one typed configuration object.
+
+Every setting ``foo_bar`` is the flag ``--foo-bar`` and the env var ``FOO_BAR``; the platform
+variables (``AIP_*`` from Vertex AI, ``PORT`` from Cloud Run) are read under the names the
+platforms give them. Flags win over env vars. Settings are read once, at start-up, into a frozen
+object that is passed down; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_CACHE_DIR = Path("/tmp/vertex-gguf")
+
+
+def _env(*names: str) -> dict[str, Any]:
+    """Field kwargs reading the env vars ``names`` (first set one wins)."""
+    return {"validation_alias": AliasChoices(*names)}
+
+
+class Settings(BaseSettings):
+    """Server configuration: model, llama.cpp, HTTP and Vertex AI contract."""
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        populate_by_name=True,
+        case_sensitive=False,
+        extra="ignore",
+        env_ignore_empty=True,
+    )
+
+    # --- model -------------------------------------------------------------------------------
+    model: str | None = Field(
+        None,
+        description="Model to serve: a local .gguf path or file:// URI, or a gs:// URI. "
+        "Falls back to AIP_STORAGE_URI, then to the embedded default model.",
+        min_length=1,
+        **_env("MODEL", "AIP_STORAGE_URI"),
+    )
+    model_cache_dir: Path = Field(
+        DEFAULT_CACHE_DIR,
+        description="Directory for downloaded models and the fetched default model.",
+        **_env("MODEL_CACHE_DIR"),
+    )
+    served_model_name: str | None = Field(
+        None,
+        description="Model id reported by /v1/models and in responses (default: the file name "
+        "without .gguf).",
+        min_length=1,
+        max_length=256,
+        **_env("SERVED_MODEL_NAME"),
+    )
+    chat_template: str | None = Field(
+        None,
+        description="Jinja chat template overriding the GGUF's own: a file path or the "
+        "template text.",
+        min_length=1,
+        **_env("CHAT_TEMPLATE"),
+    )
+
+    # --- llama.cpp ---------------------------------------------------------------------------
+    ctx_size: int = Field(
+        4096,
+        description="Context size in tokens (0: the model's training context).",
+        ge=0,
+        le=1 << 20,
+        **_env("CTX_SIZE"),
+    )
+    gpu_layers: int = Field(
+        -1,
+        description="Layers offloaded to the GPU (-1: all of them when a GPU is present; "
+        "0: CPU only).",
+        ge=-1,
+        le=100_000,
+        **_env("GPU_LAYERS"),
+    )
+    threads: int = Field(
+        0,
+        description="CPU threads for generation (0: the CPUs this process may use).",
+        ge=0,
+        le=1024,
+        **_env("THREADS"),
+    )
+    threads_batch: int = Field(
+        0,
+        description="CPU threads for prompt processing (0: same as threads).",
+        ge=0,
+        le=1024,
+        **_env("THREADS_BATCH"),
+    )
+    batch_size: int = Field(
+        512,
+        description="Most prompt tokens decoded in one llama_decode call.",
+        ge=8,
+        le=65536,
+        **_env("BATCH_SIZE"),
+    )
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Flash attention: auto, on or off.",
+        **_env("FLASH_ATTN"),
+    )
+    max_queue: int = Field(
+        64,
+        description="Requests that may wait while the engine is busy; past it, 429.",
+        ge=0,
+        le=100_000,
+        **_env("MAX_QUEUE"),
+    )
+
+    # --- HTTP --------------------------------------------------------------------------------
+    host: str = Field(
+        "0.0.0.0",
+        description="Address to bind.",
+        min_length=1,
+        **_env("HOST"),
+    )
+    port: int = Field(
+        8080,
+        description="Port to bind: AIP_HTTP_PORT (Vertex AI), else PORT (Cloud Run), else 8080.",
+        ge=1,
+        le=65535,
+        **_env("AIP_HTTP_PORT", "PORT"),
+    )
+    health_route: str = Field(
+        "/health",
+        description="Health route (Vertex: AIP_HEALTH_ROUTE). /health is always served too.",
+        pattern=r"^/",
+        **_env("AIP_HEALTH_ROUTE", "HEALTH_ROUTE"),
+    )
+    predict_route: str = Field(
+        "/predict",
+        description="Vertex predict route (Vertex: AIP_PREDICT_ROUTE); also takes raw OpenAI "
+        "bodies (rawPredict, streamRawPredict).",
+        pattern=r"^/",
+        **_env("AIP_PREDICT_ROUTE", "PREDICT_ROUTE"),
+    )
+    max_instances: int = Field(
+        64,
+        description="Most instances in one predict envelope; more is a 400.",
+        ge=1,
+        le=10_000,
+        **_env("MAX_INSTANCES"),
+    )
+    max_body_bytes: int = Field(
+        10 * 1024 * 1024,
+        description="Largest request body in bytes; larger is a 413.",
+        ge=1024,
+        le=1 << 31,
+        **_env("MAX_BODY_BYTES"),
+    )
+    graceful_timeout: float = Field(
+        10.0,
+        description="Seconds in-flight requests get to finish after SIGTERM.",
+        ge=0,
+        le=3600,
+        **_env("GRACEFUL_TIMEOUT"),
+    )
+    worker_connections: int = Field(
+        1000,
+        description="Most simultaneous connections the gevent worker accepts.",
+        ge=1,
+        le=100_000,
+        **_env("WORKER_CONNECTIONS"),
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="Log level.",
+        **_env("LOG_LEVEL"),
+    )
+
+    # --- Vertex AI identity (set by the platform; logged, never baked into the image) ---------
+    aip_mode: str | None = Field(
+        None,
+        description="PREDICTION when running on Vertex AI (logged at start-up).",
+        **_env("AIP_MODE"),
+    )
+    aip_deployed_model_id: str | None = Field(
+        None,
+        description="Vertex deployed model id (logged at start-up).",
+        **_env("AIP_DEPLOYED_MODEL_ID"),
+    )
+    aip_endpoint_id: str | None = Field(
+        None,
+        description="Vertex endpoint id (logged at start-up).",
+        **_env("AIP_ENDPOINT_ID"),
+    )
+
+    @field_validator("health_route", "predict_route")
+    @classmethod
+    def _no_placeholders(cls, route: str) -> str:
+        if "<" in route or ">" in route:
+            raise ValueError("a route may not contain '<' or '>'")
+        return route
+
+
+def env_names(info: FieldInfo) -> list[str]:
+    """The env vars a field reads, in priority order."""
+    alias = info.validation_alias
+    assert isinstance(alias, AliasChoices)
+    return [str(c) for c in alias.choices]
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def default_text(info: FieldInfo) -> str:
+    if info.default is None:
+        return "(none)"
+    if isinstance(info.default, bool):
+        return "true" if info.default else "false"
+    return str(info.default)
+
+
+def bounds_text(info: FieldInfo) -> str:
+    """The constraints of a field, in words for the help and the README."""
+    parts: list[str] = []
+    for meta in info.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            val = getattr(meta, attr, None)
+            if val is not None:
+                parts.append(f"{sym} {val}")
+        for attr in ("min_length", "max_length"):
+            val = getattr(meta, attr, None)
+            if val is not None:
+                parts.append(f"{attr.replace('_', ' ')} {val}")
+        if getattr(meta, "pattern", None):
+            parts.append(f"matches `{meta.pattern}`")
+    args = getattr(info.annotation, "__args__", ())
+    if args and all(isinstance(a, str) for a in args):
+        parts.append("one of " + ", ".join(args))
+    return "; ".join(parts) or "-"
+
+
+def settings_table() -> str:
+    """The README's settings table, generated from the class (a test keeps them in step)."""
+    rows = [
+        "| setting | flag | env var(s) | default | bounds | description |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, info in Settings.model_fields.items():
+        envs = ", ".join(f"`{e.upper()}`" for e in env_names(info))
+        rows.append(
+            f"| {name} | `{flag_name(name)}` | {envs} | `{default_text(info)}` | "
+            f"{bounds_text(info)} | {info.description} |"
+        )
+    return "\n".join(rows)
