@@ -8,6 +8,8 @@ primitives that must not be used across OS threads, so this module takes the ori
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +20,7 @@ from gevent.monkey import get_original
 
 _start_new_thread = get_original("_thread", "start_new_thread")
 allocate_lock: Callable[[], Any] = get_original("_thread", "allocate_lock")
+_POLL = 1.0  # seconds; only a safety net, the engine's callback wakes the greenlet at once
 
 
 def start_native_thread(target: Callable[[], None]) -> None:
@@ -33,10 +36,8 @@ class ThreadEvent:
         self._lock.acquire()
 
     def set(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # already set
             self._lock.release()
-        except RuntimeError:  # already set
-            pass
 
     def wait(self, timeout: float) -> bool:
         """Block the calling OS thread until set (then reset) or timeout."""
@@ -57,12 +58,19 @@ class Channel:
         self._loop.run_callback_threadsafe(self._ready.set)
 
     def get(self, timeout: float | None = None) -> Any:
-        """Called from the owning greenlet; raises TimeoutError if nothing came in time."""
+        """Called from the owning greenlet; raises TimeoutError if nothing came in time.
+
+        The wait always has a timer: a cross-thread callback alone does not keep the hub's
+        loop alive, and a hub with nothing else to watch would report a deadlock.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._items:
                 return self._items.popleft()
             self._ready.clear()
             if self._items:
                 continue
-            if not self._ready.wait(timeout):
+            wait = _POLL if deadline is None else min(_POLL, deadline - time.monotonic())
+            if wait <= 0:
                 raise TimeoutError("no event from the engine in time")
+            self._ready.wait(wait)

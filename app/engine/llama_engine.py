@@ -311,7 +311,12 @@ class LlamaEngine:
 
     def _loop(self) -> None:
         while True:
-            busy = self._step_once()
+            try:
+                busy = self._step_once()
+            except Exception:  # a bug: fail the jobs in flight, keep serving the next ones
+                log.exception("engine step failed")
+                self._fail_active(EngineFailure("internal engine error"))
+                busy = True
             if self._stopping and not busy and not self._inbox and not self._waiting:
                 return
             if not busy:
@@ -510,6 +515,12 @@ class LlamaEngine:
             job.sink(Failed(err))
         self._job_over(job)
 
+    def _fail_active(self, err: ApiError) -> None:
+        for slot in self._slots:
+            if slot.job is not None:
+                self._fail_job(slot.job, err)
+                self._release(slot)
+
     def _fail_everything(self, err: ApiError) -> None:
         for slot in self._slots:
             if slot.job is not None:
@@ -558,6 +569,7 @@ class LlamaEngine:
             add(
                 chain,
                 ll.llama_sampler_init_penalties(
+                    ll.llama_vocab_n_tokens(self._vocab),
                     p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
                 ),
             )

@@ -53,9 +53,14 @@ class TextAssembler:
         return out
 
     def flush(self) -> str:
-        """Everything still held (at the end of generation); broken bytes become U+FFFD."""
+        """Everything still held, at the end of generation.
+
+        A character cut in half by the end of generation (max_tokens reached mid-character) is
+        dropped rather than sent as U+FFFD: the client never sees a broken character.
+        """
         if self.stopped:
             return ""
-        out = self._pending + self._decoder.decode(b"", final=True)
+        out = self._pending
         self._pending = ""
+        self._decoder.reset()
         return out

@@ -1,0 +1,164 @@
+"""Shared fixtures: a Flask test client over the fake engine, and real server processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from app import create_app
+from app.default_model import default_model_path
+from app.engine.fake import FakeEngine
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fake_engine() -> FakeEngine:
+    return FakeEngine()
+
+
+def make_client(engine: FakeEngine, **settings):
+    app = create_app(Settings(**settings), engine=engine)
+    app.testing = True
+    return app.test_client()
+
+
+@pytest.fixture
+def client(fake_engine: FakeEngine):
+    return make_client(fake_engine)
+
+
+# ---- end-to-end: a real gunicorn process with the real default model -----------------------
+
+
+def model_cache_dir() -> Path:
+    return Path(os.environ.get("MODEL_CACHE_DIR", "/tmp/vertex-gguf"))
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    path = default_model_path(model_cache_dir())
+    if not path.is_file():
+        pytest.fail(f"default model missing at {path}: run `vertex-gguf fetch-default-model`")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m app`` on a free loopback port; logs go to a temp file."""
+
+    def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None):
+        self.port = free_port()
+        self.log_file = tempfile.NamedTemporaryFile(prefix="vertex-gguf-", suffix=".log", delete=False)
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
+        full_env.update({"HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "2"})
+        full_env.update(env or {})
+        if "AIP_HTTP_PORT" in full_env:
+            self.port = int(full_env["AIP_HTTP_PORT"])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app", *(args or [])],
+            env=full_env,
+            cwd=ROOT,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def wait_listening(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited early:\n{self.logs()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.01)
+        raise AssertionError(f"server did not listen in {timeout}s:\n{self.logs()}")
+
+    def wait_ready(self, health: str = "/health", timeout: float = 60) -> None:
+        self.wait_listening(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited early:\n{self.logs()}")
+            try:
+                if requests.get(self.url(health), timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"server not ready in {timeout}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return Path(self.log_file.name).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        Path(self.log_file.name).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def server_factory(default_model: Path) -> Iterator:
+    started: list[ServerProcess] = []
+
+    def start(env: dict[str, str] | None = None, args: list[str] | None = None) -> ServerProcess:
+        srv = ServerProcess(env, args)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+VERTEX_HEALTH = "/v1/endpoints/1234/deployedModels/5678"
+VERTEX_PREDICT = "/v1/endpoints/1234/deployedModels/5678:predict"
+
+
+@pytest.fixture(scope="module")
+def vertex_server(default_model: Path) -> Iterator[ServerProcess]:
+    """One server started the way Vertex AI starts the container."""
+    port = free_port()
+    srv = ServerProcess(
+        {
+            "AIP_MODE": "PREDICTION",
+            "AIP_HTTP_PORT": str(port),
+            "AIP_HEALTH_ROUTE": VERTEX_HEALTH,
+            "AIP_PREDICT_ROUTE": VERTEX_PREDICT,
+            "AIP_DEPLOYED_MODEL_ID": "5678",
+            "AIP_ENDPOINT_ID": "1234",
+            "MAX_QUEUE": "16",
+        }
+    )
+    try:
+        srv.wait_ready(VERTEX_HEALTH)
+        yield srv
+    finally:
+        srv.stop()

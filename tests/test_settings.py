@@ -1,0 +1,88 @@
+"""Settings naming, precedence and bounds; the CLI; the README table."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from app.cli import build_parser, load_settings
+from app.settings import Settings, flag_name, settings_table
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def clear_env(monkeypatch):
+    for name in ("PORT", "AIP_HTTP_PORT", "AIP_HEALTH_ROUTE", "AIP_PREDICT_ROUTE", "MODEL",
+                 "AIP_STORAGE_URI", "CTX_SIZE", "HEALTH_ROUTE", "PREDICT_ROUTE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults(monkeypatch):
+    clear_env(monkeypatch)
+    s = Settings()
+    assert (s.port, s.host, s.health_route, s.predict_route) == (8080, "0.0.0.0", "/health", "/predict")
+    assert s.model is None and s.max_instances == 64 and s.max_body_bytes == 10 * 1024 * 1024
+
+
+def test_port_precedence(monkeypatch):
+    clear_env(monkeypatch)
+    monkeypatch.setenv("PORT", "9000")
+    assert Settings().port == 9000
+    monkeypatch.setenv("AIP_HTTP_PORT", "7000")
+    assert Settings().port == 7000
+    _, s, _ = load_settings(["--port", "6000"])
+    assert s.port == 6000
+
+
+def test_vertex_routes_and_model_from_platform_names(monkeypatch):
+    clear_env(monkeypatch)
+    monkeypatch.setenv("AIP_HEALTH_ROUTE", "/v1/endpoints/1/deployedModels/2")
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/v1/endpoints/1/deployedModels/2:predict")
+    monkeypatch.setenv("AIP_STORAGE_URI", "gs://bucket/model")
+    s = Settings()
+    assert s.health_route == "/v1/endpoints/1/deployedModels/2"
+    assert s.predict_route.endswith(":predict")
+    assert s.model == "gs://bucket/model"
+    monkeypatch.setenv("MODEL", "/models/x.gguf")
+    assert Settings().model == "/models/x.gguf"
+
+
+def test_every_setting_is_a_flag_and_an_env_var(monkeypatch):
+    clear_env(monkeypatch)
+    monkeypatch.setenv("CTX_SIZE", "1024")
+    assert Settings().ctx_size == 1024
+    _, s, _ = load_settings(["--ctx-size", "2048"])  # flag wins over env
+    assert s.ctx_size == 2048
+    help_text = build_parser().format_help()
+    for name in Settings.model_fields:
+        assert flag_name(name) in help_text, name
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--ctx-size", "-5"], "--ctx-size"),
+        (["--port", "70000"], "--port"),
+        (["--flash-attn", "maybe"], "--flash-attn"),
+        (["--predict-route", "predict"], "--predict-route"),
+    ],
+)
+def test_out_of_bounds_is_a_clear_error(argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        load_settings(argv)
+    assert needle in str(exc.value)
+
+
+def test_settings_are_frozen():
+    s = Settings()
+    with pytest.raises(Exception):
+        s.port = 1  # type: ignore[misc]
+
+
+def test_readme_settings_table_matches_the_code():
+    text = README.read_text()
+    m = re.search(r"<!-- settings:start -->\n(.*?)\n<!-- settings:end -->", text, re.S)
+    assert m, "README lacks the settings table markers"
+    assert m.group(1).strip() == settings_table().strip(), (
+        "README settings table is stale: regenerate with `vertex-gguf settings-table`"
+    )
