@@ -65,7 +65,8 @@ class ServerProcess:
 
     def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None):
         self.port = free_port()
-        self.log_file = tempfile.NamedTemporaryFile(prefix="vertex-gguf-", suffix=".log", delete=False)
+        fd, name = tempfile.mkstemp(prefix="vertex-gguf-", suffix=".log")
+        self.log_file = os.fdopen(fd, "wb")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
         full_env.update({"HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "2"})
         full_env.update(env or {})

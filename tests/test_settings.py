@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from app.cli import build_parser, load_settings
 from app.settings import Settings, flag_name, settings_table
@@ -75,7 +76,7 @@ def test_out_of_bounds_is_a_clear_error(argv, needle):
 
 def test_settings_are_frozen():
     s = Settings()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         s.port = 1  # type: ignore[misc]
 
 
