@@ -65,7 +65,7 @@ class ServerProcess:
 
     def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None):
         self.port = free_port()
-        fd, name = tempfile.mkstemp(prefix="vertex-gguf-", suffix=".log")
+        fd, self.log_path = tempfile.mkstemp(prefix="vertex-gguf-", suffix=".log")
         self.log_file = os.fdopen(fd, "wb")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
         full_env.update({"HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "2"})
@@ -112,7 +112,7 @@ class ServerProcess:
         raise AssertionError(f"server not ready in {timeout}s:\n{self.logs()}")
 
     def logs(self) -> str:
-        return Path(self.log_file.name).read_text(errors="replace")
+        return Path(self.log_path).read_text(errors="replace")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -122,7 +122,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        Path(self.log_file.name).unlink(missing_ok=True)
+        self.log_file.close()
+        Path(self.log_path).unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -79,11 +79,11 @@ def test_inference_while_loading_is_503_openai_shape(server_factory):
         assert r.status_code == 200
 
 
-@pytest.mark.parametrize(
-    "model, cause",
-    [("/no/such/model.gguf", "file not found"), ("/etc/hostname", "not a GGUF")],
-)
-def test_unloadable_model_exits_non_zero_with_one_clear_line(server_factory, model, cause):
+@pytest.mark.parametrize("kind, cause", [("missing", "file not found"), ("text", "not a GGUF")])
+def test_unloadable_model_exits_non_zero_with_one_clear_line(server_factory, tmp_path, kind, cause):
+    model = str(tmp_path / "model.gguf")
+    if kind == "text":
+        (tmp_path / "model.gguf").write_text("this is not a model")
     srv = server_factory({"MODEL": model})
     code = srv.proc.wait(60)
     assert code != 0
