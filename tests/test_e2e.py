@@ -128,6 +128,9 @@ def test_vertex_envelope_bad_is_400(vertex_server):
     assert r.status_code == 400 and "empty" in r.json()["error"]["message"]
     r = requests.post(vertex_server.url(VERTEX_PREDICT), data=b"nope", timeout=10)
     assert r.status_code == 400
+    r = requests.post(vertex_server.url(VERTEX_PREDICT), data=b"x" * (10 * 1024 * 1024 + 1), timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    assert requests.get(vertex_server.url(VERTEX_HEALTH), timeout=5).status_code == 200
 
 
 def test_raw_predict_and_stream_raw_predict(vertex_server):
