@@ -50,7 +50,7 @@ def create_app(
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm)."""
     from app import errors, routes
-    from app.protocol.sse import StreamPolicy
+    from app.protocol.sse import policy_from
     from app.service import Service
 
     if engine is None:
@@ -69,7 +69,17 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    app.extensions["vertex_gguf"] = Service(engine, StreamPolicy(), settings.max_instances)
+    policy = policy_from(
+        settings.stream_profile,
+        send_done=settings.stream_done,
+        done_after_error=settings.stream_done_after_error,
+        role_content=settings.stream_role_content,
+        always_usage=settings.stream_always_usage,
+        heartbeat_seconds=settings.stream_heartbeat_seconds,
+    )
+    app.extensions["vertex_gguf"] = Service(
+        engine, policy, settings.max_instances, request_timeout=settings.request_timeout
+    )
     routes.register(app, settings.health_route, settings.predict_route)
     errors.register(app)
     return app

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"{info.description} [env: {envs}; default: {default_text(info)}; "
             f"{bounds_text(info)}]"
         ).replace("%", "%%")
-        is_bool = info.annotation is bool
+        is_bool = info.annotation is bool or bool in typing.get_args(info.annotation)
         group.add_argument(
             flag_name(name),
             dest=name,
@@ -55,11 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _metavar(annotation: object) -> str:
-    args = typing.get_args(annotation)
-    if args and all(isinstance(a, str) for a in args):
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    if len(args) == 1 and typing.get_origin(args[0]) is typing.Literal:
+        args = list(typing.get_args(args[0]))
+    if all(isinstance(a, str) for a in args):
         return "{" + ",".join(args) + "}"
-    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
-    return getattr(base, "__name__", "VALUE").upper()
+    return {"str": "TEXT", "int": "N", "float": "NUMBER"}.get(
+        getattr(args[0], "__name__", ""), getattr(args[0], "__name__", "VALUE").upper()
+    )
 
 
 def load_settings(argv: list[str] | None = None) -> tuple[str, Settings, argparse.Namespace]:

@@ -86,6 +86,12 @@ class ShuttingDown(ApiError):
     code = "shutting_down"
 
 
+class GenerationTimeout(ApiError):
+    status = 504
+    type = "timeout"
+    code = "generation_timeout"
+
+
 class EngineFailure(ApiError):
     status = 500
     type = "internal_error"

@@ -44,8 +44,12 @@ def health() -> tuple[Response, int]:
     return jsonify(body), 200 if state.ready else 503
 
 
+def _done_header() -> str | None:
+    return request.headers.get("X-Stream-Done")
+
+
 def predict() -> Response:
-    return _reply(_service().predict(_body()))
+    return _reply(_service().predict(_body(), _done_header()))
 
 
 bp = Blueprint("openai", __name__)
@@ -56,7 +60,7 @@ def chat_completions() -> Response:
     body = _body()
     svc = _service()
     stream = isinstance(body, dict) and body.get("stream") is True
-    return _reply(svc.stream("chat", body) if stream else svc.complete("chat", body))
+    return _reply(svc.stream("chat", body, _done_header()) if stream else svc.complete("chat", body))
 
 
 @bp.post("/v1/completions")
@@ -64,7 +68,9 @@ def completions() -> Response:
     body = _body()
     svc = _service()
     stream = isinstance(body, dict) and body.get("stream") is True
-    return _reply(svc.stream("completion", body) if stream else svc.complete("completion", body))
+    if stream:
+        return _reply(svc.stream("completion", body, _done_header()))
+    return _reply(svc.complete("completion", body))
 
 
 @bp.get("/v1/models")

@@ -40,10 +40,17 @@ class Prepared:
 
 
 class Service:
-    def __init__(self, engine: Engine, policy: StreamPolicy, max_instances: int):
+    def __init__(
+        self,
+        engine: Engine,
+        policy: StreamPolicy,
+        max_instances: int,
+        request_timeout: float = 0.0,
+    ):
         self.engine = engine
         self.policy = policy
         self.max_instances = max_instances
+        self.timeout = request_timeout or None
 
     def info(self) -> ModelInfo:
         info = self.engine.info
@@ -64,7 +71,7 @@ class Service:
                 bos_token=info.bos_token,
                 eos_token=info.eos_token,
             )
-            return Prepared(kind, req, GenerationRequest(prompt, req.sampling()))
+            return Prepared(kind, req, GenerationRequest(prompt, req.sampling(), timeout=self.timeout))
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
         echo = ""
@@ -72,7 +79,8 @@ class Service:
             if not isinstance(prompt, str):
                 raise BadRequest("echo is only supported with a text prompt", param="echo")
             echo = prompt
-        return Prepared(kind, req, GenerationRequest(prompt, req.sampling()), echo=echo)
+        gen = GenerationRequest(prompt, req.sampling(), timeout=self.timeout)
+        return Prepared(kind, req, gen, echo=echo)
 
     def _start(self, prep: Prepared) -> tuple[Handle, int]:
         """Submit and wait for acceptance, so that errors arrive before the first byte."""
@@ -117,10 +125,10 @@ class Service:
 
     # ---- streaming --------------------------------------------------------------------------
     def stream(
-        self, kind: vertex.Kind, body: Any, policy: StreamPolicy | None = None
+        self, kind: vertex.Kind, body: Any, done_header: str | None = None
     ) -> Iterator[bytes]:
         """Checks everything that can fail before the first byte, then returns the SSE body."""
-        policy = policy or self.policy
+        policy = self.policy.with_done_header(done_header)
         prep = self.prepare(kind, body)
         created = int(time.time())
         handle, prompt_tokens = self._start(prep)
@@ -173,14 +181,18 @@ class Service:
                 )
 
     # ---- Vertex predict ---------------------------------------------------------------------
-    def predict(self, body: Any) -> dict[str, Any] | Iterator[bytes]:
+    def predict(
+        self, body: Any, done_header: str | None = None
+    ) -> dict[str, Any] | Iterator[bytes]:
         """An envelope -> predictions; a raw OpenAI body -> what /v1 would answer."""
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         if not vertex.is_envelope(body):
             kind = vertex.kind_of(body)
             raw = vertex.strip_format(body)
-            return self.stream(kind, raw) if raw.get("stream") else self.complete(kind, raw)
+            if raw.get("stream"):
+                return self.stream(kind, raw, done_header)
+            return self.complete(kind, raw)
         items = vertex.parse_envelope(body, self.max_instances)
         wants_stream = [i for i in items if isinstance(i, vertex.Instance) and i.body.get("stream")]
         if wants_stream:
@@ -190,7 +202,7 @@ class Service:
                     "carries one answer; send the instances as separate requests",
                     param="instances",
                 )
-            return self.stream(wants_stream[0].kind, wants_stream[0].body)
+            return self.stream(wants_stream[0].kind, wants_stream[0].body, done_header)
         self.info()  # 503 for the whole envelope while loading
         jobs = [
             gevent.spawn(self._instance, item) if isinstance(item, vertex.Instance) else None

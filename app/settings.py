@@ -174,6 +174,59 @@ class Settings(BaseSettings):
         **_env("LOG_LEVEL"),
     )
 
+    # --- streaming (see README "Streams": a profile, then individual overrides) ----------------
+    stream_profile: Literal["openai", "strict", "llama.cpp"] = Field(
+        "openai",
+        description="Stream termination profile: openai ([DONE], usage on request), strict (no "
+        "[DONE]: the stream ends when the response closes), llama.cpp (what llama-server sends).",
+        **_env("STREAM_PROFILE"),
+    )
+    stream_done: bool | None = Field(
+        None,
+        description="Send `data: [DONE]` at the end of a stream (default: from the profile). "
+        "Per request: header X-Stream-Done: 1 or 0.",
+        json_schema_extra={"default_label": "from profile"},
+        **_env("STREAM_DONE"),
+    )
+    stream_done_after_error: bool | None = Field(
+        None,
+        description="Send [DONE] after a mid-stream error event (default: from the profile).",
+        json_schema_extra={"default_label": "from profile"},
+        **_env("STREAM_DONE_AFTER_ERROR"),
+    )
+    stream_role_content: Literal["empty", "null"] | None = Field(
+        None,
+        description='Content of the first (role) chunk: "empty" sends "", "null" sends null '
+        "(default: from the profile).",
+        json_schema_extra={"default_label": "from profile"},
+        **_env("STREAM_ROLE_CONTENT"),
+    )
+    stream_always_usage: bool | None = Field(
+        None,
+        description="Send the usage chunk even without stream_options.include_usage (default: "
+        "from the profile).",
+        json_schema_extra={"default_label": "from profile"},
+        **_env("STREAM_ALWAYS_USAGE"),
+    )
+    stream_heartbeat_seconds: float | None = Field(
+        None,
+        description="Send an SSE comment `: ping` when nothing was sent for this long; 0 = off "
+        "(default: from the profile).",
+        ge=0,
+        le=3600,
+        json_schema_extra={"default_label": "from profile"},
+        **_env("STREAM_HEARTBEAT_SECONDS"),
+    )
+    request_timeout: float = Field(
+        0,
+        description="Seconds a generation may run before it is ended with a timeout error (a "
+        "504, or an error event mid-stream); 0 = no limit. Set it below the platform's own "
+        "request timeout so clients get a clear error instead of a cut connection.",
+        ge=0,
+        le=86400,
+        **_env("REQUEST_TIMEOUT"),
+    )
+
     # --- Vertex AI identity (set by the platform; logged, never baked into the image) ---------
     aip_mode: str | None = Field(
         None,
@@ -211,6 +264,9 @@ def flag_name(name: str) -> str:
 
 
 def default_text(info: FieldInfo) -> str:
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and "default_label" in extra:
+        return str(extra["default_label"])
     if info.default is None:
         return "(none)"
     if isinstance(info.default, bool):

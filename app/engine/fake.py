@@ -22,7 +22,13 @@ from app.engine.types import (
     ModelInfo,
     TextPiece,
 )
-from app.errors import ContextOverflow, EngineFailure, ModelNotReady, QueueFull
+from app.errors import (
+    ContextOverflow,
+    EngineFailure,
+    GenerationTimeout,
+    ModelNotReady,
+    QueueFull,
+)
 from app.state import LoadState
 
 
@@ -118,6 +124,7 @@ class FakeEngine:
             channel.put(Failed(ContextOverflow(f"prompt has {n_prompt} tokens")))
             return
         channel.put(Accepted(n_prompt))
+        deadline = time.monotonic() + req.timeout if req.timeout else None
         words = re.findall(r"\S+\s*", self.reply)
         limit = req.params.max_tokens or len(words)
         asm = TextAssembler(req.params.stop)
@@ -127,6 +134,9 @@ class FakeEngine:
                 return
             if self.delay:
                 time.sleep(self.delay)
+            if deadline is not None and time.monotonic() > deadline:
+                channel.put(Failed(GenerationTimeout(f"generation exceeded {req.timeout:g} s")))
+                return
             n += 1
             piece = asm.feed(word.encode())
             if asm.stopped:

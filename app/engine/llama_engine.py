@@ -36,6 +36,7 @@ from app.errors import (
     BadRequest,
     ContextOverflow,
     EngineFailure,
+    GenerationTimeout,
     ModelNotReady,
     QueueFull,
     ShuttingDown,
@@ -73,6 +74,7 @@ class _Job:
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False
     done: bool = False
+    deadline: float | None = None
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
@@ -157,6 +159,8 @@ class LlamaEngine:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         channel = Channel()
         job = _Job(request=request, sink=channel.put)
+        if request.timeout:
+            job.deadline = time.monotonic() + request.timeout
         self._enqueue(job)
         return LlamaHandle(self, job, channel)
 
@@ -325,7 +329,7 @@ class LlamaEngine:
     def _step_once(self) -> bool:
         """Take new jobs, admit waiting ones, decode one batch. False when there was no work."""
         self._take_inbox()
-        self._reap_cancelled()
+        self._reap()
         self._admit()
         if not any(s.job for s in self._slots):
             return False
@@ -375,15 +379,25 @@ class LlamaEngine:
         job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
         job.assembler = TextAssembler(req.params.stop)
 
-    def _reap_cancelled(self) -> None:
+    def _reap(self) -> None:
+        """Drop cancelled jobs and fail the ones past their deadline, freeing their KV."""
+        now = time.monotonic()
         for slot in self._slots:
-            if slot.job is not None and slot.job.cancelled:
+            job = slot.job
+            if job is None:
+                continue
+            if job.cancelled:
                 self._release(slot)
-        if any(j.cancelled for j in self._waiting):
-            keep = deque()
+            elif job.deadline is not None and now > job.deadline:
+                self._fail_job(job, _timeout_error(job))
+                self._release(slot)
+        if any(j.cancelled or (j.deadline is not None and now > j.deadline) for j in self._waiting):
+            keep: deque[_Job] = deque()
             for job in self._waiting:
                 if job.cancelled:
                     self._finish_unstarted(job)
+                elif job.deadline is not None and now > job.deadline:
+                    self._fail_job(job, _timeout_error(job))
                 else:
                     keep.append(job)
             self._waiting = keep
@@ -602,6 +616,13 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
+
+
+def _timeout_error(job: _Job) -> GenerationTimeout:
+    return GenerationTimeout(
+        f"generation exceeded the request timeout of {job.request.timeout:g} s "
+        f"after {job.n_generated} tokens"
+    )
 
 
 def _warmup_params():

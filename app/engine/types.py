@@ -38,6 +38,7 @@ class GenerationRequest:
     prompt: str | tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
     add_bos: bool = True
+    timeout: float | None = None  # seconds from submission; past it the job fails (504)
 
 
 @dataclass(frozen=True)
