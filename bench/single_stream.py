@@ -63,7 +63,7 @@ def baseline_run(llm, tokens: int) -> tuple[float, float, int]:
     t0 = time.perf_counter()
     first = None
     n = 0
-    for chunk in llm.create_completion(PROMPT, max_tokens=tokens, temperature=0, stream=True):
+    for _chunk in llm.create_completion(PROMPT, max_tokens=tokens, temperature=0, stream=True):
         n += 1
         if first is None:
             first = time.perf_counter()
