@@ -17,6 +17,14 @@ from werkzeug.exceptions import HTTPException
 log = logging.getLogger(__name__)
 
 
+class ModelLoadError(Exception):
+    """The model could not be fetched or loaded; the message names the model and the cause.
+
+    Not an API error: it ends the process (see app.gunicorn_conf), so the platform reports a
+    failed deployment.
+    """
+
+
 class ApiError(Exception):
     """An error with an HTTP status and an OpenAI-style type/code."""
 

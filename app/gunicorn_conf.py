@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+import time
 from typing import Any
 
 from app.settings import Settings
@@ -37,6 +38,7 @@ def worker_exit(server: Any, worker: Any) -> None:
 
 def exit_worker_on_load_failure(message: str) -> None:
     """Called from the engine thread when the model cannot load."""
+    time.sleep(0.5)  # let health and /models/sse watchers see the failure
     for handler in logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()

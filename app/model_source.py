@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app import gcs
 from app.default_model import default_model_path
-from app.engine.llama_engine import ModelLoadError
+from app.errors import ModelLoadError
 from app.settings import Settings
 from app.state import LoadState
 
@@ -22,16 +23,36 @@ def resolve(settings: Settings, state: LoadState) -> str:
             )
         return str(path)
     if source.startswith("gs://"):
-        raise ModelLoadError(f"model {source}: gs:// models are not supported yet")
+        state.set("downloading", progress=0.0, detail=source)
+        opts = gcs.DownloadOptions(
+            cache_dir=settings.model_cache_dir,
+            workers=settings.download_workers,
+            slice_bytes=settings.download_slice_mb << 20,
+            model_file=settings.model_file,
+            emulator_host=settings.storage_emulator_host,
+        )
+        path = gcs.fetch_model(
+            source,
+            opts,
+            on_progress=lambda p: state.set_download(p.done, p.total, p.rate, p.eta),
+        )
+        return str(path)
     if source.startswith("file://"):
         source = source[len("file://"):]
     path = Path(source)
     if path.is_dir():
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) != 1:
-            names = ", ".join(p.name for p in ggufs) or "none"
-            raise ModelLoadError(
-                f"model {source}: a directory must hold exactly one .gguf file (found: {names})"
-            )
-        path = ggufs[0]
+        return str(_local_dir_model(path, settings.model_file, source))
     return str(path)
+
+
+def _local_dir_model(path: Path, model_file: str | None, source: str) -> Path:
+    """The same choice rules as a gs:// directory (a Cloud Run volume mount looks like this)."""
+    found = [
+        gcs.GcsObject("local", p.name, p.stat().st_size, 0, "")
+        for p in sorted(path.glob("*.gguf"))
+    ]
+    try:
+        chosen = gcs.pick_model(found, model_file, source)
+    except gcs.GcsError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return path / chosen[0].name

@@ -48,6 +48,11 @@ def _done_header() -> str | None:
     return request.headers.get("X-Stream-Done")
 
 
+def models_sse() -> Response:
+    """The load stages as server-sent events, until the model is loaded or has failed."""
+    return Response(_service().load_events(), headers=HEADERS, direct_passthrough=True)
+
+
 def predict() -> Response:
     return _reply(_service().predict(_body(), _done_header()))
 
@@ -92,3 +97,4 @@ def register(app: Flask, health_route: str, predict_route: str) -> None:
     for route in dict.fromkeys(["/health", health_route]):
         app.add_url_rule(route, f"health:{route}", health, methods=["GET"])
     app.add_url_rule(predict_route, "predict", predict, methods=["POST"])
+    app.add_url_rule("/models/sse", "models_sse", models_sse, methods=["GET"])

@@ -25,7 +25,7 @@ from app.engine.types import (
     TextPiece,
 )
 from app.errors import ApiError, BadRequest, ModelNotReady, as_api_error
-from app.protocol import chat_template, openai, vertex
+from app.protocol import chat_template, openai, sse, vertex
 from app.protocol.sse import ChunkWriter, StreamPolicy, comment
 
 log = logging.getLogger(__name__)
@@ -179,6 +179,31 @@ class Service:
                     "client went away mid-stream: generation cancelled after %d tokens",
                     writer.completion_tokens,
                 )
+
+    # ---- model load events ----------------------------------------------------------------
+    def load_events(self, poll: float = 0.25, heartbeat: float = 15.0) -> Iterator[bytes]:
+        """``download_progress`` and ``model_status`` SSE events while the model loads; ends
+        once it is loaded or has failed. Polls the state's version (the loader is another
+        thread)."""
+        state = self.engine.state
+        seen = -1
+        last_sent = time.monotonic()
+        while True:
+            if state.version != seen:
+                seen = state.version
+                snap = state.snapshot()
+                if snap["stage"] == "downloading" and "download" in snap:
+                    yield sse.event("download_progress", snap["download"])
+                info = self.engine.info
+                body = sse.model_status(snap, info.name if info else None)
+                yield sse.event("model_status", body)
+                last_sent = time.monotonic()
+                if body["status"] != "loading":
+                    return
+            elif time.monotonic() - last_sent >= heartbeat:
+                yield sse.comment()
+                last_sent = time.monotonic()
+            gevent.sleep(poll)
 
     # ---- Vertex predict ---------------------------------------------------------------------
     def predict(

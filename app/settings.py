@@ -37,8 +37,8 @@ class Settings(BaseSettings):
     # --- model -------------------------------------------------------------------------------
     model: str | None = Field(
         None,
-        description="Model to serve: a local .gguf path or file:// URI, or a gs:// URI. "
-        "Falls back to AIP_STORAGE_URI, then to the embedded default model.",
+        description="Model to serve: a local .gguf path, directory or file:// URI, or a gs:// "
+        "object or directory. Falls back to AIP_STORAGE_URI, then to the embedded default model.",
         min_length=1,
         **_env("MODEL", "AIP_STORAGE_URI"),
     )
@@ -46,6 +46,35 @@ class Settings(BaseSettings):
         DEFAULT_CACHE_DIR,
         description="Directory for downloaded models and the fetched default model.",
         **_env("MODEL_CACHE_DIR"),
+    )
+    model_file: str | None = Field(
+        None,
+        description="Which GGUF to serve when the model directory holds several: a file name "
+        "or glob (a split model is named by any of its shards).",
+        min_length=1,
+        **_env("MODEL_FILE"),
+    )
+    download_workers: int = Field(
+        8,
+        description="Concurrent ranged downloads per object from gs://.",
+        ge=1,
+        le=64,
+        **_env("DOWNLOAD_WORKERS"),
+    )
+    download_slice_mb: int = Field(
+        32,
+        description="Size of each ranged slice in MiB; objects under two slices download in "
+        "one stream.",
+        ge=1,
+        le=4096,
+        **_env("DOWNLOAD_SLICE_MB"),
+    )
+    storage_emulator_host: str | None = Field(
+        None,
+        description="Cloud Storage emulator address (tests): anonymous credentials are used "
+        "only when this is set; otherwise Application Default Credentials.",
+        min_length=1,
+        **_env("STORAGE_EMULATOR_HOST"),
     )
     served_model_name: str | None = Field(
         None,

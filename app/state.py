@@ -16,7 +16,9 @@ class LoadState:
         self.progress: float | None = None
         self.detail: str | None = None
         self.error: str | None = None
+        self.download: dict[str, Any] | None = None
         self.started = time.monotonic()
+        self.version = 0  # bumped on every change, so watchers can tell
 
     @property
     def ready(self) -> bool:
@@ -30,10 +32,21 @@ class LoadState:
         self.progress = progress
         if detail is not None:
             self.detail = detail
+        self.version += 1
+
+    def set_download(self, done: int, total: int, rate: float, eta: float | None) -> None:
+        self.download = {
+            "downloaded_bytes": done,
+            "total_bytes": total,
+            "mb_per_s": round(rate / 1e6, 2),
+            "eta_s": None if eta is None else round(eta, 1),
+        }
+        self.set("downloading", progress=done / total if total else 1.0)
 
     def fail(self, error: str) -> None:
         self.error = error
         self.stage = "failed"
+        self.version += 1
 
     def snapshot(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -47,4 +60,6 @@ class LoadState:
             body["detail"] = self.detail
         if self.error:
             body["error"] = self.error
+        if self.download and self.stage == "downloading":
+            body["download"] = dict(self.download)
         return body

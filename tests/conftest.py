@@ -164,3 +164,75 @@ def vertex_server(default_model: Path) -> Iterator[ServerProcess]:
         yield srv
     finally:
         srv.stop()
+
+
+# ---- Cloud Storage: the emulator, started by the tests on a loopback port ---------------------
+
+
+class Emulator:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        exe = Path(sys.executable).with_name("gcp-storage-emulator")
+        self.proc = subprocess.Popen(
+            [str(exe), "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory", "-q"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("storage emulator did not start")
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        self.client = storage.Client(
+            credentials=AnonymousCredentials(), project="test", client_options={"api_endpoint": self.url}
+        )
+
+    def upload(self, bucket: str, name: str, path: Path | None = None, data: bytes | None = None):
+        b = self.client.lookup_bucket(bucket) or self.client.create_bucket(bucket)
+        blob = b.blob(name)
+        if path is not None:
+            blob.upload_from_filename(str(path))
+        else:
+            blob.upload_from_string(data or b"")
+        return b.get_blob(name)
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def emulator(default_model: Path, tmp_path_factory) -> Iterator[Emulator]:
+    """The emulator with the test models uploaded (see tests/test_gcs.py for the layout)."""
+    from tests.gguf_split import split_gguf
+
+    emu = Emulator()
+    try:
+        emu.upload("models", "single/smollm2.gguf", default_model)
+        emu.upload("models", "dir-one/smollm2.gguf", default_model)
+        emu.upload("models", "dir-one/README.md", data=b"one model in here")
+        emu.upload("models", "dir-many/a.gguf", data=b"GGUF model a")
+        emu.upload("models", "dir-many/b.gguf", data=b"GGUF model b")
+        shards = split_gguf(default_model, tmp_path_factory.mktemp("split"), 3)
+        for shard in shards:
+            emu.upload("models", f"split/{shard.name}", shard)
+        yield emu
+    finally:
+        emu.stop()
+
+
+@pytest.fixture
+def gcs_proxy(emulator: Emulator):
+    from tests.gcs_proxy import GcsProxy
+
+    with GcsProxy(emulator.url) as proxy:
+        yield proxy

@@ -37,6 +37,7 @@ from app.errors import (
     ContextOverflow,
     EngineFailure,
     GenerationTimeout,
+    ModelLoadError,
     ModelNotReady,
     QueueFull,
     ShuttingDown,
@@ -46,10 +47,6 @@ from app.state import LoadState
 log = logging.getLogger(__name__)
 
 _FLASH = {"auto": -1, "off": 0, "on": 1}
-
-
-class ModelLoadError(Exception):
-    """The model could not be loaded; the message names the model and the cause."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,21 @@ def comment(text: str = "ping") -> bytes:
     return f": {text}\n\n".encode()
 
 
+def event(name: str, obj: dict[str, Any]) -> bytes:
+    """A named SSE event (for /models/sse, not for OpenAI streams)."""
+    return f"event: {name}\n".encode() + frame(obj)
+
+
+def model_status(snapshot: dict[str, Any], model: str | None) -> dict[str, Any]:
+    """The ``model_status`` event body for a load-state snapshot."""
+    stage = snapshot["stage"]
+    body = {"status": {"ready": "loaded", "failed": "failed"}.get(stage, "loading"), "stage": stage}
+    body.update({k: snapshot[k] for k in ("progress", "detail", "error", "elapsed_s") if k in snapshot})
+    if model is not None:
+        body["model"] = model
+    return body
+
+
 @dataclass(frozen=True)
 class StreamPolicy:
     """How a stream starts and ends: built once from settings, adjusted per request."""

@@ -1,0 +1,430 @@
+"""Models from Google Cloud Storage: pick the GGUF, download it fast, verify it, cache it.
+
+- ``gs://bucket/x.gguf`` is that object; ``gs://bucket/dir`` (what AIP_STORAGE_URI gives) is the
+  one GGUF in that directory (``model_file`` picks among several); a split GGUF
+  (``name-00001-of-00003.gguf``...) comes whole, every shard next to the first.
+- Large objects download as concurrent ranged slices written in place (``os.pwrite``), each
+  slice retried with backoff on transient errors; small ones in one stream.
+- Every object is checked against its crc32c before it is renamed into the cache; a mismatch
+  deletes the partial file and fails loudly.
+- Cache entries are keyed by bucket, object and generation (a sidecar ``.meta.json``): a restart
+  with the same object downloads nothing, a new generation downloads again.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import fnmatch
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+RETRIES = 6
+SPACE_MARGIN = 64 * 1024 * 1024
+
+
+class GcsError(ModelLoadError):
+    """A model could not be fetched; the message names the URI and the cause."""
+
+
+@dataclass(frozen=True)
+class GcsObject:
+    bucket: str
+    name: str
+    size: int
+    generation: int
+    crc32c: str  # base64 of the big-endian CRC32C, as GCS reports it
+
+    @property
+    def uri(self) -> str:
+        return f"gs://{self.bucket}/{self.name}"
+
+    @property
+    def basename(self) -> str:
+        return self.name.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class DownloadOptions:
+    cache_dir: Path
+    workers: int = 8
+    slice_bytes: int = 32 * 1024 * 1024
+    model_file: str | None = None
+    emulator_host: str | None = None
+    progress_interval: float = 3.0
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    m = re.match(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(?:/(.*))?$", uri)
+    if not m:
+        raise GcsError(f"model {uri}: not a valid gs:// URI (gs://BUCKET/PATH)")
+    return m.group(1), m.group(2) or ""
+
+
+def make_client(emulator_host: str | None):
+    from google.cloud import storage
+
+    if emulator_host:
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(
+            credentials=AnonymousCredentials(),
+            project="emulator",
+            client_options={"api_endpoint": emulator_host},
+        )
+    return storage.Client()  # Application Default Credentials
+
+
+def _permanent(exc: BaseException) -> bool:
+    from google.api_core import exceptions as gexc
+
+    return isinstance(exc, gexc.NotFound | gexc.Forbidden | gexc.Unauthorized | gexc.BadRequest)
+
+
+def _transient(exc: BaseException) -> bool:
+    from google.api_core import exceptions as gexc
+
+    if isinstance(exc, gexc.TooManyRequests | gexc.ServerError):
+        return not isinstance(exc, gexc.MethodNotImplemented)
+    import http.client
+
+    import requests
+    import urllib3
+
+    return isinstance(
+        exc,
+        requests.exceptions.RequestException
+        | urllib3.exceptions.HTTPError
+        | http.client.HTTPException
+        | ConnectionError
+        | TimeoutError
+        | _ShortRead,
+    )
+
+
+def _describe(uri: str, exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    msg = getattr(exc, "message", None) or str(exc)
+    return f"model {uri}: {type(exc).__name__}{f' ({code})' if code else ''}: {msg}"
+
+
+def _to_object(blob) -> GcsObject:
+    return GcsObject(blob.bucket.name, blob.name, int(blob.size), int(blob.generation), blob.crc32c or "")
+
+
+def list_models(client, uri: str, model_file: str | None) -> list[GcsObject]:
+    """The objects making up the model at ``uri``: one file, or every shard (first one first)."""
+    bucket_name, path = parse_uri(uri)
+    try:
+        if path.lower().endswith(".gguf"):
+            blob = client.bucket(bucket_name).get_blob(path)
+            if blob is None:
+                raise GcsError(f"model {uri}: no such object (or no such bucket)")
+            obj = _to_object(blob)
+            if SHARD_RE.match(obj.basename):
+                prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+                siblings = _list_dir(client, bucket_name, prefix)
+                return _shard_set(siblings, SHARD_RE.match(obj.basename).group("base"), uri)
+            return [obj]
+        prefix = path.rstrip("/") + "/" if path else ""
+        objects = _list_dir(client, bucket_name, prefix)
+    except GcsError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every cause ends in one clear message
+        raise GcsError(_describe(uri, exc)) from exc
+    return pick_model(objects, model_file, uri)
+
+
+def _list_dir(client, bucket: str, prefix: str) -> list[GcsObject]:
+    blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/")
+    return [_to_object(b) for b in blobs if b.name.lower().endswith(".gguf")]
+
+
+def _models_in(objects: list[GcsObject]) -> dict[str, list[GcsObject]]:
+    """Group GGUF objects into models: a single file, or a split set keyed by its base name."""
+    models: dict[str, list[GcsObject]] = {}
+    for obj in objects:
+        m = SHARD_RE.match(obj.basename)
+        key = f"{m.group('base')}-*-of-{m.group('count')}.gguf" if m else obj.basename
+        models.setdefault(key, []).append(obj)
+    return models
+
+
+def _shard_set(objects: list[GcsObject], base: str, uri: str) -> list[GcsObject]:
+    shards = [o for o in objects if (m := SHARD_RE.match(o.basename)) and m.group("base") == base]
+    count = int(SHARD_RE.match(shards[0].basename).group("count"))
+    by_no = {int(SHARD_RE.match(o.basename).group("no")): o for o in shards}
+    missing = [n for n in range(1, count + 1) if n not in by_no]
+    if missing:
+        raise GcsError(
+            f"model {uri}: split GGUF {base} has {count} shards but "
+            f"{', '.join(f'{n:05d}' for n in missing)} missing"
+        )
+    return [by_no[n] for n in range(1, count + 1)]
+
+
+def pick_model(objects: list[GcsObject], model_file: str | None, uri: str) -> list[GcsObject]:
+    models = _models_in(objects)
+    names = sorted(o.basename for o in objects)
+    if not models:
+        raise GcsError(f"model {uri}: no .gguf file in this directory")
+    if model_file:
+        chosen = {
+            key: objs
+            for key, objs in models.items()
+            if any(fnmatch.fnmatchcase(o.basename, model_file) for o in objs)
+        }
+        if len(chosen) != 1:
+            raise GcsError(
+                f"model {uri}: MODEL_FILE {model_file!r} matches {len(chosen)} models "
+                f"(files here: {', '.join(names)})"
+            )
+        models = chosen
+    if len(models) > 1:
+        raise GcsError(
+            f"model {uri}: {len(models)} models in this directory ({', '.join(names)}); "
+            "set MODEL_FILE (a file name or glob) to pick one"
+        )
+    objs = next(iter(models.values()))
+    if len(objs) == 1 and not SHARD_RE.match(objs[0].basename):
+        return objs
+    return _shard_set(objs, SHARD_RE.match(objs[0].basename).group("base"), uri)
+
+
+# ---- cache ---------------------------------------------------------------------------------
+
+
+def cache_path(cache_dir: Path, obj: GcsObject) -> Path:
+    return Path(cache_dir) / "gcs" / obj.bucket / obj.name
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_name(path.name + ".meta.json")
+
+
+def is_cached(cache_dir: Path, obj: GcsObject) -> bool:
+    path = cache_path(cache_dir, obj)
+    try:
+        meta = json.loads(_meta_path(path).read_text())
+        return (
+            meta.get("generation") == obj.generation
+            and meta.get("crc32c") == obj.crc32c
+            and path.stat().st_size == obj.size
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def _write_meta(path: Path, obj: GcsObject) -> None:
+    meta = {"uri": obj.uri, "generation": obj.generation, "crc32c": obj.crc32c, "size": obj.size}
+    tmp = _meta_path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, _meta_path(path))
+
+
+# ---- download ------------------------------------------------------------------------------
+
+
+class _ShortRead(Exception):
+    pass
+
+
+class Progress:
+    """Bytes done across all workers, and the figures the logs and health report."""
+
+    def __init__(self, total: int, on_update: Callable[[Progress], None] | None = None):
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._on_update = on_update
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.done / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        rate = self.rate
+        return (self.total - self.done) / rate if rate > 0 else None
+
+    def line(self) -> str:
+        eta = self.eta
+        return (
+            f"{self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB, {self.rate / 1e6:.1f} MB/s, "
+            f"ETA {eta:.0f} s" if eta is not None else
+            f"{self.done / 1e6:.1f}/{self.total / 1e6:.1f} MB"
+        )
+
+
+class _OffsetWriter:
+    """A file-like object writing at a fixed offset of a shared file descriptor."""
+
+    def __init__(self, fd: int, offset: int, progress: Progress):
+        self.fd = fd
+        self.offset = offset
+        self.written = 0
+        self.progress = progress
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, self.offset + self.written)
+            self.written += n
+            self.progress.add(n)
+            view = view[n:]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _download_range(blob, fd: int, start: int, end: int, progress: Progress, uri: str) -> None:
+    """Bytes [start, end] of the object into the file, retried; resumes where it broke off."""
+    pos = start
+    for attempt in range(RETRIES):
+        writer = _OffsetWriter(fd, pos, progress)
+        try:
+            blob.download_to_file(
+                writer, start=pos, end=end, raw_download=True, checksum=None, retry=None
+            )
+            if pos + writer.written != end + 1:
+                raise _ShortRead(f"got {writer.written} of {end + 1 - pos} bytes")
+            return
+        except Exception as exc:  # noqa: BLE001 - classified below
+            pos += writer.written
+            if _permanent(exc) or not _transient(exc) or attempt == RETRIES - 1:
+                raise
+            delay = min(0.2 * 2**attempt, 5.0)
+            log.warning(
+                "download of %s bytes %d-%d failed (%s); retrying in %.1f s",
+                uri, pos, end, type(exc).__name__, delay,
+            )
+            time.sleep(delay)
+
+
+def crc32c_of(path: Path) -> str:
+    import google_crc32c
+
+    crc = google_crc32c.Checksum()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            crc.update(block)
+    return base64.b64encode(crc.digest()).decode()
+
+
+def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, progress: Progress) -> None:
+    """Fetch one object to ``dest`` (via a temporary name), verified against its crc32c."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    blob = client.bucket(obj.bucket).blob(obj.name, generation=obj.generation)
+    done_before = progress.done
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, obj.size)
+            if obj.size >= 2 * opts.slice_bytes and opts.workers > 1:
+                ranges = [
+                    (s, min(s + opts.slice_bytes, obj.size) - 1)
+                    for s in range(0, obj.size, opts.slice_bytes)
+                ]
+                with cf.ThreadPoolExecutor(max_workers=opts.workers) as pool:
+                    futures = [
+                        pool.submit(_download_range, blob, fd, s, e, progress, obj.uri)
+                        for s, e in ranges
+                    ]
+                    for fut in cf.as_completed(futures):
+                        fut.result()
+            elif obj.size:
+                _download_range(blob, fd, 0, obj.size - 1, progress, obj.uri)
+        finally:
+            os.close(fd)
+        actual = crc32c_of(tmp)
+        if obj.crc32c and actual != obj.crc32c:
+            raise GcsError(
+                f"model {obj.uri}: crc32c mismatch (expected {obj.crc32c}, got {actual}): "
+                "the download is corrupt and was deleted"
+            )
+        os.replace(tmp, dest)
+        _write_meta(dest, obj)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        progress.add(-(progress.done - done_before))
+        if isinstance(exc, GcsError):
+            raise
+        if isinstance(exc, Exception):
+            raise GcsError(_describe(obj.uri, exc)) from exc
+        raise
+
+
+def fetch_model(
+    uri: str, opts: DownloadOptions, on_progress: Callable[[Progress], None] | None = None
+) -> Path:
+    """Resolve ``uri`` to its object(s), download what the cache lacks; the first shard's path."""
+    client = make_client(opts.emulator_host)
+    objects = list_models(client, uri, opts.model_file)
+    paths = [cache_path(opts.cache_dir, o) for o in objects]
+    missing = [o for o in objects if not is_cached(opts.cache_dir, o)]
+    if not missing:
+        log.info("model %s: cache hit (%s)", uri, paths[0])
+        return paths[0]
+    need = sum(o.size for o in missing)
+    root = Path(opts.cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(root).free
+    if need + SPACE_MARGIN > free:
+        raise GcsError(
+            f"model {uri}: needs {need / 1e6:.1f} MB in {root} but only {free / 1e6:.1f} MB are "
+            "free (on Cloud Run the filesystem is memory: raise the instance memory or mount a "
+            "volume as MODEL_CACHE_DIR)"
+        )
+    progress = Progress(need)
+    log.info(
+        "model %s: downloading %d object(s), %.1f MB, %d workers, %d MB slices",
+        uri, len(missing), need / 1e6, opts.workers, opts.slice_bytes >> 20,
+    )
+    stop = threading.Event()
+
+    def watch() -> None:
+        """Progress to the caller 4 times a second, and to the log every few seconds."""
+        last_log = time.monotonic()
+        while not stop.wait(0.25):
+            if on_progress:
+                on_progress(progress)
+            if time.monotonic() - last_log >= opts.progress_interval:
+                last_log = time.monotonic()
+                log.info("model %s: %s", uri, progress.line())
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for obj in missing:
+            download_object(client, obj, cache_path(opts.cache_dir, obj), opts, progress)
+    finally:
+        stop.set()
+    if on_progress:
+        on_progress(progress)
+    elapsed = time.monotonic() - progress.started
+    log.info(
+        "model %s: downloaded and verified %.1f MB in %.1f s (%.1f MB/s)",
+        uri, need / 1e6, elapsed, need / 1e6 / max(elapsed, 1e-9),
+    )
+    return paths[0]

@@ -1,0 +1,216 @@
+"""Models from Cloud Storage, against gcp-storage-emulator with the real google-cloud-storage
+client (through a loopback proxy that counts downloads and injects faults).
+
+Bucket layout (uploaded by the ``emulator`` fixture):
+  models/single/smollm2.gguf           the default model
+  models/dir-one/smollm2.gguf          ... next to a README
+  models/dir-many/{a,b}.gguf           two (tiny, fake) models
+  models/split/SmolLM2-135M-Instruct.Q4_1-0000{1,2,3}-of-00003.gguf   the default model split in 3 shards
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from app import gcs
+from app.default_model import SHA256
+
+CHUNK = 8 << 20
+SPLIT = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def opts(proxy, cache: Path, **kw) -> gcs.DownloadOptions:
+    return gcs.DownloadOptions(cache_dir=cache, workers=4, slice_bytes=CHUNK,
+                               emulator_host=proxy.url, **kw)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leftovers(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.rglob("*") if p.is_file() and ".part" in p.name)
+
+
+def test_single_object_sliced_download_is_verified_and_cached(gcs_proxy, tmp_path):
+    seen = []
+    path = gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path),
+                           on_progress=lambda p: seen.append((p.done, p.total)))
+    assert sha256(path) == SHA256
+    assert gcs_proxy.faults.media_requests == -(-98362432 // CHUNK)  # one request per slice
+    meta = json.loads(path.with_name(path.name + ".meta.json").read_text())
+    assert meta["uri"] == "gs://models/single/smollm2.gguf" and meta["generation"] > 0
+    assert seen and seen[-1] == (98362432, 98362432)
+    assert leftovers(tmp_path) == []
+
+
+def test_small_objects_download_in_one_stream(gcs_proxy, tmp_path):
+    path = gcs.fetch_model("gs://models/dir-many/", opts(gcs_proxy, tmp_path, model_file="a.gguf"))
+    assert path.read_bytes() == b"GGUF model a"
+    assert gcs_proxy.faults.media_requests == 1
+
+
+def test_directory_with_one_gguf(gcs_proxy, tmp_path):
+    for uri in ("gs://models/dir-one", "gs://models/dir-one/"):
+        path = gcs.fetch_model(uri, opts(gcs_proxy, tmp_path))
+        assert path.name == "smollm2.gguf" and sha256(path) == SHA256
+
+
+def test_directory_with_several_ggufs_needs_model_file(gcs_proxy, tmp_path):
+    with pytest.raises(gcs.GcsError) as exc:
+        gcs.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path))
+    assert "a.gguf, b.gguf" in str(exc.value) and "MODEL_FILE" in str(exc.value)
+    assert gcs.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path, model_file="b*")).read_bytes() == b"GGUF model b"
+    with pytest.raises(gcs.GcsError, match="matches 2 models"):
+        gcs.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path, model_file="*.gguf"))
+
+
+def test_split_gguf_is_fetched_whole(gcs_proxy, tmp_path):
+    first = gcs.fetch_model("gs://models/split/", opts(gcs_proxy, tmp_path))
+    assert first.name == f"{SPLIT}-00001-of-00003.gguf"
+    assert sorted(p.name for p in first.parent.glob("*.gguf")) == [
+        f"{SPLIT}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    # naming any shard fetches (here: finds in the cache) the whole set and loads from the first
+    before = gcs_proxy.faults.media_requests
+    again = gcs.fetch_model(f"gs://models/split/{SPLIT}-00002-of-00003.gguf", opts(gcs_proxy, tmp_path))
+    assert again == first and gcs_proxy.faults.media_requests == before
+
+
+def test_corrupted_download_is_refused_and_nothing_is_cached(gcs_proxy, tmp_path):
+    gcs_proxy.faults.corrupt = True
+    with pytest.raises(gcs.GcsError, match="crc32c mismatch"):
+        gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("uri, needle", [
+    ("gs://models/single/nope.gguf", "no such object"),
+    ("gs://no-such-bucket/x.gguf", "no such object"),
+    ("gs://no-such-bucket/dir/", "NotFound"),
+    ("gs://models/empty-dir/", "no .gguf file"),
+    ("gs://Bad_Bucket!/x", "not a valid gs:// URI"),
+])
+def test_missing_or_bad_uri_fails_at_once_naming_it(gcs_proxy, tmp_path, uri, needle):
+    t0 = time.monotonic()
+    with pytest.raises(gcs.GcsError) as exc:
+        gcs.fetch_model(uri, opts(gcs_proxy, tmp_path))
+    assert needle in str(exc.value) and uri in str(exc.value)
+    assert time.monotonic() - t0 < 5  # permanent errors are not retried
+
+
+def test_cache_hit_downloads_nothing_and_new_generation_downloads_again(emulator, gcs_proxy, tmp_path):
+    emulator.upload("models", "gen/m.gguf", data=b"GGUF generation one")
+    o = opts(gcs_proxy, tmp_path)
+    assert gcs.fetch_model("gs://models/gen/m.gguf", o).read_bytes() == b"GGUF generation one"
+    assert gcs_proxy.faults.media_requests == 1
+    gcs.fetch_model("gs://models/gen/m.gguf", o)  # a restart with the same object
+    assert gcs_proxy.faults.media_requests == 1
+    emulator.upload("models", "gen/m.gguf", data=b"GGUF generation two")
+    assert gcs.fetch_model("gs://models/gen/m.gguf", o).read_bytes() == b"GGUF generation two"
+    assert gcs_proxy.faults.media_requests == 2
+
+
+def test_transient_errors_are_retried_and_slices_resumed(gcs_proxy, tmp_path):
+    gcs_proxy.faults.fail_media = 3  # 503s
+    gcs_proxy.faults.cut_media = 2  # connections cut half-way through a slice
+    path = gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+    assert sha256(path) == SHA256
+    assert gcs_proxy.faults.fail_media == 0 and gcs_proxy.faults.cut_media == 0
+    assert leftovers(tmp_path) == []
+
+
+def test_not_enough_space_is_a_clear_error(gcs_proxy, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 10**6, 10**6))
+    with pytest.raises(gcs.GcsError, match=r"needs 98\.4 MB .* only 1\.0 MB are free"):
+        gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+    assert gcs_proxy.faults.media_requests == 0
+
+
+def test_local_directory_uses_the_same_rules(tmp_path):
+    from app.model_source import resolve
+    from app.settings import Settings
+    from app.state import LoadState
+
+    (tmp_path / "a.gguf").write_bytes(b"GGUF a")
+    assert resolve(Settings(model=str(tmp_path)), LoadState()) == str(tmp_path / "a.gguf")
+    (tmp_path / "b.gguf").write_bytes(b"GGUF b")
+    with pytest.raises(Exception, match="MODEL_FILE"):
+        resolve(Settings(model=f"file://{tmp_path}"), LoadState())
+    assert resolve(Settings(model=str(tmp_path), model_file="b.gguf"), LoadState()) == str(tmp_path / "b.gguf")
+
+
+# ---- end to end: the server started the way Vertex AI starts it -----------------------------
+
+
+def vertex_env(proxy, cache: Path, uri: str, **extra) -> dict[str, str]:
+    return {"AIP_MODE": "PREDICTION", "AIP_STORAGE_URI": uri, "STORAGE_EMULATOR_HOST": proxy.url,
+            "MODEL_CACHE_DIR": str(cache), **extra}
+
+
+@pytest.mark.e2e
+def test_server_downloads_with_progress_then_serves(server_factory, gcs_proxy, tmp_path):
+    gcs_proxy.faults.bytes_per_second = 16 * 1024 * 1024  # per connection, so it takes a while
+    srv = server_factory(vertex_env(gcs_proxy, tmp_path, "gs://models/single/",
+                                    DOWNLOAD_WORKERS="2", DOWNLOAD_SLICE_MB="8"))
+    srv.wait_listening()
+    events = []
+    with requests.get(srv.url("/models/sse"), stream=True, timeout=60) as sse:
+        health_bodies = []
+        for line in sse.iter_lines():
+            if line.startswith(b"event: "):
+                kind = line[7:].decode()
+            elif line.startswith(b"data: "):
+                events.append((kind, json.loads(line[6:])))
+                if len(health_bodies) < 3:
+                    health_bodies.append(requests.get(srv.url("/health"), timeout=5))
+    kinds = [k for k, _ in events]
+    assert "download_progress" in kinds
+    assert events[-1][0] == "model_status" and events[-1][1]["status"] == "loaded"
+    progress = [e["downloaded_bytes"] for k, e in events if k == "download_progress"]
+    assert progress == sorted(progress) and progress[-1] > 0
+    first = health_bodies[0]
+    assert first.status_code == 503
+    assert first.json()["stage"] in {"starting", "downloading"}
+    downloading = [h.json() for h in health_bodies if h.json().get("stage") == "downloading"]
+    assert downloading and "progress" in downloading[0]
+    r = requests.post(srv.url("/predict"), json={"instances": [{"prompt": "The capital of France is",
+                      "max_tokens": 6, "temperature": 0}]}, timeout=60)
+    assert "Paris" in r.json()["predictions"][0]["choices"][0]["text"]
+    assert "downloaded and verified" in srv.logs()
+    assert "MB/s" in srv.logs() and "ETA" in srv.logs()
+
+
+@pytest.mark.e2e
+def test_server_loads_and_generates_from_a_split_gguf(server_factory, gcs_proxy, tmp_path):
+    srv = server_factory(vertex_env(gcs_proxy, tmp_path, "gs://models/split"))
+    srv.wait_ready()
+    r = requests.post(srv.url("/v1/completions"), json={"prompt": "The capital of France is",
+                      "max_tokens": 6, "temperature": 0}, timeout=60)
+    assert "Paris" in r.json()["choices"][0]["text"]
+    assert r.json()["model"] == f"{SPLIT}-00001-of-00003"
+    # a restart with the same objects finds them in the cache
+    srv.stop()
+    before = gcs_proxy.faults.media_requests
+    srv2 = server_factory(vertex_env(gcs_proxy, tmp_path, "gs://models/split"))
+    srv2.wait_ready()
+    assert gcs_proxy.faults.media_requests == before
+    assert "cache hit" in srv2.logs()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("uri", ["gs://models/single/missing.gguf", "gs://models/dir-many/"])
+def test_server_exits_non_zero_when_the_model_cannot_be_fetched(server_factory, gcs_proxy, tmp_path, uri):
+    srv = server_factory(vertex_env(gcs_proxy, tmp_path, uri))
+    assert srv.proc.wait(60) != 0
+    lines = [ln for ln in srv.logs().splitlines() if "model load failed" in ln]
+    assert len(lines) == 1 and uri in lines[0], srv.logs()
