@@ -50,7 +50,10 @@ class GcsProxy:
                 pass
 
             def _forward(self) -> None:
-                proxy._handle(self)
+                try:
+                    proxy._handle(self)
+                except (ConnectionError, TimeoutError):
+                    self.close_connection = True  # the client went away (a test ended)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
 
