@@ -19,6 +19,7 @@ COMMANDS = {
     "serve": "run the server (the default)",
     "fetch-default-model": "download, verify and cache the default model (SmolLM2-135M-Instruct)",
     "settings-table": "print the settings as the README's markdown table",
+    "probe": "exit 0 when the local server's health route answers 200 (a startup probe)",
 }
 
 
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(settings_table())
         return 0
+    if command == "probe":
+        return probe(settings)
     if command == "fetch-default-model":
         from app.default_model import fetch
 
@@ -102,3 +105,19 @@ def main(argv: list[str] | None = None) -> int:
 
     serve(settings)
     return 0
+
+
+def probe(settings: Settings, timeout: float = 5.0) -> int:
+    """For exec startup probes (Vertex AI's are exec-only): GET the local health route."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", settings.port, timeout=timeout)
+    try:
+        conn.request("GET", settings.health_route)
+        status = conn.getresponse().status
+    except OSError as exc:
+        print(f"probe: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    return 0 if status == 200 else 1

@@ -1,0 +1,67 @@
+locals {
+  # The same reference cloudbuild.yaml pushes: ${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}:${_TAG}
+  image     = "${var.region}-docker.pkg.dev/${var.project_id}/${var.repository}/${var.image_name}:${var.image_tag}"
+  model_uri = "gs://${google_storage_bucket.models.name}/${var.model_path}"
+  # The server's own routes (app/settings.py defaults) and port.
+  port          = 8080
+  health_route  = "/health"
+  predict_route = "/predict"
+  server_env = merge(
+    { REQUEST_TIMEOUT = tostring(var.request_timeout_seconds - 10) },
+    var.model_file == "" ? {} : { MODEL_FILE = var.model_file },
+  )
+}
+
+resource "google_project_service" "apis" {
+  for_each = toset([
+    "aiplatform.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "iam.googleapis.com",
+    "run.googleapis.com",
+    "storage.googleapis.com",
+  ])
+  service            = each.value
+  disable_on_destroy = false
+}
+
+resource "google_artifact_registry_repository" "images" {
+  # checkov:skip=CKV_GCP_84:images hold public code and no data; Google-managed encryption is enough (add kms_key_name for CMEK)
+  location      = var.region
+  repository_id = var.repository
+  format        = "DOCKER"
+  description   = "vertex-gguf images"
+  depends_on    = [google_project_service.apis]
+}
+
+resource "google_storage_bucket" "models" {
+  # checkov:skip=CKV_GCP_62:access logs for a bucket of model weights are optional; enable them with your own log bucket
+  name                        = var.model_bucket
+  location                    = var.region
+  uniform_bucket_level_access = true
+  public_access_prevention    = "enforced"
+  force_destroy               = false
+  versioning {
+    enabled = true
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# The identity both platforms run the container as: reads the model bucket, pulls the image.
+resource "google_service_account" "runtime" {
+  account_id   = "vertex-gguf-runtime"
+  display_name = "vertex-gguf runtime"
+}
+
+resource "google_storage_bucket_iam_member" "runtime_reads_models" {
+  bucket = google_storage_bucket.models.name
+  role   = "roles/storage.objectViewer"
+  member = "serviceAccount:${google_service_account.runtime.email}"
+}
+
+resource "google_artifact_registry_repository_iam_member" "runtime_pulls_images" {
+  location   = google_artifact_registry_repository.images.location
+  repository = google_artifact_registry_repository.images.name
+  role       = "roles/artifactregistry.reader"
+  member     = "serviceAccount:${google_service_account.runtime.email}"
+}

@@ -1,0 +1,303 @@
+"""The deploy artifacts, checked offline: Dockerfile, cloudbuild.yaml, terraform/, scripts.
+
+Nothing here reaches Google or needs a Docker engine: linters (hadolint, check-jsonschema with
+the bundled Cloud Build schema, yamllint, shellcheck, checkov in its own venv) and structural
+assertions over the parsed files, plus one test that the port, routes, env var names and image
+reference agree across the app, the Dockerfile, cloudbuild.yaml and Terraform.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import hcl2
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from app.settings import Settings, env_names
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TF = ROOT / "terraform"
+
+
+def tool(name: str) -> str:
+    path = BIN / name
+    return str(path) if path.exists() else (shutil.which(name) or pytest.fail(f"{name} not installed"))
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def unq(value):
+    """python-hcl2 keeps the quotes of string literals and keys: drop them."""
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    return value
+
+
+def tf_resources() -> dict[tuple[str, str], dict]:
+    out = {}
+    for f in sorted(TF.glob("*.tf")):
+        for block in hcl2.load(f.open()).get("resource", []):
+            for rtype, named in block.items():
+                for name, body in named.items():
+                    out[(unq(rtype), unq(name))] = body
+    return out
+
+
+def tf_locals() -> dict:
+    out = {}
+    for f in sorted(TF.glob("*.tf")):
+        for block in hcl2.load(f.open()).get("locals", []):
+            out.update({k: unq(v) for k, v in block.items() if not k.startswith("__")})
+    return out
+
+
+def tf_variables() -> dict[str, dict]:
+    out = {}
+    for block in hcl2.load((TF / "variables.tf").open())["variable"]:
+        for name, body in block.items():
+            out[unq(name)] = body
+    return out
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> DockerfileParser:
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    return parser
+
+
+def docker_args(parser: DockerfileParser) -> dict[str, str | None]:
+    """Every ARG of every stage, with its default (the parser's .args sees one stage only)."""
+    out: dict[str, str | None] = {}
+    for inst in parser.structure:
+        if inst["instruction"] == "ARG":
+            name, _, default = inst["value"].partition("=")
+            out[name] = default.strip('"') if default else None
+    return out
+
+
+@pytest.fixture(scope="module")
+def cloudbuild() -> dict:
+    return yaml.safe_load((ROOT / "cloudbuild.yaml").read_text())
+
+
+# ---- Dockerfile ------------------------------------------------------------------------------
+
+
+def test_hadolint_clean():
+    proc = run([tool("hadolint"), "Dockerfile"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_structure(dockerfile):
+    stages = [i for i in dockerfile.structure if i["instruction"] == "FROM"]
+    assert len(stages) == 2
+    assert stages[0]["value"] == "${BUILD_IMAGE} AS build"
+    assert stages[-1]["value"] == "${RUNTIME_IMAGE} AS runtime"
+    args = docker_args(dockerfile)
+    assert "devel" in args["BUILD_IMAGE"] and "runtime" in args["RUNTIME_IMAGE"]
+    assert args["CUDA_VERSION"].startswith("12.2")  # Cloud Run's L4 driver is CUDA 12.2-era
+    assert args["CUDA_ARCHS"] == "80;89;90"
+    final = dockerfile.structure[dockerfile.structure.index(stages[-1]):]
+    users = [i["value"] for i in final if i["instruction"] == "USER"]
+    assert users and users[-1] not in {"root", "0"}
+    entry = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
+    assert entry and json.loads(entry[-1]) == ["vertex-gguf"]  # exec form
+    run_lines = " ".join(i["value"] for i in dockerfile.structure if i["instruction"] == "RUN")
+    assert "CMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}" in run_lines
+    assert "-DGGML_NATIVE=off" in run_lines
+    assert "pip install ." in run_lines  # the same route CI installs by
+    # no compilers in the runtime stage
+    final_runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
+    assert "build-essential" not in final_runs and "cmake" not in final_runs
+    assert any(i["instruction"] == "COPY" and "--from=build /opt/venv" in i["value"] for i in final)
+
+
+def test_dockerfile_sets_no_aip_variable(dockerfile):
+    for inst in dockerfile.structure:
+        if inst["instruction"] in {"ENV", "ARG"}:
+            assert "AIP_" not in inst["value"], inst
+
+
+def test_llama_cpp_python_pin_agrees_with_pyproject(dockerfile):
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pin = next(d for d in deps if d.startswith("llama-cpp-python=="))
+    assert docker_args(dockerfile)["LLAMA_CPP_PYTHON_VERSION"] == pin.split("==")[1]
+
+
+def test_dockerignore_keeps_the_build_context_small():
+    text = (ROOT / ".dockerignore").read_text()
+    assert text.splitlines()[1] == "*" or "*" in text.splitlines()
+    for needed in ("!pyproject.toml", "!README.md", "!app/"):
+        assert needed in text
+
+
+# ---- cloudbuild.yaml -------------------------------------------------------------------------
+
+
+def test_cloudbuild_schema_and_lint():
+    proc = run([tool("check-jsonschema"), "--builtin-schema", "vendor.cloudbuild", "cloudbuild.yaml"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run([tool("yamllint"), "-d", "{extends: default, rules: {line-length: {max: 130}, document-start: disable}}",
+                "cloudbuild.yaml"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cloudbuild_builds_and_pushes_the_tagged_image(cloudbuild):
+    subs = cloudbuild["substitutions"]
+    assert set(subs) >= {"_REGION", "_REPOSITORY", "_IMAGE", "_TAG", "_CUDA_ARCHS"}
+    image = "${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}:${_TAG}"
+    assert cloudbuild["images"] == [image]
+    build = next(s for s in cloudbuild["steps"] if s.get("id") == "build")
+    args = build["args"]
+    assert f"--tag={image}" in args
+    assert "--build-arg=CUDA_ARCHS=${_CUDA_ARCHS}" in args
+    assert any(a.startswith("--cache-from=type=registry") for a in args)
+    assert any(a.startswith("--cache-to=type=registry") and "mode=max" in a for a in args)
+    assert int(cloudbuild["timeout"].rstrip("s")) >= 3600
+    assert cloudbuild["options"]["machineType"].startswith("E2_HIGHCPU")
+
+
+# ---- Terraform -------------------------------------------------------------------------------
+
+
+def test_terraform_cloud_run_gpu_service():
+    res = tf_resources()
+    svc = res[("google_cloud_run_v2_service", "llm")]
+    tmpl = svc["template"][0]
+    assert tmpl["gpu_zonal_redundancy_disabled"] is True
+    assert unq(tmpl["node_selector"][0]["accelerator"]) == "nvidia-l4"
+    assert unq(tmpl["timeout"]) == "${var.request_timeout_seconds}s"
+    container = tmpl["containers"][0]
+    limits = {unq(k): unq(v) for k, v in container["resources"][0]["limits"].items()}
+    assert limits["nvidia.com/gpu"] == "1"
+    assert container["resources"][0]["cpu_idle"] is False
+    variables = tf_variables()
+    assert int(unq(variables["cloud_run_cpu"]["default"])) >= 4
+    assert int(unq(variables["cloud_run_memory"]["default"]).rstrip("Gi")) >= 16
+    assert variables["request_timeout_seconds"]["default"] <= 3600
+    probe = container["startup_probe"][0]["http_get"][0]
+    assert probe["path"] == "${local.health_route}" and probe["port"] == "${local.port}"
+    assert container["ports"][0]["container_port"] == "${local.port}"
+    assert container["image"] == "${local.image}"
+    env_names_set = {unq(e["name"]) for e in container["env"]}
+    assert "MODEL" in env_names_set
+    assert ("google_cloud_run_v2_service_iam_member", "invokers") in res
+    assert unq(res[("google_cloud_run_v2_service_iam_member", "invokers")]["role"]) == "roles/run.invoker"
+    assert tmpl["service_account"] == "${google_service_account.runtime.email}"
+
+
+def test_terraform_vertex_endpoint_and_deployment():
+    res = tf_resources()
+    assert ("google_vertex_ai_endpoint", "llm") in res
+    deploy = res[("terraform_data", "vertex_deployment")]
+    triggers = deploy["triggers_replace"]
+    assert triggers["image"] == "${local.image}" and triggers["model_uri"] == "${local.model_uri}"
+    execs = [p['"local-exec"'] for p in deploy["provisioner"]]
+    env = execs[0]["environment"]
+    assert env["IMAGE"] == "${local.image}" and env["ARTIFACT_URI"] == "${local.model_uri}"
+    assert env["PORT"] == "${local.port}"
+    assert env["HEALTH_ROUTE"] == "${local.health_route}" and env["PREDICT_ROUTE"] == "${local.predict_route}"
+    assert unq(execs[1]["when"]) in {"destroy", "${destroy}"}
+    variables = tf_variables()
+    assert unq(variables["vertex_machine_type"]["default"]).startswith("g2-standard")
+    assert unq(variables["vertex_accelerator_type"]["default"]) == "NVIDIA_L4"
+    assert variables["deployment_timeout_seconds"]["default"] >= 1800
+    script = (TF / "scripts" / "vertex_deploy.sh").read_text()
+    for flag in ("--container-ports=", "--container-health-route=", "--container-predict-route=",
+                 "--artifact-uri=", "--accelerator=", "--container-deployment-timeout-seconds="):
+        assert flag in script
+
+
+def test_terraform_shared_resources_and_bucket_access():
+    res = tf_resources()
+    assert ("google_artifact_registry_repository", "images") in res
+    bucket = res[("google_storage_bucket", "models")]
+    assert bucket["uniform_bucket_level_access"] is True
+    binding = res[("google_storage_bucket_iam_member", "runtime_reads_models")]
+    assert binding["bucket"] == "${google_storage_bucket.models.name}"
+    assert unq(binding["role"]) == "roles/storage.objectViewer"
+    assert unq(binding["member"]) == "serviceAccount:${google_service_account.runtime.email}"
+    apis = res[("google_project_service", "apis")]["for_each"]
+    for api in ("aiplatform", "run", "artifactregistry", "storage"):
+        assert f"{api}.googleapis.com" in apis
+
+
+def test_terraform_variables_are_described_and_example_covers_required():
+    variables = tf_variables()
+    for name, body in variables.items():
+        assert unq(body.get("description", "")), f"variable {name} has no description"
+    required = {n for n, b in variables.items() if "default" not in b}
+    example = (TF / "terraform.tfvars.example").read_text()
+    for name in required:
+        assert re.search(rf"^{name}\s*=", example, re.M), name
+    outputs = hcl2.load((TF / "outputs.tf").open())["output"]
+    names = {unq(k) for block in outputs for k in block}
+    assert {"vertex_endpoint_id", "cloud_run_url"} <= names
+
+
+def test_shellcheck_scripts():
+    scripts = [ROOT / ".ci" / "run", *sorted((TF / "scripts").glob("*.sh"))]
+    proc = run([tool("shellcheck"), *map(str, scripts)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def checkov_binary() -> str | None:
+    candidates = [os.environ.get("CHECKOV"), str(ROOT / ".venv-checkov" / "bin" / "checkov"), shutil.which("checkov")]
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+@pytest.mark.parametrize("target", [["-d", "terraform", "--framework", "terraform"],
+                                    ["-f", "Dockerfile", "--framework", "dockerfile"]])
+def test_checkov(target):
+    binary = checkov_binary()
+    if binary is None:
+        if os.environ.get("CI_REQUIRE_ALL"):
+            pytest.fail("checkov is not installed (.ci/run installs it into .venv-checkov)")
+        pytest.skip("checkov not installed: .ci/run installs it into .venv-checkov")
+    proc = run([binary, *target, "--quiet", "--compact", "--skip-download"])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# ---- one consistency test across all of them --------------------------------------------------
+
+
+def test_port_routes_env_and_image_agree_everywhere(dockerfile, cloudbuild):
+    defaults = Settings.model_fields
+    port = defaults["port"].default
+    health = defaults["health_route"].default
+    predict = defaults["predict_route"].default
+    # Dockerfile
+    assert f"EXPOSE {port}" in (ROOT / "Dockerfile").read_text()
+    # Terraform locals feed both platforms
+    loc = tf_locals()
+    assert loc["port"] == port and loc["health_route"] == health and loc["predict_route"] == predict
+    # every env var Terraform sets is one the server reads
+    known = {e.upper() for info in defaults.values() for e in env_names(info)}
+    tf_text = "".join(f.read_text() for f in TF.glob("*.tf"))
+    set_env = set(re.findall(r'name\s*=\s*"([A-Z_]+)"', tf_text)) | set(re.findall(r"\b([A-Z_]+) = ", loc["server_env"]))
+    assert set_env and set_env <= known, set_env - known
+    # the image Terraform deploys is the one Cloud Build pushes, with matching defaults
+    subs = cloudbuild["substitutions"]
+    variables = tf_variables()
+    assert loc["image"] == "${var.region}-docker.pkg.dev/${var.project_id}/${var.repository}/${var.image_name}:${var.image_tag}"
+    assert unq(variables["region"]["default"]) == subs["_REGION"]
+    assert unq(variables["repository"]["default"]) == subs["_REPOSITORY"]
+    assert unq(variables["image_name"]["default"]) == subs["_IMAGE"]
+    assert unq(variables["image_tag"]["default"]) == subs["_TAG"]
+    assert docker_args(dockerfile)["CUDA_ARCHS"] == subs["_CUDA_ARCHS"]
+    # the exec startup probe Vertex runs is a real command of the CLI
+    from app.cli import COMMANDS
+
+    assert "probe" in COMMANDS
