@@ -332,3 +332,17 @@ def test_sigterm_drains_in_flight_requests(server_factory):
     assert srv.proc.wait(30) == 0
     with pytest.raises(requests.ConnectionError):
         requests.get(srv.url("/health"), timeout=2)
+
+
+def test_probe_command_follows_health(vertex_server):
+    import subprocess
+    import sys
+
+    env = {"AIP_HTTP_PORT": str(vertex_server.port), "AIP_HEALTH_ROUTE": VERTEX_HEALTH, "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run([sys.executable, "-m", "app", "probe"], env=env, capture_output=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    from tests.conftest import free_port
+
+    env["AIP_HTTP_PORT"] = str(free_port())  # nothing listens there
+    down = subprocess.run([sys.executable, "-m", "app", "probe"], env=env, capture_output=True, timeout=30)
+    assert down.returncode == 1
