@@ -24,6 +24,8 @@ def engine_config(settings: Settings):
         batch_size=settings.batch_size,
         flash_attn=settings.flash_attn,
         max_queue=settings.max_queue,
+        parallel=settings.parallel,
+        prefill_chunk=settings.prefill_chunk,
         served_model_name=settings.served_model_name,
         chat_template=_template_text(settings.chat_template),
         verbose=settings.log_level == "debug",

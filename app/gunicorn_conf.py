@@ -10,15 +10,47 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from typing import Any
+
+from gunicorn.workers.ggevent import GeventWorker
 
 from app.settings import Settings
 
 # gunicorn's arbiter halts the whole server (exit code 4) when a worker exits with this code:
 # a model that cannot load must fail the deployment, not leave it answering 503 for ever.
 APP_LOAD_ERROR = 4
+
+
+class DrainingGeventWorker(GeventWorker):
+    """gunicorn's gevent worker, but a SIGTERM drain ends when the last request in flight ends.
+
+    The stock worker waits until every connection is closed, so one idle keep-alive connection
+    (every load balancer holds some) keeps a stopping worker alive for the whole graceful timeout.
+    Here a request in flight is what counts: when none is left, the worker quits at once.
+    """
+
+    in_flight = 0
+
+    def handle_request(self, listener_name, req, sock, addr):
+        self.in_flight += 1
+        try:
+            return super().handle_request(listener_name, req, sock, addr)
+        finally:
+            self.in_flight -= 1
+            if not self.alive and self.in_flight == 0:
+                self._quit()
+
+    def handle_exit(self, sig, frame):
+        super().handle_exit(sig, frame)
+        if self.in_flight == 0:
+            self._quit()
+
+    def _quit(self) -> None:
+        # the worker's own SIGQUIT handler exits cleanly (worker_exit still runs)
+        os.kill(os.getpid(), signal.SIGQUIT)
 
 
 def bind_address(settings: Settings) -> str:
@@ -49,7 +81,7 @@ def options(settings: Settings) -> dict[str, Any]:
     return {
         "bind": [bind_address(settings)],
         "workers": 1,
-        "worker_class": "gevent",
+        "worker_class": "app.gunicorn_conf.DrainingGeventWorker",
         "worker_connections": settings.worker_connections,
         "graceful_timeout": math.ceil(settings.graceful_timeout),
         "timeout": 120,

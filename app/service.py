@@ -108,7 +108,7 @@ class Service:
                     parts.append(ev.text)
                 elif isinstance(ev, Finished):
                     done = True
-                    use = openai.usage(ev.prompt_tokens, ev.completion_tokens)
+                    use = openai.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
                     info = self.info()
                     if kind == "chat":
                         rid = openai.new_id("chatcmpl")

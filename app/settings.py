@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     # --- llama.cpp ---------------------------------------------------------------------------
     ctx_size: int = Field(
         4096,
-        description="Context size in tokens (0: the model's training context).",
+        description="Context size in tokens per slot (0: the model's training context).",
         ge=0,
         le=1 << 20,
         **_env("CTX_SIZE"),
@@ -134,9 +134,25 @@ class Settings(BaseSettings):
         description="Flash attention: auto, on or off.",
         **_env("FLASH_ATTN"),
     )
+    parallel: int = Field(
+        4,
+        description="Slots: sequences decoded together in one batch (continuous batching). "
+        "Each slot has ctx_size tokens of context; the KV cache holds parallel x ctx_size.",
+        ge=1,
+        le=256,
+        **_env("PARALLEL"),
+    )
+    prefill_chunk: int = Field(
+        256,
+        description="Most prompt tokens decoded per engine step, so a long new prompt does not "
+        "stall the streams already running.",
+        ge=16,
+        le=65536,
+        **_env("PREFILL_CHUNK"),
+    )
     max_queue: int = Field(
         64,
-        description="Requests that may wait while the engine is busy; past it, 429.",
+        description="Requests that may wait while every slot is busy; past it, 429.",
         ge=0,
         le=100_000,
         **_env("MAX_QUEUE"),

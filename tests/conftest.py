@@ -144,9 +144,10 @@ VERTEX_HEALTH = "/v1/endpoints/1234/deployedModels/5678"
 VERTEX_PREDICT = "/v1/endpoints/1234/deployedModels/5678:predict"
 
 
-@pytest.fixture(scope="module")
-def vertex_server(default_model: Path) -> Iterator[ServerProcess]:
-    """One server started the way Vertex AI starts the container."""
+@pytest.fixture(scope="module", params=["1", "4"], ids=["parallel1", "parallel4"])
+def vertex_server(default_model: Path, request) -> Iterator[ServerProcess]:
+    """One server started the way Vertex AI starts the container; every test using it runs
+    with one slot and with four (continuous batching)."""
     port = free_port()
     srv = ServerProcess(
         {
@@ -157,6 +158,7 @@ def vertex_server(default_model: Path) -> Iterator[ServerProcess]:
             "AIP_DEPLOYED_MODEL_ID": "5678",
             "AIP_ENDPOINT_ID": "1234",
             "MAX_QUEUE": "16",
+            "PARALLEL": request.param,
         }
     )
     try:

@@ -59,6 +59,7 @@ class EngineConfig:
     flash_attn: str = "auto"
     max_queue: int = 64
     parallel: int = 1
+    prefill_chunk: int = 256
     served_model_name: str | None = None
     chat_template: str | None = None
     verbose: bool = False
@@ -72,6 +73,7 @@ class _Job:
     cancelled: bool = False
     done: bool = False
     deadline: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
@@ -81,6 +83,8 @@ class _Job:
 class _Slot:
     seq_id: int
     job: _Job | None = None
+    cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
+    last_used: float = 0.0
     n_past: int = 0  # tokens of this sequence already in the KV cache
     n_prompt_done: int = 0  # prompt tokens decoded so far
     last_token: int = -1
@@ -133,6 +137,7 @@ class LlamaEngine:
         self._wake = ThreadEvent()
         self._count_lock = allocate_lock()
         self._in_flight = 0  # submitted and not finished: admitted + waiting
+        self._last_queue_log = 0.0
         self._stopping = False
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
@@ -170,6 +175,11 @@ class LlamaEngine:
             self._in_flight += 1
         self._inbox.append(job)
         self._wake.set()
+        waiting = self.queue_depth()
+        now = time.monotonic()
+        if waiting and now - self._last_queue_log >= 1.0:
+            self._last_queue_log = now
+            log.info("all %d slots busy: %d request(s) waiting", self.config.parallel, waiting)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop after the jobs in flight; used at worker exit."""
@@ -239,7 +249,10 @@ class LlamaEngine:
         n_ctx_train = ll.llama_model_n_ctx_train(model)
 
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = cfg.ctx_size or n_ctx_train
+        # ctx_size is per slot; all slots share one unified KV cache of parallel x ctx_size cells,
+        # so n > 1 choices and prefix reuse can share cells without copying.
+        self._n_ctx_slot = cfg.ctx_size or n_ctx_train
+        cparams.n_ctx = self._n_ctx_slot * cfg.parallel
         cparams.n_batch = cfg.batch_size
         cparams.n_ubatch = min(cfg.batch_size, 512)
         cparams.n_seq_max = cfg.parallel
@@ -257,8 +270,8 @@ class LlamaEngine:
             )
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        self._n_ctx = ll.llama_n_ctx(ctx)
-        self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.parallel), 0, 1)
+        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx(ctx))
+        self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel), 0, 1)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._tok_buf_len = 0
         self._tok_buf = None
@@ -282,8 +295,9 @@ class LlamaEngine:
             created=int(time.time()),
         )
         log.info(
-            "loaded %s: n_ctx=%d, gpu offload=%s, gpu_layers=%d, threads=%d",
+            "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, threads=%d",
             path,
+            cfg.parallel,
             self._n_ctx,
             gpu,
             mparams.n_gpu_layers,
@@ -400,20 +414,34 @@ class LlamaEngine:
             self._waiting = keep
 
     def _admit(self) -> None:
-        for slot in self._slots:
-            if slot.job is None and self._waiting:
-                job = self._waiting.popleft()
-                slot.job = job
-                slot.n_past = 0
-                slot.n_prompt_done = 0
-                slot.last_token = -1
-                slot.sampler = self._make_sampler(job.request.params)
+        """FIFO: each waiting job, in order, takes the free slot whose cached tokens share the
+        longest prefix with its prompt, and decodes only the rest."""
+        while self._waiting:
+            free = [s for s in self._slots if s.job is None]
+            if not free:
+                return
+            job = self._waiting.popleft()
+            slot = max(free, key=lambda s: (_common_prefix(s.cached, job.tokens), -s.last_used))
+            n_common = min(_common_prefix(slot.cached, job.tokens), len(job.tokens) - 1)
+            if n_common < len(slot.cached) and not self._ll.llama_memory_seq_rm(
+                self._mem, slot.seq_id, n_common, -1
+            ):
+                n_common = 0  # this model's memory cannot drop a suffix: start afresh
+                self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            del slot.cached[n_common:]
+            job.cached_tokens = n_common
+            slot.job = job
+            slot.n_past = n_common
+            slot.n_prompt_done = n_common
+            slot.last_token = -1
+            slot.last_used = time.monotonic()
+            slot.sampler = self._make_sampler(job.request.params)
 
     def _decode_step(self) -> None:
         ll = self._ll
         batch = self._batch
         n = 0
-        budget = self.config.batch_size
+        budget = self.config.prefill_chunk
         # 1. one token for every sequence that is generating
         for slot in self._slots:
             slot.i_batch = -1
@@ -421,6 +449,7 @@ class LlamaEngine:
             if job is None or slot.n_prompt_done < len(job.tokens):
                 continue
             self._batch_add(n, slot.last_token, slot.n_past, slot.seq_id, True)
+            slot.cached.append(slot.last_token)
             slot.i_batch = n
             slot.n_past += 1
             n += 1
@@ -435,6 +464,7 @@ class LlamaEngine:
                 i = slot.n_prompt_done + k
                 last = i == len(job.tokens) - 1
                 self._batch_add(n, job.tokens[i], i, slot.seq_id, last)
+                slot.cached.append(job.tokens[i])
                 if last:
                     slot.i_batch = n
                 n += 1
@@ -449,9 +479,9 @@ class LlamaEngine:
                 + (": no room left in the KV cache" if rc == 1 else "")
             )
             for slot in self._slots:
-                if slot.job is not None and (slot.i_batch >= 0 or rc < 0):
+                if slot.job is not None:
                     self._fail_job(slot.job, err)
-                    self._release(slot)
+                    self._release(slot, keep_cache=False)
             return
         for slot in self._slots:
             if slot.i_batch >= 0 and slot.job is not None:
@@ -495,13 +525,16 @@ class LlamaEngine:
         tail = job.assembler.flush()
         if tail:
             job.sink(TextPiece(tail, job.n_generated))
-        job.sink(Finished(reason, len(job.tokens), job.n_generated))
-        self._release(slot)
+        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens))
+        self._release(slot, keep_cache=True)
 
-    def _release(self, slot: _Slot) -> None:
-        """Free the slot's KV and sampler at once (finish, cancel or error)."""
+    def _release(self, slot: _Slot, keep_cache: bool = False) -> None:
+        """Free the slot at once. A finished job's KV stays for prefix reuse by the next
+        request; a cancelled or failed one's is dropped."""
         job = slot.job
-        self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+        if not keep_cache:
+            self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            slot.cached.clear()
         if slot.sampler is not None:
             self._ll.llama_sampler_free(slot.sampler)
             slot.sampler = None
@@ -613,6 +646,14 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _timeout_error(job: _Job) -> GenerationTimeout:

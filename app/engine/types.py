@@ -61,6 +61,7 @@ class Finished:
     reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not decoded again
 
 
 @dataclass(frozen=True)

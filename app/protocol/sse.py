@@ -170,7 +170,7 @@ class ChunkWriter:
         if self.include_usage:
             obj = dict(self._base)
             obj["choices"] = []
-            obj["usage"] = usage(ev.prompt_tokens, ev.completion_tokens)
+            obj["usage"] = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
             out.append(frame(obj))
         if self.policy.send_done:
             out.append(DONE)
