@@ -71,7 +71,8 @@ class Service:
                 bos_token=info.bos_token,
                 eos_token=info.eos_token,
             )
-            return Prepared(kind, req, GenerationRequest(prompt, req.sampling(), timeout=self.timeout))
+            gen = GenerationRequest(prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt)
+            return Prepared(kind, req, gen)
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
         echo = ""
@@ -79,7 +80,7 @@ class Service:
             if not isinstance(prompt, str):
                 raise BadRequest("echo is only supported with a text prompt", param="echo")
             echo = prompt
-        gen = GenerationRequest(prompt, req.sampling(), timeout=self.timeout)
+        gen = GenerationRequest(prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt)
         return Prepared(kind, req, gen, echo=echo)
 
     def _start(self, prep: Prepared) -> tuple[Handle, int]:

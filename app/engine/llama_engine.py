@@ -423,6 +423,8 @@ class LlamaEngine:
             job = self._waiting.popleft()
             slot = max(free, key=lambda s: (_common_prefix(s.cached, job.tokens), -s.last_used))
             n_common = min(_common_prefix(slot.cached, job.tokens), len(job.tokens) - 1)
+            if not job.request.cache_prompt:
+                n_common = 0
             if n_common < len(slot.cached) and not self._ll.llama_memory_seq_rm(
                 self._mem, slot.seq_id, n_common, -1
             ):

@@ -39,6 +39,7 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     add_bos: bool = True
     timeout: float | None = None  # seconds from submission; past it the job fails (504)
+    cache_prompt: bool = True  # reuse a slot's KV for a shared prompt prefix
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     user: str | None = None
+    # llama.cpp's extension: false decodes the whole prompt even when a slot has its prefix
+    cache_prompt: bool = True
 
     @field_validator("stop")
     @classmethod

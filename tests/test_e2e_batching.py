@@ -1,0 +1,127 @@
+"""Continuous batching end to end: many sequences in one batch give what each gives alone,
+prefix reuse, chunked prefill keeping running streams fluent, envelopes through the batch."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+
+import pytest
+import requests
+
+from tests.conftest import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+# Different prompts, lengths and sampling settings (penalties, stops, seeds), all at temperature
+# 0: llama.cpp's logits for one sequence can differ in the last bits with the batch's shape
+# (other sequences, prompt chunks), which a temperature above 0 turns into different samples.
+REQUESTS = [
+    {"prompt": "The capital of France is", "max_tokens": 24, "temperature": 0},
+    {"prompt": "List three fruits:", "max_tokens": 24, "temperature": 0, "stop": ["\n\n"]},
+    {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "seed": 7},
+    {"prompt": "def fibonacci(n):", "max_tokens": 24, "temperature": 0},
+    {"prompt": "The weather today is", "max_tokens": 20, "temperature": 0, "top_p": 0.9, "seed": 42},
+    {"prompt": "Water boils at", "max_tokens": 16, "temperature": 0, "frequency_penalty": 1.0},
+    {"prompt": "A haiku about the sea:", "max_tokens": 24, "temperature": 0, "presence_penalty": 0.5},
+    {"prompt": "1, 2, 3, 4,", "max_tokens": 24, "temperature": 0, "repeat_penalty": 1.3},
+]
+
+
+@pytest.fixture(scope="module")
+def server8(default_model) -> ServerProcess:
+    srv = ServerProcess({"PARALLEL": "8", "STREAM_HEARTBEAT_SECONDS": "0"})
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def stream_text(srv: ServerProcess, body: dict) -> tuple[str, dict]:
+    # cache_prompt false: a reused prefix computes the prompt's last token in another batch shape,
+    # which can change logits in the last bits (as in llama-server); this test compares batching
+    text, usage = "", {}
+    with requests.post(srv.url("/v1/completions"), json={**body, "stream": True, "cache_prompt": False,
+                       "stream_options": {"include_usage": True}}, stream=True, timeout=300) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                obj = json.loads(line[6:])
+                if obj["choices"]:
+                    text += obj["choices"][0]["text"]
+                if obj.get("usage"):
+                    usage = obj["usage"]
+    return text, usage
+
+
+def test_eight_concurrent_streams_equal_each_alone(server8):
+    alone = [stream_text(server8, body) for body in REQUESTS]
+    with cf.ThreadPoolExecutor(len(REQUESTS)) as pool:
+        together = list(pool.map(lambda b: stream_text(server8, b), REQUESTS))
+    for body, (a_text, a_use), (t_text, t_use) in zip(REQUESTS, alone, together, strict=True):
+        assert t_text == a_text, body
+        assert t_use["completion_tokens"] == a_use["completion_tokens"]
+        assert t_use["prompt_tokens"] == a_use["prompt_tokens"]
+
+
+def test_prefix_reuse_reports_cached_tokens_and_changes_nothing(server8):
+    system = "You are a terse assistant. Answer in one short sentence. " * 8
+    first = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}],
+             "max_tokens": 12, "temperature": 0}
+    r1 = requests.post(server8.url("/v1/chat/completions"), json=first, timeout=120).json()
+    r2 = requests.post(server8.url("/v1/chat/completions"), json=first, timeout=120).json()
+    assert r2["choices"][0]["message"]["content"]
+    assert r2["usage"]["prompt_tokens"] == r1["usage"]["prompt_tokens"]
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r2["usage"]["prompt_tokens"] - 1
+    r_off = requests.post(server8.url("/v1/chat/completions"), json={**first, "cache_prompt": False}, timeout=120).json()
+    assert r_off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    follow = {**first, "messages": first["messages"][:1] + [{"role": "user", "content": "Name an animal."}]}
+    r3 = requests.post(server8.url("/v1/chat/completions"), json=follow, timeout=120).json()
+    shared = r3["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert shared >= 80, r3["usage"]  # the long system prompt came from the cache
+    assert shared < r3["usage"]["prompt_tokens"]
+
+
+def test_chunked_prefill_keeps_running_streams_fluent(server_factory):
+    srv = server_factory({"PARALLEL": "2", "PREFILL_CHUNK": "64", "STREAM_HEARTBEAT_SECONDS": "0"})
+    srv.wait_ready()
+    arrivals: list[float] = []
+
+    def running_stream() -> None:
+        body = {"prompt": "Count from 1 to 1000:", "max_tokens": 400, "temperature": 0, "stream": True}
+        with requests.post(srv.url("/v1/completions"), json=body, stream=True, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    arrivals.append(time.perf_counter())
+
+    with cf.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(running_stream)
+        while len(arrivals) < 20:
+            time.sleep(0.01)
+        long_prompt = "The quick brown fox jumps over the lazy dog. " * 180  # ~1800 tokens
+        t0 = time.perf_counter()
+        r = requests.post(srv.url("/v1/completions"), json={"prompt": long_prompt, "max_tokens": 1}, timeout=300)
+        t1 = time.perf_counter()
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 1500
+        fut.result(300)
+    during = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False) if t0 <= a and b <= t1]
+    prefill = t1 - t0
+    assert len(during) >= 5, "the running stream must keep producing tokens during the prefill"
+    assert max(during) < 0.5 * prefill, (max(during), prefill)
+
+
+def test_envelope_instances_run_through_the_batch(server8):
+    instances = [{**b, "max_tokens": 48, "stop": None} for b in REQUESTS]
+    t0 = time.perf_counter()
+    for inst in instances:  # one after another
+        requests.post(server8.url("/predict"), json={"instances": [inst]}, timeout=300).raise_for_status()
+    sequential = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    r = requests.post(server8.url("/predict"), json={"instances": instances}, timeout=300)
+    together = time.perf_counter() - t0
+    preds = r.json()["predictions"]
+    assert all(p["object"] == "text_completion" and p["choices"][0]["text"] for p in preds), preds
+    # the eight instances were decoded together, not one after another
+    assert together < 0.6 * sequential, (together, sequential)
