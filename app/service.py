@@ -71,7 +71,9 @@ class Service:
                 bos_token=info.bos_token,
                 eos_token=info.eos_token,
             )
-            gen = GenerationRequest(prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt)
+            gen = GenerationRequest(
+                prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
+            )
             return Prepared(kind, req, gen)
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
@@ -80,7 +82,9 @@ class Service:
             if not isinstance(prompt, str):
                 raise BadRequest("echo is only supported with a text prompt", param="echo")
             echo = prompt
-        gen = GenerationRequest(prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt)
+        gen = GenerationRequest(
+            prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
+        )
         return Prepared(kind, req, gen, echo=echo)
 
     def _start(self, prep: Prepared) -> tuple[Handle, int]:
@@ -101,28 +105,35 @@ class Service:
         prep = self.prepare(kind, body)
         created = int(time.time())
         handle, _ = self._start(prep)
-        parts: list[str] = [prep.echo] if prep.echo else []
+        n = prep.generation.n
+        parts: list[list[str]] = [[prep.echo] if prep.echo else [] for _ in range(n)]
+        finished: dict[int, Finished] = {}
         done = False
         try:
             for ev in handle:
                 if isinstance(ev, TextPiece):
-                    parts.append(ev.text)
+                    parts[ev.index].append(ev.text)
                 elif isinstance(ev, Finished):
-                    done = True
-                    use = openai.usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
-                    info = self.info()
-                    if kind == "chat":
-                        rid = openai.new_id("chatcmpl")
-                        return openai.chat_completion(rid, created, info, "".join(parts), ev.reason, use)
-                    rid = openai.new_id("cmpl")
-                    return openai.text_completion(rid, created, info, "".join(parts), ev.reason, use)
+                    finished[ev.index] = ev
                 elif isinstance(ev, Failed):
                     done = True
                     raise ev.error
-            raise ApiError("generation ended without a result")
+            if len(finished) != n:
+                raise ApiError("generation ended without a result")
+            done = True
         finally:
             if not done:
                 handle.cancel()
+        first = finished[0]
+        use = openai.usage(
+            first.prompt_tokens,
+            sum(f.completion_tokens for f in finished.values()),
+            first.cached_tokens,
+        )
+        choices = [("".join(parts[i]), finished[i].reason) for i in range(n)]
+        build = openai.chat_completion if kind == "chat" else openai.text_completion
+        rid = openai.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        return build(rid, created, self.info(), choices, use)
 
     # ---- streaming --------------------------------------------------------------------------
     def stream(
@@ -143,6 +154,7 @@ class Service:
             include_usage=opts.include_usage,
             continuous_usage=opts.continuous_usage_stats,
             prompt_tokens=prompt_tokens,
+            n=prep.generation.n,
         )
         echo = prep.echo
         return self._sse(handle, writer, policy, echo)
@@ -154,7 +166,8 @@ class Service:
         try:
             yield from writer.start()
             if echo:
-                yield from writer.text(TextPiece(echo, 0))
+                for i in range(writer.n):
+                    yield from writer.text(TextPiece(echo, 0, i))
             heartbeat = policy.heartbeat_seconds or None
             while True:
                 try:
@@ -165,9 +178,10 @@ class Service:
                 if isinstance(ev, TextPiece):
                     yield from writer.text(ev)
                 elif isinstance(ev, Finished):
-                    over = True
                     yield from writer.finish(ev)
-                    return
+                    if writer.all_finished:
+                        over = True
+                        return
                 elif isinstance(ev, Failed):
                     over = True
                     log.warning("stream failed mid-way: %s", ev.error.message)

@@ -125,3 +125,34 @@ def test_envelope_instances_run_through_the_batch(server8):
     assert all(p["object"] == "text_completion" and p["choices"][0]["text"] for p in preds), preds
     # the eight instances were decoded together, not one after another
     assert together < 0.6 * sequential, (together, sequential)
+
+
+def test_n_choices_share_the_prompt_kv(server8):
+    import openai
+
+    sdk = openai.OpenAI(base_url=server8.url("/v1"), api_key="x", max_retries=0)
+    base = {"model": "m", "prompt": "The capital of France is", "max_tokens": 12, "extra_body": {"cache_prompt": False}}
+    one = sdk.completions.create(**base, temperature=0)
+    two = sdk.completions.create(**base, temperature=0, n=2)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert [c.text for c in two.choices] == [one.choices[0].text] * 2  # greedy: same as alone
+    assert two.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert two.usage.completion_tokens == 2 * one.usage.completion_tokens
+    sampled = sdk.completions.create(**{**base, "max_tokens": 24}, temperature=1.0, seed=11, n=3)
+    assert len({c.text for c in sampled.choices}) > 1, "choices are sampled independently"
+    stream = sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], n=3,
+                                         max_tokens=10, temperature=1.0, seed=5, stream=True)
+    texts = {0: "", 1: "", 2: ""}
+    roles = []
+    finishes = {}
+    for chunk in stream:
+        for ch in chunk.choices:
+            if ch.delta.role:
+                roles.append(ch.index)
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert sorted(roles) == [0, 1, 2] and set(finishes) == {0, 1, 2}
+    assert all(texts.values())
+    r = requests.post(server8.url("/v1/completions"), json={"prompt": "x", "n": 9}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"

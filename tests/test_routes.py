@@ -121,7 +121,7 @@ def test_invalid_json_is_400(client):
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
         ({}, "messages"),
         ({**CHAT, "max_tokens": 0}, "max_tokens"),
-        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "n": 17}, "n"),
         ({**CHAT, "logprobs": True}, "logprobs"),
         ({**CHAT, "stop": ["a"] * 17}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0"),
@@ -311,3 +311,30 @@ def test_envelope_queue_full_fills_slots_not_the_request():
     assert sum("error" in p for p in preds) >= 1
     assert any(p.get("error", {}).get("code") == "queue_full" for p in preds)
     assert any("choices" in p for p in preds)
+
+
+def test_n_choices_non_streaming(client):
+    body = client.post("/v1/chat/completions", json={**CHAT, "n": 3, "max_tokens": 2}).get_json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in body["choices"]] == ["Hello from ", "Hello Hello ", "Hello Hello "]
+    assert body["usage"]["completion_tokens"] == 6
+
+
+def test_n_choices_streaming_with_per_choice_indexes(client):
+    text = client.post("/v1/completions", json={"prompt": "x", "n": 2, "max_tokens": 2, "stream": True,
+                       "stream_options": {"include_usage": True}}).get_data(as_text=True)
+    events = [json.loads(b[6:]) for b in text.split("\n\n") if b.startswith("data: {")]
+    per: dict[int, str] = {}
+    finishes = {}
+    for e in events[:-1]:
+        for ch in e["choices"]:
+            per[ch["index"]] = per.get(ch["index"], "") + ch["text"]
+            if ch["finish_reason"]:
+                finishes[ch["index"]] = ch["finish_reason"]
+    assert per == {0: "Hello from ", 1: "Hello Hello "}
+    assert finishes == {0: "length", 1: "length"}
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
+    assert text.endswith("data: [DONE]\n\n") and text.count("[DONE]") == 1
+    chat = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "stream": True}).get_data(as_text=True)
+    roles = [json.loads(b[6:])["choices"][0]["index"] for b in chat.split("\n\n") if '"role"' in b]
+    assert roles == [0, 1]

@@ -33,15 +33,19 @@ from app.state import LoadState
 
 
 class FakeHandle:
-    def __init__(self, channel: Channel):
+    def __init__(self, channel: Channel, n: int = 1):
         self._channel = channel
         self.cancelled = False
         self._over = False
+        self._left = n
 
     def next_event(self, timeout: float | None = None) -> Event:
         ev = self._channel.get(timeout)
-        if isinstance(ev, Finished | Failed):
+        if isinstance(ev, Failed):
             self._over = True
+        elif isinstance(ev, Finished):
+            self._left -= 1
+            self._over = self._left == 0
         return ev
 
     def __iter__(self):
@@ -101,7 +105,7 @@ class FakeEngine:
             self._running += 1
         self.requests.append(request)
         channel = Channel()
-        handle = FakeHandle(channel)
+        handle = FakeHandle(channel, request.n)
         self.handles.append(handle)
         start_native_thread(lambda: self._run(request, channel, handle))
         return handle
@@ -114,6 +118,7 @@ class FakeEngine:
                 self._running -= 1
 
     def _generate(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
+        """Choice i of n says the reply with its first word repeated i times."""
         prompt = req.prompt
         n_prompt = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
         text = prompt if isinstance(prompt, str) else ""
@@ -125,37 +130,45 @@ class FakeEngine:
             return
         channel.put(Accepted(n_prompt))
         deadline = time.monotonic() + req.timeout if req.timeout else None
-        words = re.findall(r"\S+\s*", self.reply)
+        for index in range(req.n):
+            words = re.findall(r"\S+\s*", self.reply)
+            words = words[:1] * index + words
+            if not self._choice(req, channel, handle, n_prompt, text, words, deadline, index):
+                return
+
+    def _choice(self, req, channel, handle, n_prompt, text, words, deadline, index) -> bool:
+        """One choice's events; False when the request ended (failure or cancel)."""
         limit = req.params.max_tokens or len(words)
         asm = TextAssembler(req.params.stop)
         n = 0
         for word in words:
             if handle.cancelled:
-                return
+                return False
             if self.delay:
                 time.sleep(self.delay)
             if deadline is not None and time.monotonic() > deadline:
                 channel.put(Failed(GenerationTimeout(f"generation exceeded {req.timeout:g} s")))
-                return
+                return False
             n += 1
             piece = asm.feed(word.encode())
             if asm.stopped:
                 if piece:
-                    channel.put(TextPiece(piece, n))
-                channel.put(Finished("stop", n_prompt, n))
-                return
+                    channel.put(TextPiece(piece, n, index))
+                channel.put(Finished("stop", n_prompt, n, 0, index))
+                return True
             if piece:
-                channel.put(TextPiece(piece, n))
+                channel.put(TextPiece(piece, n, index))
             if "FAIL_AFTER" in text:
                 channel.put(Failed(EngineFailure("scripted failure mid-stream")))
-                return
+                return False
             if n >= limit:
                 tail = asm.flush()
                 if tail:
-                    channel.put(TextPiece(tail, n))
-                channel.put(Finished("length" if n < len(words) else "stop", n_prompt, n))
-                return
+                    channel.put(TextPiece(tail, n, index))
+                channel.put(Finished("length" if n < len(words) else "stop", n_prompt, n, 0, index))
+                return True
         tail = asm.flush()
         if tail:
-            channel.put(TextPiece(tail, n))
-        channel.put(Finished("stop", n_prompt, n))
+            channel.put(TextPiece(tail, n, index))
+        channel.put(Finished("stop", n_prompt, n, 0, index))
+        return True

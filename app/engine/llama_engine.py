@@ -74,6 +74,8 @@ class _Job:
     done: bool = False
     deadline: float | None = None
     cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
+    index: int = 0  # the choice (n > 1)
+    followers: list[_Job] = field(default_factory=list)  # the other choices, led by this job
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
@@ -85,6 +87,7 @@ class _Slot:
     job: _Job | None = None
     cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
     last_used: float = 0.0
+    follows: _Slot | None = None  # a choice waiting for its leader's prompt KV
     n_past: int = 0  # tokens of this sequence already in the KV cache
     n_prompt_done: int = 0  # prompt tokens decoded so far
     last_token: int = -1
@@ -100,11 +103,15 @@ class LlamaHandle:
         self._job = job
         self._channel = channel
         self._over = False
+        self._left = 1 + len(job.followers)  # choices not finished yet
 
     def next_event(self, timeout: float | None = None) -> Event:
         ev = self._channel.get(timeout)
-        if isinstance(ev, Finished | Failed):
+        if isinstance(ev, Failed):
             self._over = True
+        elif isinstance(ev, Finished):
+            self._left -= 1
+            self._over = self._left == 0
         return ev
 
     def __iter__(self):
@@ -113,7 +120,8 @@ class LlamaHandle:
 
     def cancel(self) -> None:
         if not self._over:
-            self._job.cancelled = True
+            for job in (self._job, *self._job.followers):
+                job.cancelled = True
             self._engine._wake.set()
 
 
@@ -159,20 +167,30 @@ class LlamaEngine:
             raise ShuttingDown("server is shutting down")
         if not self.state.ready:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        if request.n > self.config.parallel:
+            raise BadRequest(
+                f"n={request.n} needs {request.n} slots, but this server has "
+                f"{self.config.parallel} (PARALLEL)",
+                param="n",
+            )
         channel = Channel()
-        job = _Job(request=request, sink=channel.put)
-        if request.timeout:
-            job.deadline = time.monotonic() + request.timeout
+        deadline = time.monotonic() + request.timeout if request.timeout else None
+        job = _Job(request=request, sink=channel.put, deadline=deadline)
+        job.followers = [
+            _Job(request=request, sink=channel.put, deadline=deadline, index=i)
+            for i in range(1, request.n)
+        ]
         self._enqueue(job)
         return LlamaHandle(self, job, channel)
 
     def _enqueue(self, job: _Job) -> None:
+        n = 1 + len(job.followers)
         with self._count_lock:
-            if self._in_flight >= self.config.parallel + self.config.max_queue:
+            if self._in_flight + n > self.config.parallel + self.config.max_queue:
                 raise QueueFull(
                     f"server is busy: {self.config.max_queue} requests already waiting"
                 )
-            self._in_flight += 1
+            self._in_flight += n
         self._inbox.append(job)
         self._wake.set()
         waiting = self.queue_depth()
@@ -351,13 +369,20 @@ class LlamaEngine:
         while self._inbox:
             job = self._inbox.popleft()
             if job.cancelled:
-                self._finish_unstarted(job)
+                for j in (job, *job.followers):
+                    self._finish_unstarted(j)
                 continue
             try:
                 self._prepare(job)
             except ApiError as err:
                 self._fail_job(job, err)
+                for j in job.followers:
+                    self._job_over(j)
                 continue
+            for f in job.followers:
+                f.tokens = job.tokens
+                f.max_new = job.max_new
+                f.assembler = TextAssembler(job.request.params.stop)
             job.sink(Accepted(prompt_tokens=len(job.tokens)))
             self._waiting.append(job)
 
@@ -406,9 +431,12 @@ class LlamaEngine:
             keep: deque[_Job] = deque()
             for job in self._waiting:
                 if job.cancelled:
-                    self._finish_unstarted(job)
+                    for j in (job, *job.followers):
+                        self._finish_unstarted(j)
                 elif job.deadline is not None and now > job.deadline:
                     self._fail_job(job, _timeout_error(job))
+                    for j in job.followers:
+                        self._job_over(j)
                 else:
                     keep.append(job)
             self._waiting = keep
@@ -418,8 +446,8 @@ class LlamaEngine:
         longest prefix with its prompt, and decodes only the rest."""
         while self._waiting:
             free = [s for s in self._slots if s.job is None]
-            if not free:
-                return
+            if len(free) < 1 + len(self._waiting[0].followers):
+                return  # FIFO: the next request waits for enough slots for all its choices
             job = self._waiting.popleft()
             slot = max(free, key=lambda s: (_common_prefix(s.cached, job.tokens), -s.last_used))
             n_common = min(_common_prefix(slot.cached, job.tokens), len(job.tokens) - 1)
@@ -438,6 +466,20 @@ class LlamaEngine:
             slot.last_token = -1
             slot.last_used = time.monotonic()
             slot.sampler = self._make_sampler(job.request.params)
+            free.remove(slot)
+            for follower in job.followers:
+                # each other choice gets a slot of its own; it takes the leader's prompt KV (a
+                # llama_memory_seq_cp: shared cells, no copy) once the prompt is decoded
+                fslot = min(free, key=lambda s: len(s.cached))
+                free.remove(fslot)
+                self._ll.llama_memory_seq_rm(self._mem, fslot.seq_id, -1, -1)
+                fslot.cached.clear()
+                fslot.job = follower
+                fslot.follows = slot
+                fslot.n_past = fslot.n_prompt_done = 0
+                fslot.last_token = -1
+                fslot.last_used = time.monotonic()
+                fslot.sampler = self._make_sampler(job.request.params, follower.index)
 
     def _decode_step(self) -> None:
         ll = self._ll
@@ -448,7 +490,7 @@ class LlamaEngine:
         for slot in self._slots:
             slot.i_batch = -1
             job = slot.job
-            if job is None or slot.n_prompt_done < len(job.tokens):
+            if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
                 continue
             self._batch_add(n, slot.last_token, slot.n_past, slot.seq_id, True)
             slot.cached.append(slot.last_token)
@@ -459,7 +501,12 @@ class LlamaEngine:
         # 2. prompt chunks for sequences being admitted, within the step's token budget
         for slot in self._slots:
             job = slot.job
-            if job is None or slot.n_prompt_done >= len(job.tokens) or budget <= 0:
+            if (
+                job is None
+                or slot.follows is not None
+                or slot.n_prompt_done >= len(job.tokens)
+                or budget <= 0
+            ):
                 continue
             take = min(budget, len(job.tokens) - slot.n_prompt_done)
             for k in range(take):
@@ -486,6 +533,15 @@ class LlamaEngine:
                     self._release(slot, keep_cache=False)
             return
         for slot in self._slots:
+            leader = slot.follows
+            if leader is not None and leader.i_batch >= 0 and leader.job is not None:
+                # the leader's prompt is in the KV now: share it, and sample from its logits
+                ll.llama_memory_seq_cp(self._mem, leader.seq_id, slot.seq_id, -1, -1)
+                slot.cached = list(leader.cached)
+                slot.n_past = slot.n_prompt_done = leader.n_past
+                slot.i_batch = leader.i_batch
+                slot.follows = None
+        for slot in self._slots:
             if slot.i_batch >= 0 and slot.job is not None:
                 tok = ll.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
                 self._on_token(slot, tok)
@@ -508,17 +564,17 @@ class LlamaEngine:
         text = job.assembler.feed(self._piece(tok))
         if job.assembler.stopped:
             if text:
-                job.sink(TextPiece(text, job.n_generated))
+                job.sink(TextPiece(text, job.n_generated, job.index))
             self._finish(slot, "stop")
             return
         if job.n_generated >= job.max_new or slot.n_past >= self._n_ctx:
             text += job.assembler.flush()
             if text:
-                job.sink(TextPiece(text, job.n_generated))
+                job.sink(TextPiece(text, job.n_generated, job.index))
             self._finish(slot, "length")
             return
         if text:
-            job.sink(TextPiece(text, job.n_generated))
+            job.sink(TextPiece(text, job.n_generated, job.index))
         slot.last_token = tok
 
     def _finish(self, slot: _Slot, reason: str) -> None:
@@ -526,8 +582,8 @@ class LlamaEngine:
         assert job is not None and job.assembler is not None
         tail = job.assembler.flush()
         if tail:
-            job.sink(TextPiece(tail, job.n_generated))
-        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens))
+            job.sink(TextPiece(tail, job.n_generated, job.index))
+        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index))
         self._release(slot, keep_cache=True)
 
     def _release(self, slot: _Slot, keep_cache: bool = False) -> None:
@@ -541,6 +597,7 @@ class LlamaEngine:
             self._ll.llama_sampler_free(slot.sampler)
             slot.sampler = None
         slot.job = None
+        slot.follows = None
         slot.i_batch = -1
         if job is not None:
             if job.cancelled and not job.done:
@@ -607,7 +664,7 @@ class LlamaEngine:
         n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, True)
         return self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
 
-    def _make_sampler(self, p) -> object:
+    def _make_sampler(self, p, index: int = 0) -> object:
         ll = self._ll
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
@@ -629,7 +686,7 @@ class LlamaEngine:
         if p.min_p > 0:
             add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
         add(chain, ll.llama_sampler_init_temp(p.temperature))
-        seed = p.seed if p.seed is not None else secrets.randbits(32)
+        seed = p.seed + index if p.seed is not None else secrets.randbits(32)
         add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         return chain
 

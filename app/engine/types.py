@@ -40,6 +40,7 @@ class GenerationRequest:
     add_bos: bool = True
     timeout: float | None = None  # seconds from submission; past it the job fails (504)
     cache_prompt: bool = True  # reuse a slot's KV for a shared prompt prefix
+    n: int = 1  # choices: sequences sharing the prompt's KV, each sampled on its own
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class TextPiece:
 
     text: str
     completion_tokens: int
+    index: int = 0  # the choice
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not decoded again
+    index: int = 0  # the choice; a request is over when every choice has finished
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ class _Sampling(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repeat_penalty: float | None = Field(None, gt=0, le=10)
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
@@ -177,8 +177,9 @@ def usage(
 
 
 def chat_completion(
-    rid: str, created: int, info: ModelInfo, text: str, finish: str, use: dict[str, int]
+    rid: str, created: int, info: ModelInfo, choices: list[tuple[str, str]], use: dict[str, Any]
 ) -> dict[str, Any]:
+    """``choices``: (text, finish_reason) per choice index."""
     return {
         "id": rid,
         "object": "chat.completion",
@@ -187,18 +188,19 @@ def chat_completion(
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
             {
-                "index": 0,
+                "index": i,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish,
             }
+            for i, (text, finish) in enumerate(choices)
         ],
         "usage": use,
     }
 
 
 def text_completion(
-    rid: str, created: int, info: ModelInfo, text: str, finish: str, use: dict[str, int]
+    rid: str, created: int, info: ModelInfo, choices: list[tuple[str, str]], use: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -206,7 +208,10 @@ def text_completion(
         "created": created,
         "model": info.name,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+            for i, (text, finish) in enumerate(choices)
+        ],
         "usage": use,
     }
 

@@ -117,13 +117,16 @@ class ChunkWriter:
         include_usage: bool = False,
         continuous_usage: bool = False,
         prompt_tokens: int = 0,
+        n: int = 1,
     ):
         self.kind = kind
         self.policy = policy
         self.include_usage = include_usage or policy.always_usage
         self.continuous_usage = continuous_usage
         self.prompt_tokens = prompt_tokens
-        self.completion_tokens = 0
+        self.n = n
+        self._tokens = [0] * n  # completion tokens per choice
+        self._finished: dict[int, Finished] = {}
         self._base = {
             "id": rid,
             "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
@@ -141,36 +144,51 @@ class ChunkWriter:
             obj["usage"] = None
         return frame(obj)
 
-    def _choice(self, content: str | None, finish: str | None, role: bool = False) -> dict:
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self._tokens)
+
+    @property
+    def all_finished(self) -> bool:
+        return len(self._finished) == self.n
+
+    def _choice(
+        self, content: str | None, finish: str | None, role: bool = False, index: int = 0
+    ) -> dict:
         if self.kind == "completion":
-            return {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": content or "", "logprobs": None, "finish_reason": finish}
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
             delta["content"] = None if self.policy.role_content == "null" else ""
         elif content is not None:
             delta["content"] = content
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def start(self) -> list[bytes]:
+        """The role chunk of every choice (chat only): role is sent once per choice, first."""
         if self.kind == "chat":
-            return [self._chunk(self._choice(None, None, role=True))]
+            return [self._chunk(self._choice(None, None, role=True, index=i)) for i in range(self.n)]
         return []
 
     def text(self, piece: TextPiece) -> list[bytes]:
-        self.completion_tokens = piece.completion_tokens
+        self._tokens[piece.index] = piece.completion_tokens
         if not piece.text:
             return []
-        return [self._chunk(self._choice(piece.text, None))]
+        return [self._chunk(self._choice(piece.text, None, index=piece.index))]
 
     def finish(self, ev: Finished) -> list[bytes]:
+        """A choice's finish chunk; after the last choice, the usage chunk and [DONE]."""
         self.prompt_tokens = ev.prompt_tokens
-        self.completion_tokens = ev.completion_tokens
-        out = [self._chunk(self._choice(None, ev.reason))]
+        self._tokens[ev.index] = ev.completion_tokens
+        self._finished[ev.index] = ev
+        out = [self._chunk(self._choice(None, ev.reason, index=ev.index))]
+        if not self.all_finished:
+            return out
         if self.include_usage:
             obj = dict(self._base)
             obj["choices"] = []
-            obj["usage"] = usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)
+            obj["usage"] = usage(ev.prompt_tokens, self.completion_tokens, ev.cached_tokens)
             out.append(frame(obj))
         if self.policy.send_done:
             out.append(DONE)

