@@ -267,8 +267,7 @@ class LlamaEngine:
         n_ctx_train = ll.llama_model_n_ctx_train(model)
 
         cparams = ll.llama_context_default_params()
-        # ctx_size is per slot; all slots share one unified KV cache of parallel x ctx_size cells,
-        # so n > 1 choices and prefix reuse can share cells without copying.
+        # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
         self._n_ctx_slot = cfg.ctx_size or n_ctx_train
         cparams.n_ctx = self._n_ctx_slot * cfg.parallel
         cparams.n_batch = cfg.batch_size
@@ -278,7 +277,9 @@ class LlamaEngine:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = cfg.threads_batch or n_threads
         cparams.flash_attn_type = _FLASH[cfg.flash_attn]
-        cparams.kv_unified = True
+        # One KV stream per slot: a token attends over its own sequence's cells only (a unified
+        # buffer makes every token scan the cells of all slots, idle caches included).
+        cparams.kv_unified = False
         cparams.no_perf = True
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
