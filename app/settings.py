@@ -135,7 +135,7 @@ class Settings(BaseSettings):
         **_env("FLASH_ATTN"),
     )
     parallel: int = Field(
-        4,
+        8,
         description="Slots: sequences decoded together in one batch (continuous batching). "
         "Each slot has ctx_size tokens of context; the KV cache holds parallel x ctx_size.",
         ge=1,
