@@ -413,6 +413,12 @@ class LlamaEngine:
                 f"context of {self._n_ctx} tokens",
                 param="max_tokens",
             )
+        grammar = req.params.grammar
+        if grammar is not None:
+            probe = self._ll.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+            if not probe:
+                raise BadRequest("the response_format grammar does not parse", param="response_format")
+            self._ll.llama_sampler_free(probe)
         job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
         job.assembler = TextAssembler(req.params.stop)
 
@@ -669,6 +675,8 @@ class LlamaEngine:
         ll = self._ll
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
+        if p.grammar is not None:  # first: only tokens the grammar allows reach the others
+            add(chain, ll.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root"))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(
                 chain,

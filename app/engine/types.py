@@ -29,6 +29,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     penalty_last_n: int = 64
+    grammar: str | None = None  # GBNF constraining the output (response_format)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Any, Literal
 
@@ -90,16 +91,23 @@ class ChatRequest(_Sampling):
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type", "text") != "text":
-            raise ValueError(f"response_format type {v.get('type')!r} is not supported yet")
+    def _known_format(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "text") not in {"text", "json_object", "json_schema"}:
+            raise ValueError(
+                f"response_format type {v.get('type')!r} is not one of text, json_object, "
+                "json_schema"
+            )
         return v
 
     def sampling(self) -> SamplingParams:
         params = super().sampling()
+        changes: dict[str, Any] = {}
         if self.max_tokens is None and self.max_completion_tokens is not None:
-            params = SamplingParams(**{**params.__dict__, "max_tokens": self.max_completion_tokens})
-        return params
+            changes["max_tokens"] = self.max_completion_tokens
+        grammar = response_grammar(self.response_format)
+        if grammar is not None:
+            changes["grammar"] = grammar
+        return SamplingParams(**{**params.__dict__, **changes}) if changes else params
 
     def template_messages(self) -> list[dict[str, Any]]:
         out = []
@@ -141,6 +149,30 @@ class CompletionRequest(_Sampling):
             )
         only = p[0]
         return only if isinstance(only, str) else tuple(only)
+
+
+def response_grammar(fmt: dict[str, Any] | None) -> str | None:
+    """The GBNF grammar that constrains output to ``response_format`` (None for plain text)."""
+    if not fmt or fmt.get("type", "text") == "text":
+        return None
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if fmt["type"] == "json_object":
+        return JSON_GBNF
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise BadRequest(
+            "response_format.json_schema.schema must be a JSON Schema object",
+            param="response_format.json_schema.schema",
+        )
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - the converter raises assorted errors
+        raise BadRequest(
+            f"response_format.json_schema.schema cannot be enforced: {exc}",
+            param="response_format.json_schema.schema",
+        ) from None
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
