@@ -297,10 +297,14 @@ class _OffsetWriter:
         pass
 
 
-def _download_range(blob, fd: int, start: int, end: int, progress: Progress, uri: str) -> None:
+def _download_range(
+    blob, fd: int, start: int, end: int, progress: Progress, uri: str, abort: threading.Event
+) -> None:
     """Bytes [start, end] of the object into the file, retried; resumes where it broke off."""
     pos = start
     for attempt in range(RETRIES):
+        if pos > end or abort.is_set():
+            return
         writer = _OffsetWriter(fd, pos, progress)
         try:
             blob.download_to_file(
@@ -334,6 +338,8 @@ def crc32c_of(path: Path) -> str:
 def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, progress: Progress) -> None:
     """Fetch one object to ``dest`` (via a temporary name), verified against its crc32c."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.part-*"):  # left by a killed process
+        stale.unlink(missing_ok=True)
     tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
     blob = client.bucket(obj.bucket).blob(obj.name, generation=obj.generation)
     done_before = progress.done
@@ -346,15 +352,22 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
                     (s, min(s + opts.slice_bytes, obj.size) - 1)
                     for s in range(0, obj.size, opts.slice_bytes)
                 ]
-                with cf.ThreadPoolExecutor(max_workers=opts.workers) as pool:
+                abort = threading.Event()
+                pool = cf.ThreadPoolExecutor(max_workers=opts.workers)
+                try:
                     futures = [
-                        pool.submit(_download_range, blob, fd, s, e, progress, obj.uri)
+                        pool.submit(_download_range, blob, fd, s, e, progress, obj.uri, abort)
                         for s, e in ranges
                     ]
                     for fut in cf.as_completed(futures):
                         fut.result()
+                except BaseException:
+                    abort.set()  # the first failure stops the other slices, not after all of them
+                    raise
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
             elif obj.size:
-                _download_range(blob, fd, 0, obj.size - 1, progress, obj.uri)
+                _download_range(blob, fd, 0, obj.size - 1, progress, obj.uri, threading.Event())
         finally:
             os.close(fd)
         actual = crc32c_of(tmp)
@@ -420,6 +433,7 @@ def fetch_model(
             download_object(client, obj, cache_path(opts.cache_dir, obj), opts, progress)
     finally:
         stop.set()
+        watcher.join()
     if on_progress:
         on_progress(progress)
     elapsed = time.monotonic() - progress.started

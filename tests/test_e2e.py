@@ -350,3 +350,14 @@ def test_probe_command_follows_health(vertex_server):
     env["AIP_HTTP_PORT"] = str(free_port())  # nothing listens there
     down = subprocess.run([sys.executable, "-m", "app", "probe"], env=env, capture_output=True, timeout=30)
     assert down.returncode == 1
+
+
+def test_prompt_that_is_not_utf8_is_400_and_nothing_leaks(server_factory):
+    srv = server_factory({"PARALLEL": "1", "MAX_QUEUE": "0"})
+    srv.wait_ready()
+    raw = b'{"prompt": "bad \\ud800 surrogate", "max_tokens": 2}'
+    for _ in range(3):  # a leaked in-flight count would turn the later ones into 429s
+        r = requests.post(srv.url("/v1/completions"), data=raw, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "prompt"
+    assert post(srv, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status_code == 200

@@ -41,6 +41,7 @@ from app.errors import (
     ModelNotReady,
     QueueFull,
     ShuttingDown,
+    as_api_error,
 )
 from app.state import LoadState
 
@@ -223,10 +224,15 @@ class LlamaEngine:
         log.info("model ready: %s (n_ctx=%d)", self._info.name, self._n_ctx)
         try:
             self._loop()
-        except Exception:  # pragma: no cover - a bug; fail what is in flight loudly
+        except Exception as exc:  # pragma: no cover - a bug: fail loudly and end the process
             log.exception("engine loop crashed")
+            self._stopping = True
+            self.state.fail(f"engine crashed: {type(exc).__name__}: {exc}")
             self._fail_everything(EngineFailure("engine stopped unexpectedly"))
+            if self._on_fatal:  # the platform restarts the container rather than it hanging
+                self._on_fatal(self.state.error or "engine crashed")
         finally:
+            self._fail_everything(ShuttingDown("server is shutting down"))  # late arrivals
             self._free()
             self._stopped.set()
 
@@ -270,8 +276,9 @@ class LlamaEngine:
         # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
         self._n_ctx_slot = cfg.ctx_size or n_ctx_train
         cparams.n_ctx = self._n_ctx_slot * cfg.parallel
-        cparams.n_batch = cfg.batch_size
-        cparams.n_ubatch = min(cfg.batch_size, 512)
+        # a step holds one token per slot plus a prompt chunk: the batch must take them all
+        cparams.n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
+        cparams.n_ubatch = min(cparams.n_batch, 512)
         cparams.n_seq_max = cfg.parallel
         n_threads = cfg.threads or len(os.sched_getaffinity(0))
         cparams.n_threads = n_threads
@@ -375,8 +382,10 @@ class LlamaEngine:
                 continue
             try:
                 self._prepare(job)
-            except ApiError as err:
-                self._fail_job(job, err)
+            except Exception as exc:  # noqa: BLE001 - every job gets an answer
+                if not isinstance(exc, ApiError):
+                    log.exception("could not prepare a request")
+                self._fail_job(job, as_api_error(exc))
                 for j in job.followers:
                     self._job_over(j)
                 continue
@@ -467,6 +476,8 @@ class LlamaEngine:
                 self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             del slot.cached[n_common:]
             job.cached_tokens = n_common
+            for follower in job.followers:
+                follower.cached_tokens = n_common
             slot.job = job
             slot.n_past = n_common
             slot.n_prompt_done = n_common
@@ -475,8 +486,8 @@ class LlamaEngine:
             slot.sampler = self._make_sampler(job.request.params)
             free.remove(slot)
             for follower in job.followers:
-                # each other choice gets a slot of its own; it takes the leader's prompt KV (a
-                # llama_memory_seq_cp: shared cells, no copy) once the prompt is decoded
+                # each other choice gets a slot of its own; it takes a copy of the leader's prompt
+                # KV (llama_memory_seq_cp into its own stream) once the prompt is decoded
                 fslot = min(free, key=lambda s: len(s.cached))
                 free.remove(fslot)
                 self._ll.llama_memory_seq_rm(self._mem, fslot.seq_id, -1, -1)
@@ -597,6 +608,11 @@ class LlamaEngine:
         """Free the slot at once. A finished job's KV stays for prefix reuse by the next
         request; a cancelled or failed one's is dropped."""
         job = slot.job
+        for other in self._slots:  # choices still waiting for this slot's prompt go with it
+            if other.follows is slot and other.job is not None:
+                other.job.cancelled = True
+                other.follows = None
+                self._release(other)
         if not keep_cache:
             self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.cached.clear()
@@ -644,7 +660,10 @@ class LlamaEngine:
     # ---- llama.cpp helpers (engine thread only) ----------------------------------------------
     def _tokenize(self, text: str, add_bos: bool) -> list[int]:
         ll = self._ll
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("prompt is not valid UTF-8 (a lone surrogate)", param="prompt") from None
         need = len(data) + 2
         if self._tok_buf_len < need:
             self._tok_buf_len = max(need, 1024)
