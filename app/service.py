@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gevent
@@ -25,7 +25,7 @@ from app.engine.types import (
     TextPiece,
 )
 from app.errors import ApiError, BadRequest, ModelNotReady, as_api_error
-from app.protocol import chat_template, openai, sse, vertex
+from app.protocol import chat_template, openai, sse, tools, vertex
 from app.protocol.sse import ChunkWriter, StreamPolicy, comment
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class Prepared:
     request: openai.ChatRequest | openai.CompletionRequest
     generation: GenerationRequest
     echo: str = ""
+    tools: bool = False  # the reply is the generic tool-call JSON (see app.protocol.tools)
 
 
 class Service:
@@ -63,18 +64,27 @@ class Service:
         info = self.info()
         if kind == "chat":
             req = openai.parse(openai.ChatRequest, body)
-            if req.tools and req.tool_choice != "none":
-                raise BadRequest("tool calling is not supported yet", param="tools")
+            messages = tools.render_history(req.template_messages())
+            params = req.sampling()
+            callable_tools, required = tools.pick(tools.validate_tools(req.tools or []), req.tool_choice)
+            if callable_tools:
+                if params.grammar is not None:
+                    raise BadRequest("tools cannot be combined with a JSON response_format",
+                                     param="response_format")
+                named = isinstance(req.tool_choice, dict)  # a named function: exactly one call
+                schema = tools.reply_schema(callable_tools, required, req.parallel_tool_calls and not named)
+                params = replace(params, grammar=openai.schema_grammar(schema, "tools"))
+                messages = _with_system(messages, tools.system_prompt(callable_tools, required))
             prompt = chat_template.render(
                 info.chat_template,
-                req.template_messages(),
+                messages,
                 bos_token=info.bos_token,
                 eos_token=info.eos_token,
             )
             gen = GenerationRequest(
-                prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
+                prompt, params, timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
             )
-            return Prepared(kind, req, gen)
+            return Prepared(kind, req, gen, tools=bool(callable_tools))
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
         echo = ""
@@ -130,7 +140,14 @@ class Service:
             sum(f.completion_tokens for f in finished.values()),
             first.cached_tokens,
         )
-        choices = [("".join(parts[i]), finished[i].reason) for i in range(n)]
+        choices: list[tuple[str | dict[str, Any], str]] = []
+        for i in range(n):
+            text, reason = "".join(parts[i]), finished[i].reason
+            if prep.tools:
+                msg, called = tools.message(tools.parse_partial(text, []))
+                choices.append((msg, "tool_calls" if called and reason == "stop" else reason))
+            else:
+                choices.append((text, reason))
         build = openai.chat_completion if kind == "chat" else openai.text_completion
         rid = openai.new_id("chatcmpl" if kind == "chat" else "cmpl")
         return build(rid, created, self.info(), choices, use)
@@ -157,11 +174,13 @@ class Service:
             n=prep.generation.n,
         )
         echo = prep.echo
-        return self._sse(handle, writer, policy, echo)
+        return self._sse(handle, writer, policy, echo, prep.tools)
 
     def _sse(
-        self, handle: Handle, writer: ChunkWriter, policy: StreamPolicy, echo: str
+        self, handle: Handle, writer: ChunkWriter, policy: StreamPolicy, echo: str,
+        tool_mode: bool = False,
     ) -> Iterator[bytes]:
+        streams: dict[int, tools.ToolStream] = {}
         over = False
         try:
             yield from writer.start()
@@ -175,9 +194,18 @@ class Service:
                 except TimeoutError:
                     yield comment()
                     continue
-                if isinstance(ev, TextPiece):
+                if isinstance(ev, TextPiece) and tool_mode:
+                    ts = streams.setdefault(ev.index, tools.ToolStream())
+                    writer.count(ev)
+                    for delta in ts.feed(ev.text):
+                        yield writer.delta(ev.index, delta)
+                elif isinstance(ev, TextPiece):
                     yield from writer.text(ev)
                 elif isinstance(ev, Finished):
+                    if tool_mode and ev.reason == "stop" and ev.index in streams:
+                        _, called = tools.message(streams[ev.index].result())
+                        if called:
+                            ev = replace(ev, reason="tool_calls")
                     yield from writer.finish(ev)
                     if writer.all_finished:
                         over = True
@@ -259,3 +287,12 @@ class Service:
             return self.complete(item.kind, item.body)
         except Exception as exc:  # noqa: BLE001 - one instance's failure stays in its slot
             return as_api_error(exc)
+
+
+def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """Put the tool description into the system message (first), creating one if needed."""
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]

@@ -85,8 +85,9 @@ class Message(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
 
     @field_validator("response_format")
@@ -155,7 +156,7 @@ def response_grammar(fmt: dict[str, Any] | None) -> str | None:
     """The GBNF grammar that constrains output to ``response_format`` (None for plain text)."""
     if not fmt or fmt.get("type", "text") == "text":
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+    from llama_cpp.llama_grammar import JSON_GBNF
 
     if fmt["type"] == "json_object":
         return JSON_GBNF
@@ -166,13 +167,17 @@ def response_grammar(fmt: dict[str, Any] | None) -> str | None:
             "response_format.json_schema.schema must be a JSON Schema object",
             param="response_format.json_schema.schema",
         )
+    return schema_grammar(schema, "response_format.json_schema.schema")
+
+
+def schema_grammar(schema: dict[str, Any], param: str) -> str:
+    """A JSON Schema as a llama.cpp grammar; a schema the converter rejects is a 400."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except Exception as exc:  # noqa: BLE001 - the converter raises assorted errors
-        raise BadRequest(
-            f"response_format.json_schema.schema cannot be enforced: {exc}",
-            param="response_format.json_schema.schema",
-        ) from None
+        raise BadRequest(f"{param} cannot be enforced: {exc}", param=param) from None
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
@@ -209,9 +214,13 @@ def usage(
 
 
 def chat_completion(
-    rid: str, created: int, info: ModelInfo, choices: list[tuple[str, str]], use: dict[str, Any]
+    rid: str,
+    created: int,
+    info: ModelInfo,
+    choices: list[tuple[str | dict[str, Any], str]],
+    use: dict[str, Any],
 ) -> dict[str, Any]:
-    """``choices``: (text, finish_reason) per choice index."""
+    """``choices``: (text or a whole message, finish_reason) per choice index."""
     return {
         "id": rid,
         "object": "chat.completion",
@@ -221,7 +230,7 @@ def chat_completion(
         "choices": [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": text},
+                "message": text if isinstance(text, dict) else {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish,
             }

@@ -171,6 +171,13 @@ class ChunkWriter:
             return [self._chunk(self._choice(None, None, role=True, index=i)) for i in range(self.n)]
         return []
 
+    def count(self, piece: TextPiece) -> None:
+        self._tokens[piece.index] = piece.completion_tokens
+
+    def delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        """A chunk with a ready-made delta (tool calls, content parsed out of tool JSON)."""
+        return self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+
     def text(self, piece: TextPiece) -> list[bytes]:
         self._tokens[piece.index] = piece.completion_tokens
         if not piece.text:

@@ -1,0 +1,188 @@
+"""Tool calls in the generic JSON form: incremental parsing, validation, and real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from app.protocol import tools
+from tests.conftest import ServerProcess
+
+REPLY_CALLS = ('{"tool_calls": [{"name": "add_two_numbers", "arguments": {"a": 1, "b": {"c": "x\\"}y"}}}, '
+               '{ "name" : "get_weather" , "arguments" : { "city": "Paris \\u00e9" } }]}')
+REPLY_TEXT = '{"response": "Hel\\u00e9lo \\"quoted\\" \\\\ done"}'
+
+
+def accumulate(deltas_per_piece):
+    names, args, content, ids = {}, {}, "", {}
+    for deltas in deltas_per_piece:
+        for d in deltas:
+            content += d.get("content", "")
+            for tc in d.get("tool_calls", []):
+                i = tc["index"]
+                fn = tc["function"]
+                if "name" in fn:
+                    assert i not in names, "name sent twice"
+                    assert tc["type"] == "function" and tc["id"].startswith("call_") and fn["arguments"] == ""
+                    names[i], ids[i] = fn["name"], tc["id"]
+                else:
+                    assert set(tc) == {"index", "function"} and set(fn) == {"arguments"}
+                args[i] = args.get(i, "") + fn["arguments"]
+    return names, args, content, ids
+
+
+@pytest.mark.parametrize("reply", [REPLY_CALLS, REPLY_TEXT])
+def test_streamed_deltas_equal_the_whole_parse_at_every_cut(reply):
+    whole, _ = tools.message(tools.parse_partial(reply, ["call_a", "call_b"]))
+    for cut in range(len(reply) + 1):
+        ts = tools.ToolStream()
+        ts.ids = ["call_a", "call_b"]
+        names, args, content, _ = accumulate([ts.feed(reply[:cut]), ts.feed(reply[cut:])])
+        if "tool_calls" in whole:
+            assert names == {i: c["function"]["name"] for i, c in enumerate(whole["tool_calls"])}
+            assert args == {i: c["function"]["arguments"] for i, c in enumerate(whole["tool_calls"])}
+        else:
+            assert content == whole["content"] == 'Helélo "quoted" \\ done'
+    # one character at a time: names only ever appear complete
+    ts = tools.ToolStream()
+    for ch in reply:
+        for d in ts.feed(ch):
+            for tc in d.get("tool_calls", []):
+                if "name" in tc["function"]:
+                    assert tc["function"]["name"] in {"add_two_numbers", "get_weather"}
+
+
+def test_arguments_are_the_json_as_generated():
+    msg, called = tools.message(tools.parse_partial(REPLY_CALLS, []))
+    assert called
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"a": 1, "b": {"c": 'x"}y'}}
+    assert json.loads(msg["tool_calls"][1]["function"]["arguments"]) == {"city": "Paris é"}
+    assert msg["content"] is None
+
+
+def test_cut_reply_keeps_what_parsed_cleanly():
+    cut = REPLY_CALLS[: REPLY_CALLS.index("get_weather") + 20]
+    msg, called = tools.message(tools.parse_partial(cut, []))
+    assert called and [c["function"]["name"] for c in msg["tool_calls"]] == ["add_two_numbers"]
+
+
+GOOD_TOOL = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add",
+             "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                            "required": ["a", "b"]}}}
+CHAT = {"messages": [{"role": "user", "content": "add 1 and 2"}]}
+
+
+@pytest.mark.parametrize("tool, param", [
+    ({"type": "function", "function": {"name": "bad name!"}}, "tools.0.function.name"),
+    ({"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}, "tools.0.function.parameters"),
+    ({"type": "function", "function": {"name": "f", "parameters": [1]}}, "tools.0.function.parameters"),
+    ("not a tool", "tools.0"),
+])
+def test_invalid_tool_is_400_naming_it(client, tool, param):
+    resp = client.post("/v1/chat/completions", json={**CHAT, "tools": [tool]})
+    assert resp.status_code == 400 and resp.get_json()["error"]["param"] == param
+
+
+def test_tool_choice_rules(client, fake_engine):
+    resp = client.post("/v1/chat/completions", json={**CHAT, "tools": [GOOD_TOOL],
+                       "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "tool_choice"
+    client.post("/v1/chat/completions", json={**CHAT, "tools": [GOOD_TOOL], "tool_choice": "none"})
+    assert fake_engine.requests[-1].params.grammar is None
+    client.post("/v1/chat/completions", json={**CHAT, "tools": [GOOD_TOOL], "tool_choice": "required"})
+    req = fake_engine.requests[-1]
+    assert "add_two_numbers" in req.params.grammar and "add_two_numbers" in req.prompt
+
+
+def test_history_with_tool_calls_and_results_renders(client, fake_engine):
+    history = [
+        {"role": "user", "content": "add 1 and 2"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "add_two_numbers", "arguments": "{\"a\": 1, \"b\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    assert client.post("/v1/chat/completions", json={"messages": history, "tools": [GOOD_TOOL]}).status_code == 200
+    prompt = fake_engine.requests[-1].prompt
+    assert '{"tool_calls": [{"name": "add_two_numbers", "arguments": {"a": 1, "b": 2}}]}' in prompt
+    assert '"tool_call_id": "call_1", "result": "3"' in prompt
+
+
+# ---- end to end with real clients ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(default_model) -> ServerProcess:
+    srv = ServerProcess({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+NAMED = {"type": "function", "function": {"name": "add_two_numbers"}}
+ASK = [{"role": "user", "content": "What is 3 plus 4? Use the tool."}]
+
+
+@pytest.mark.e2e
+def test_forced_tool_call_streamed_and_not_with_the_openai_sdk(server):
+    import openai
+
+    sdk = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0)
+    full = sdk.chat.completions.create(model="m", messages=ASK, tools=[GOOD_TOOL], tool_choice=NAMED,
+                                       temperature=0, max_tokens=60)
+    choice = full.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "add_two_numbers" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values())
+    with sdk.chat.completions.stream(model="m", messages=ASK, tools=[GOOD_TOOL], tool_choice=NAMED,
+                                     temperature=0, max_tokens=60) as stream:
+        final = stream.get_final_completion()
+    (scall,) = final.choices[0].message.tool_calls
+    assert scall.function.name == "add_two_numbers"  # the SDK's accumulator: name not repeated
+    assert scall.function.arguments == call.function.arguments
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.e2e
+def test_langchain_bind_tools_streaming_merges_one_call(server):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=server.url("/v1"), api_key="x", model="m", temperature=0, max_tokens=60,
+                     streaming=True, max_retries=0)
+    bound = llm.bind_tools([GOOD_TOOL], tool_choice="add_two_numbers")
+    merged = None
+    for chunk in bound.stream("What is 3 plus 4?"):
+        merged = chunk if merged is None else merged + chunk
+    assert len(merged.tool_calls) == 1
+    assert merged.tool_calls[0]["name"] == "add_two_numbers"  # not add_two_numbersadd_two_numbers
+    assert set(merged.tool_calls[0]["args"]) == {"a", "b"}
+
+
+@pytest.mark.e2e
+def test_pydantic_ai_streamed_tool_call_output(server):
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    class Sum(BaseModel):
+        a: int
+        b: int
+
+    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=server.url("/v1"), api_key="x"))
+    agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
+
+    async def run():
+        async with agent.run_stream("Give the two numbers in: what is 3 plus 4?") as result:
+            return await result.get_output(), result.all_messages()
+
+    output, messages = asyncio.run(run())
+    assert isinstance(output, Sum)
+    calls = [p for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"]
+    # every streamed call carries the exact name (llama.cpp issue 13774: final_resultfinal_result)
+    assert calls and {c.tool_name for c in calls} == {"final_result"}
