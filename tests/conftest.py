@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -124,6 +125,17 @@ class ServerProcess:
                 self.proc.wait(10)
         self.log_file.close()
         Path(self.log_path).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def running_server(env: dict[str, str]) -> Iterator[ServerProcess]:
+    """A ready server for a module's tests, stopped afterwards."""
+    srv = ServerProcess(env)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture

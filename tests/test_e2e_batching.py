@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -31,12 +31,8 @@ REQUESTS = [
 
 @pytest.fixture(scope="module")
 def server8(default_model) -> ServerProcess:
-    srv = ServerProcess({"PARALLEL": "8", "STREAM_HEARTBEAT_SECONDS": "0"})
-    try:
-        srv.wait_ready()
+    with running_server({"PARALLEL": "8", "STREAM_HEARTBEAT_SECONDS": "0"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def stream_text(srv: ServerProcess, body: dict) -> tuple[str, dict]:

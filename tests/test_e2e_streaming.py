@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ROOT, ServerProcess, running_server
 from tests.stream_rules import outcomes
 
 pytestmark = pytest.mark.e2e
@@ -26,12 +26,8 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server(default_model) -> ServerProcess:
-    srv = ServerProcess({"STREAM_HEARTBEAT_SECONDS": "0"})
-    try:
-        srv.wait_ready()
+    with running_server({"STREAM_HEARTBEAT_SECONDS": "0"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def raw_stream(srv: ServerProcess, body: dict, headers: dict | None = None) -> tuple[str, list[float]]:

@@ -7,7 +7,7 @@ import json
 import pytest
 import requests
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, running_server
 
 CHAT = {"messages": [{"role": "user", "content": "Describe a person as JSON."}]}
 SCHEMA = {
@@ -43,12 +43,8 @@ def test_bad_response_format_is_400(client, fmt, param):
 
 @pytest.fixture(scope="module")
 def server(default_model) -> ServerProcess:
-    srv = ServerProcess({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
-    try:
-        srv.wait_ready()
+    with running_server({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.mark.e2e

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.protocol import tools
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, running_server
 
 REPLY_CALLS = ('{"tool_calls": [{"name": "add_two_numbers", "arguments": {"a": 1, "b": {"c": "x\\"}y"}}}, '
                '{ "name" : "get_weather" , "arguments" : { "city": "Paris \\u00e9" } }]}')
@@ -114,12 +114,8 @@ def test_history_with_tool_calls_and_results_renders(client, fake_engine):
 
 @pytest.fixture(scope="module")
 def server(default_model) -> ServerProcess:
-    srv = ServerProcess({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
-    try:
-        srv.wait_ready()
+    with running_server({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"}) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 NAMED = {"type": "function", "function": {"name": "add_two_numbers"}}
