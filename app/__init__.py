@@ -80,7 +80,12 @@ def create_app(
         heartbeat_seconds=settings.stream_heartbeat_seconds,
     )
     app.extensions["vertex_gguf"] = Service(
-        engine, policy, settings.max_instances, request_timeout=settings.request_timeout
+        engine,
+        policy,
+        settings.max_instances,
+        request_timeout=settings.request_timeout,
+        reasoning_format=settings.reasoning_format,
+        reasoning_field=settings.reasoning_field,
     )
     routes.register(app, settings.health_route, settings.predict_route)
     errors.register(app)

@@ -25,7 +25,7 @@ from app.engine.types import (
     TextPiece,
 )
 from app.errors import ApiError, BadRequest, ModelNotReady, as_api_error
-from app.protocol import chat_template, openai, sse, tools, vertex
+from app.protocol import chat_template, openai, reasoning, sse, tools, vertex
 from app.protocol.sse import ChunkWriter, StreamPolicy, comment
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ class Prepared:
     generation: GenerationRequest
     echo: str = ""
     tools: bool = False  # the reply is the generic tool-call JSON (see app.protocol.tools)
+    think: bool = False  # split <think> thoughts out of the reply (see app.protocol.reasoning)
+    in_thought: bool = False  # the prompt already opened <think>
 
 
 class Service:
@@ -47,7 +49,11 @@ class Service:
         policy: StreamPolicy,
         max_instances: int,
         request_timeout: float = 0.0,
+        reasoning_format: str = "auto",
+        reasoning_field: str = "reasoning_content",
     ):
+        self.reasoning_format = reasoning_format
+        self.reasoning_field = reasoning_field
         self.engine = engine
         self.policy = policy
         self.max_instances = max_instances
@@ -84,7 +90,12 @@ class Service:
             gen = GenerationRequest(
                 prompt, params, timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
             )
-            return Prepared(kind, req, gen, tools=bool(callable_tools))
+            think = not callable_tools and (
+                self.reasoning_format == "parsed"
+                or (self.reasoning_format == "auto" and "<think>" in (info.chat_template or ""))
+            )
+            in_thought = think and prompt.rstrip().endswith(reasoning.OPEN)
+            return Prepared(kind, req, gen, tools=bool(callable_tools), think=think, in_thought=in_thought)
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
         echo = ""
@@ -146,6 +157,12 @@ class Service:
             if prep.tools:
                 msg, called = tools.message(tools.parse_partial(text, []))
                 choices.append((msg, "tool_calls" if called and reason == "stop" else reason))
+            elif prep.think:
+                thought, answer = reasoning.split(text, prep.in_thought)
+                msg = {"role": "assistant", "content": answer}
+                if thought is not None:
+                    msg[self.reasoning_field] = thought
+                choices.append((msg, reason))
             else:
                 choices.append((text, reason))
         build = openai.chat_completion if kind == "chat" else openai.text_completion
@@ -174,13 +191,20 @@ class Service:
             n=prep.generation.n,
         )
         echo = prep.echo
-        return self._sse(handle, writer, policy, echo, prep.tools)
+        return self._sse(handle, writer, policy, echo, prep)
 
     def _sse(
         self, handle: Handle, writer: ChunkWriter, policy: StreamPolicy, echo: str,
-        tool_mode: bool = False,
+        prep: Prepared,
     ) -> Iterator[bytes]:
+        tool_mode = prep.tools
         streams: dict[int, tools.ToolStream] = {}
+        thinkers: dict[int, reasoning.ThinkSplitter] = {}
+
+        def think_deltas(index: int, parts: list[tuple[str, str]]) -> Iterator[bytes]:
+            for kind, text in parts:
+                key = self.reasoning_field if kind == "reasoning" else "content"
+                yield writer.delta(index, {key: text})
         over = False
         try:
             yield from writer.start()
@@ -199,9 +223,15 @@ class Service:
                     writer.count(ev)
                     for delta in ts.feed(ev.text):
                         yield writer.delta(ev.index, delta)
+                elif isinstance(ev, TextPiece) and prep.think:
+                    splitter = thinkers.setdefault(ev.index, reasoning.ThinkSplitter(prep.in_thought))
+                    writer.count(ev)
+                    yield from think_deltas(ev.index, splitter.feed(ev.text))
                 elif isinstance(ev, TextPiece):
                     yield from writer.text(ev)
                 elif isinstance(ev, Finished):
+                    if ev.index in thinkers:
+                        yield from think_deltas(ev.index, thinkers[ev.index].flush())
                     if tool_mode and ev.reason == "stop" and ev.index in streams:
                         _, called = tools.message(streams[ev.index].result())
                         if called:

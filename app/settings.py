@@ -158,6 +158,19 @@ class Settings(BaseSettings):
         **_env("MAX_QUEUE"),
     )
 
+    reasoning_format: Literal["auto", "parsed", "inline"] = Field(
+        "auto",
+        description="Thoughts (<think>...</think>): parsed into their own field, left inline in "
+        "the content, or auto (parsed when the chat template mentions <think>).",
+        **_env("REASONING_FORMAT"),
+    )
+    reasoning_field: Literal["reasoning_content", "reasoning"] = Field(
+        "reasoning_content",
+        description="Field that carries parsed thoughts: reasoning_content (llama.cpp, older "
+        "vLLM) or reasoning (newer vLLM).",
+        **_env("REASONING_FIELD"),
+    )
+
     # --- HTTP --------------------------------------------------------------------------------
     host: str = Field(
         "0.0.0.0",

@@ -44,6 +44,8 @@ class _Sampling(BaseModel):
     user: str | None = None
     # llama.cpp's extension: false decodes the whole prompt even when a slot has its prefix
     cache_prompt: bool = True
+    # llama.cpp's extension: a GBNF grammar the output must follow
+    grammar: str | None = Field(None, min_length=1)
 
     @field_validator("stop")
     @classmethod
@@ -72,6 +74,7 @@ class _Sampling(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
+            grammar=self.grammar,
         )
 
 

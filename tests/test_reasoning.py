@@ -1,0 +1,70 @@
+"""Thoughts (<think>...</think>) split from the answer, streamed and not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from app.engine.fake import FakeEngine
+from app.protocol.reasoning import ThinkSplitter, split
+from tests.conftest import make_client, running_server
+
+REPLY = "<think>\nI should add 3 and 4.</think>\nThe answer is <b>7</b>."
+
+
+def test_split_at_every_cut_equals_the_whole():
+    whole = split(REPLY)
+    assert whole == ("\nI should add 3 and 4.", "\nThe answer is <b>7</b>.")
+    for cut in range(len(REPLY) + 1):
+        s = ThinkSplitter()
+        parts = s.feed(REPLY[:cut]) + s.feed(REPLY[cut:]) + s.flush()
+        assert ("".join(t for k, t in parts if k == "reasoning"),
+                "".join(t for k, t in parts if k == "content")) == whole
+    s = ThinkSplitter()
+    for ch in REPLY:  # a tag is never emitted, not even in part
+        assert all("<think" not in t and "</think" not in t[-8:] for _, t in s.feed(ch))
+
+
+def test_template_opened_thought_and_no_thought():
+    assert split("still thinking</think>done", in_thought=True) == ("still thinking", "done")
+    assert split("no tags <here") == (None, "no tags <here")
+
+
+def chat(client, **kw):
+    return client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "3+4?"}], **kw})
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_parsed_thoughts_in_the_configured_field(field):
+    client = make_client(FakeEngine(reply=REPLY), reasoning_format="parsed", reasoning_field=field)
+    msg = chat(client).get_json()["choices"][0]["message"]
+    assert msg[field].strip() == "I should add 3 and 4." and "<think>" not in msg["content"]
+    text = chat(client, stream=True).get_data(as_text=True)
+    deltas = [json.loads(b[6:])["choices"][0]["delta"] for b in text.split("\n\n") if b.startswith("data: {")]
+    assert "".join(d.get(field) or "" for d in deltas) == msg[field]
+    assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+    assert text.endswith("data: [DONE]\n\n")
+
+
+def test_inline_keeps_thoughts_in_the_content():
+    client = make_client(FakeEngine(reply=REPLY), reasoning_format="inline")
+    msg = chat(client).get_json()["choices"][0]["message"]
+    assert msg["content"].startswith("<think>") and "reasoning_content" not in msg
+
+
+@pytest.mark.e2e
+def test_grammar_forced_thought_on_the_real_model(default_model):
+    grammar = 'root ::= "<think>" [a-z ]{5,40} "</think>" [A-Za-z ]{3,30}'
+    with running_server({"PARALLEL": "2", "REASONING_FORMAT": "parsed"}) as srv:
+        body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 60, "temperature": 0,
+                "grammar": grammar}
+        msg = requests.post(srv.url("/v1/chat/completions"), json=body, timeout=120).json()["choices"][0]["message"]
+        assert msg["reasoning_content"] and "<think>" not in msg["content"] and msg["content"]
+        r = requests.post(srv.url("/v1/chat/completions"), json={**body, "stream": True}, stream=True, timeout=120)
+        deltas = [json.loads(ln[6:])["choices"][0]["delta"] for ln in r.iter_lines() if ln.startswith(b"data: {")]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
+        assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+        bad = requests.post(srv.url("/v1/chat/completions"), json={**body, "grammar": "root ::= ("}, timeout=30)
+        assert bad.status_code == 400
