@@ -78,6 +78,11 @@ def completions() -> Response:
     return _reply(svc.complete("completion", body))
 
 
+@bp.post("/v1/chat/completions/control")
+def chat_control() -> Response:
+    return jsonify(_service().control(_body()))
+
+
 @bp.get("/v1/models")
 def models() -> Response:
     return jsonify(openai.models_list(_service().info()))

@@ -54,6 +54,7 @@ class Service:
     ):
         self.reasoning_format = reasoning_format
         self.reasoning_field = reasoning_field
+        self._live: dict[str, _ThoughtGuard] = {}  # streams open to reasoning control, by id
         self.engine = engine
         self.policy = policy
         self.max_instances = max_instances
@@ -130,10 +131,13 @@ class Service:
         parts: list[list[str]] = [[prep.echo] if prep.echo else [] for _ in range(n)]
         finished: dict[int, Finished] = {}
         done = False
+        guard = _ThoughtGuard(prep, handle)
         try:
             for ev in handle:
                 if isinstance(ev, TextPiece):
                     parts[ev.index].append(ev.text)
+                    if prep.think:
+                        guard.on_piece(ev)
                 elif isinstance(ev, Finished):
                     finished[ev.index] = ev
                 elif isinstance(ev, Failed):
@@ -193,6 +197,15 @@ class Service:
         echo = prep.echo
         return self._sse(handle, writer, policy, echo, prep)
 
+    def control(self, body: Any) -> dict[str, Any]:
+        """``{"id", "action": "reasoning_end"}``: end a running stream's thought now."""
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str):
+            raise BadRequest("'id' (a chat.completion id) is required", param="id")
+        if body.get("action") != "reasoning_end":
+            raise BadRequest("action must be 'reasoning_end'", param="action")
+        guard = self._live.get(body["id"])
+        return {"success": bool(guard and guard.end_thought())}
+
     def _sse(
         self, handle: Handle, writer: ChunkWriter, policy: StreamPolicy, echo: str,
         prep: Prepared,
@@ -200,6 +213,10 @@ class Service:
         tool_mode = prep.tools
         streams: dict[int, tools.ToolStream] = {}
         thinkers: dict[int, reasoning.ThinkSplitter] = {}
+        guard = _ThoughtGuard(prep, handle)
+        rid = writer.id
+        if prep.think and getattr(prep.request, "reasoning_control", False):
+            self._live[rid] = guard
 
         def think_deltas(index: int, parts: list[tuple[str, str]]) -> Iterator[bytes]:
             for kind, text in parts:
@@ -224,6 +241,7 @@ class Service:
                     for delta in ts.feed(ev.text):
                         yield writer.delta(ev.index, delta)
                 elif isinstance(ev, TextPiece) and prep.think:
+                    guard.on_piece(ev)
                     splitter = thinkers.setdefault(ev.index, reasoning.ThinkSplitter(prep.in_thought))
                     writer.count(ev)
                     yield from think_deltas(ev.index, splitter.feed(ev.text))
@@ -246,6 +264,7 @@ class Service:
                     yield from writer.error(ev.error)
                     return
         finally:
+            self._live.pop(rid, None)
             if not over:
                 handle.cancel()
                 log.info(
@@ -326,3 +345,38 @@ def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, An
         first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+class _ThoughtGuard:
+    """Ends a thought on request (reasoning control) or once it has used its token budget, by
+    injecting the closing tag into the generation."""
+
+    def __init__(self, prep: Prepared, handle: Handle):
+        self.handle = handle
+        self.splitter = reasoning.ThinkSplitter(prep.in_thought)
+        self.budget = getattr(prep.request, "reasoning_budget", None) if prep.think else None
+        self.tokens_at_open: int | None = 0 if prep.in_thought else None
+        self.ended = False
+
+    def on_piece(self, ev: TextPiece) -> None:
+        if ev.index != 0:
+            return
+        was_open = self.splitter.in_thought
+        self.splitter.feed(ev.text)
+        if not was_open and self.splitter.in_thought:
+            self.tokens_at_open = ev.completion_tokens
+        if (
+            self.budget is not None
+            and self.splitter.in_thought
+            and self.tokens_at_open is not None
+            and ev.completion_tokens - self.tokens_at_open >= self.budget
+        ):
+            self.end_thought()
+
+    def end_thought(self) -> bool:
+        """Close the thought if one is open; False when there is none to close."""
+        if self.ended or not self.splitter.in_thought:
+            return False
+        self.ended = True
+        self.handle.inject(reasoning.CLOSE)
+        return True

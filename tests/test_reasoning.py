@@ -68,3 +68,54 @@ def test_grammar_forced_thought_on_the_real_model(default_model):
         assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
         bad = requests.post(srv.url("/v1/chat/completions"), json={**body, "grammar": "root ::= ("}, timeout=30)
         assert bad.status_code == 400
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
+)
+
+
+def stream_deltas(resp):
+    for line in resp.iter_lines():
+        if line.startswith(b"data: {"):
+            obj = json.loads(line[6:])
+            if obj["choices"]:
+                yield obj["id"], obj["choices"][0]["delta"]
+
+
+def test_control_endpoint_validation(client):
+    assert client.post("/v1/chat/completions/control", json={"id": "chatcmpl-nope", "action": "reasoning_end"}).get_json() == {"success": False}
+    r = client.post("/v1/chat/completions/control", json={"id": "x", "action": "explode"})
+    assert r.status_code == 400 and r.get_json()["error"]["param"] == "action"
+
+
+@pytest.mark.e2e
+def test_budget_and_control_end_a_template_opened_thought(default_model):
+    env = {"PARALLEL": "2", "CHAT_TEMPLATE": THINKING_TEMPLATE, "STREAM_HEARTBEAT_SECONDS": "0"}
+    with running_server(env) as srv:
+        ask = {"messages": [{"role": "user", "content": "Tell me about the sea."}], "temperature": 0}
+        # without help the small model never closes the thought: all of it is reasoning
+        plain = requests.post(srv.url("/v1/chat/completions"), json={**ask, "max_tokens": 20}, timeout=120).json()
+        assert plain["choices"][0]["message"]["reasoning_content"] and not plain["choices"][0]["message"]["content"]
+        # a budget of 8 thinking tokens ends it: the rest is the answer
+        msg = requests.post(srv.url("/v1/chat/completions"), json={**ask, "max_tokens": 30, "reasoning_budget": 8},
+                            timeout=120).json()["choices"][0]["message"]
+        assert msg["reasoning_content"] and msg["content"]
+        # reasoning control: end the thought mid-stream from another request
+        body = {**ask, "max_tokens": 60, "stream": True, "reasoning_control": True}
+        with requests.post(srv.url("/v1/chat/completions"), json=body, stream=True, timeout=120) as r:
+            it = stream_deltas(r)
+            kinds = []
+            rid, delta = next(it)
+            while not delta.get("reasoning_content"):
+                rid, delta = next(it)
+            ok = requests.post(srv.url("/v1/chat/completions/control"),
+                               json={"id": rid, "action": "reasoning_end"}, timeout=10).json()
+            assert ok == {"success": True}
+            for _, d in it:
+                kinds.append("content" if d.get("content") else "reasoning" if d.get("reasoning_content") else "")
+        assert "content" in kinds
+        assert "reasoning" not in kinds[kinds.index("content"):]
+        again = requests.post(srv.url("/v1/chat/completions/control"), json={"id": rid, "action": "reasoning_end"}, timeout=10)
+        assert again.json() == {"success": False}  # finished

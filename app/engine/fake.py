@@ -38,6 +38,7 @@ class FakeHandle:
         self.cancelled = False
         self._over = False
         self._left = n
+        self.injected: list[str] = []
 
     def next_event(self, timeout: float | None = None) -> Event:
         ev = self._channel.get(timeout)
@@ -54,6 +55,9 @@ class FakeHandle:
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def inject(self, text: str) -> None:
+        self.injected.append(text)
 
 
 class FakeEngine:
@@ -144,6 +148,8 @@ class FakeEngine:
         for word in words:
             if handle.cancelled:
                 return False
+            while handle.injected:
+                channel.put(TextPiece(handle.injected.pop(0), n, index))
             if self.delay:
                 time.sleep(self.delay)
             if deadline is not None and time.monotonic() > deadline:

@@ -77,6 +77,7 @@ class _Job:
     cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
     index: int = 0  # the choice (n > 1)
     followers: list[_Job] = field(default_factory=list)  # the other choices, led by this job
+    inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
@@ -123,6 +124,12 @@ class LlamaHandle:
         if not self._over:
             for job in (self._job, *self._job.followers):
                 job.cancelled = True
+            self._engine._wake.set()
+
+    def inject(self, text: str) -> None:
+        if not self._over:
+            for job in (self._job, *self._job.followers):
+                job.inject += text
             self._engine._wake.set()
 
 
@@ -510,12 +517,15 @@ class LlamaEngine:
             job = slot.job
             if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
                 continue
-            self._batch_add(n, slot.last_token, slot.n_past, slot.seq_id, True)
-            slot.cached.append(slot.last_token)
-            slot.i_batch = n
-            slot.n_past += 1
-            n += 1
-            budget -= 1
+            extra = self._take_injection(slot, budget - 1)
+            for tok in [slot.last_token, *extra]:
+                self._batch_add(n, tok, slot.n_past, slot.seq_id, False)
+                slot.cached.append(tok)
+                slot.n_past += 1
+                n += 1
+                budget -= 1
+            self._batch.logits[n - 1] = True
+            slot.i_batch = n - 1
         # 2. prompt chunks for sequences being admitted, within the step's token budget
         for slot in self._slots:
             job = slot.job
@@ -563,6 +573,20 @@ class LlamaEngine:
             if slot.i_batch >= 0 and slot.job is not None:
                 tok = ll.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
                 self._on_token(slot, tok)
+
+    def _take_injection(self, slot: _Slot, room: int) -> list[int]:
+        """Tokens of text injected into this sequence (already sent to the client as text)."""
+        job = slot.job
+        if not job or not job.inject:
+            return []
+        toks = self._tokenize(job.inject, add_bos=False)
+        if len(toks) > room or slot.n_past + 1 + len(toks) >= self._n_ctx:
+            return []  # no room in this step's batch (or the context): try again next step
+        text, job.inject = job.inject, ""
+        piece = job.assembler.feed(text.encode()) if job.assembler else text
+        if piece:
+            job.sink(TextPiece(piece, job.n_generated, job.index))
+        return toks
 
     def _batch_add(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
         b = self._batch

@@ -101,6 +101,10 @@ class Handle(Protocol):
 
     def cancel(self) -> None: ...
 
+    def inject(self, text: str) -> None:
+        """Insert ``text`` into the generation as if generated (e.g. to end a thought)."""
+        ...
+
 
 class Engine(Protocol):
     """The narrow interface between HTTP and llama.cpp."""

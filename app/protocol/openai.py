@@ -90,6 +90,9 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[Any] | None = None
     tool_choice: Any = None
+    # llama.cpp's reasoning control: end a thought on request, or after this many tokens
+    reasoning_control: bool = False
+    reasoning_budget: int | None = Field(None, ge=0)
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
 

@@ -127,6 +127,7 @@ class ChunkWriter:
         self.n = n
         self._tokens = [0] * n  # completion tokens per choice
         self._finished: dict[int, Finished] = {}
+        self.id = rid
         self._base = {
             "id": rid,
             "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
