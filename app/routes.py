@@ -60,22 +60,22 @@ def predict() -> Response:
 bp = Blueprint("openai", __name__)
 
 
-@bp.post("/v1/chat/completions")
-def chat_completions() -> Response:
+def _openai(kind: str) -> Response:
     body = _body()
     svc = _service()
-    stream = isinstance(body, dict) and body.get("stream") is True
-    return _reply(svc.stream("chat", body, _done_header()) if stream else svc.complete("chat", body))
+    if isinstance(body, dict) and body.get("stream") is True:
+        return _reply(svc.stream(kind, body, _done_header()))
+    return _reply(svc.complete(kind, body))
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions() -> Response:
+    return _openai("chat")
 
 
 @bp.post("/v1/completions")
 def completions() -> Response:
-    body = _body()
-    svc = _service()
-    stream = isinstance(body, dict) and body.get("stream") is True
-    if stream:
-        return _reply(svc.stream("completion", body, _done_header()))
-    return _reply(svc.complete("completion", body))
+    return _openai("completion")
 
 
 @bp.post("/v1/chat/completions/control")

@@ -12,10 +12,10 @@ import re
 import time
 
 from app.bridge import Channel, allocate_lock, start_native_thread
+from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
     Accepted,
-    Event,
     Failed,
     Finished,
     GenerationRequest,
@@ -32,26 +32,11 @@ from app.errors import (
 from app.state import LoadState
 
 
-class FakeHandle:
+class FakeHandle(ChannelHandle):
     def __init__(self, channel: Channel, n: int = 1):
-        self._channel = channel
+        super().__init__(channel, n)
         self.cancelled = False
-        self._over = False
-        self._left = n
         self.injected: list[str] = []
-
-    def next_event(self, timeout: float | None = None) -> Event:
-        ev = self._channel.get(timeout)
-        if isinstance(ev, Failed):
-            self._over = True
-        elif isinstance(ev, Finished):
-            self._left -= 1
-            self._over = self._left == 0
-        return ev
-
-    def __iter__(self):
-        while not self._over:
-            yield self.next_event()
 
     def cancel(self) -> None:
         self.cancelled = True

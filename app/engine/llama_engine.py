@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
     Accepted,
@@ -28,6 +29,7 @@ from app.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    SamplingParams,
     Sink,
     TextPiece,
 )
@@ -97,28 +99,13 @@ class _Slot:
     i_batch: int = -1  # index in the current batch whose logits this slot samples
 
 
-class LlamaHandle:
-    """A submitted job as seen by the request's greenlet."""
+class LlamaHandle(ChannelHandle):
+    """A submitted job (and its other choices) as seen by the request's greenlet."""
 
     def __init__(self, engine: LlamaEngine, job: _Job, channel: Channel):
+        super().__init__(channel, 1 + len(job.followers))
         self._engine = engine
         self._job = job
-        self._channel = channel
-        self._over = False
-        self._left = 1 + len(job.followers)  # choices not finished yet
-
-    def next_event(self, timeout: float | None = None) -> Event:
-        ev = self._channel.get(timeout)
-        if isinstance(ev, Failed):
-            self._over = True
-        elif isinstance(ev, Finished):
-            self._left -= 1
-            self._over = self._left == 0
-        return ev
-
-    def __iter__(self):
-        while not self._over:
-            yield self.next_event()
 
     def cancel(self) -> None:
         if not self._over:
@@ -342,7 +329,7 @@ class LlamaEngine:
         self.state.set("warming_up", progress=None)
         events: list[Event] = []
         job = _Job(
-            request=GenerationRequest(prompt="Hello", params=_warmup_params()),
+            request=GenerationRequest("Hello", SamplingParams(max_tokens=1, temperature=0.0)),
             sink=events.append,
         )
         self._in_flight += 1
@@ -384,17 +371,14 @@ class LlamaEngine:
         while self._inbox:
             job = self._inbox.popleft()
             if job.cancelled:
-                for j in (job, *job.followers):
-                    self._finish_unstarted(j)
+                self._drop(job)
                 continue
             try:
                 self._prepare(job)
             except Exception as exc:  # noqa: BLE001 - every job gets an answer
                 if not isinstance(exc, ApiError):
                     log.exception("could not prepare a request")
-                self._fail_job(job, as_api_error(exc))
-                for j in job.followers:
-                    self._job_over(j)
+                self._drop(job, as_api_error(exc))
                 continue
             for f in job.followers:
                 f.tokens = job.tokens
@@ -454,12 +438,9 @@ class LlamaEngine:
             keep: deque[_Job] = deque()
             for job in self._waiting:
                 if job.cancelled:
-                    for j in (job, *job.followers):
-                        self._finish_unstarted(j)
+                    self._drop(job)
                 elif job.deadline is not None and now > job.deadline:
-                    self._fail_job(job, _timeout_error(job))
-                    for j in job.followers:
-                        self._job_over(j)
+                    self._drop(job, _timeout_error(job))
                 else:
                     keep.append(job)
             self._waiting = keep
@@ -657,8 +638,12 @@ class LlamaEngine:
             with self._count_lock:
                 self._in_flight -= 1
 
-    def _finish_unstarted(self, job: _Job) -> None:
-        self._job_over(job)
+    def _drop(self, job: _Job, err: ApiError | None = None) -> None:
+        """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
+        if err is not None:
+            self._fail_job(job, err)
+        for j in (job, *job.followers):
+            self._job_over(j)
 
     def _fail_job(self, job: _Job, err: ApiError) -> None:
         if not job.done:
@@ -772,12 +757,6 @@ def _timeout_error(job: _Job) -> GenerationTimeout:
         f"generation exceeded the request timeout of {job.request.timeout:g} s "
         f"after {job.n_generated} tokens"
     )
-
-
-def _warmup_params():
-    from app.engine.types import SamplingParams
-
-    return SamplingParams(max_tokens=1, temperature=0.0)
 
 
 def _model_name(path: str) -> str:
