@@ -86,6 +86,7 @@ def create_app(
         request_timeout=settings.request_timeout,
         reasoning_format=settings.reasoning_format,
         reasoning_field=settings.reasoning_field,
+        tool_format=settings.tool_format,
     )
     routes.register(app, settings.health_route, settings.predict_route)
     errors.register(app)

@@ -25,7 +25,7 @@ from app.engine.types import (
     TextPiece,
 )
 from app.errors import ApiError, BadRequest, ModelNotReady, as_api_error
-from app.protocol import chat_template, openai, reasoning, sse, tools, vertex
+from app.protocol import chat_template, openai, reasoning, replies, sse, tools, vertex
 from app.protocol.sse import ChunkWriter, StreamPolicy, comment
 
 log = logging.getLogger(__name__)
@@ -37,9 +37,7 @@ class Prepared:
     request: openai.ChatRequest | openai.CompletionRequest
     generation: GenerationRequest
     echo: str = ""
-    tools: bool = False  # the reply is the generic tool-call JSON (see app.protocol.tools)
-    think: bool = False  # split <think> thoughts out of the reply (see app.protocol.reasoning)
-    in_thought: bool = False  # the prompt already opened <think>
+    reply: replies.ReplySpec | None = None  # how to parse the reply (None: it is plain text)
 
 
 class Service:
@@ -51,9 +49,11 @@ class Service:
         request_timeout: float = 0.0,
         reasoning_format: str = "auto",
         reasoning_field: str = "reasoning_content",
+        tool_format: str = "auto",
     ):
         self.reasoning_format = reasoning_format
         self.reasoning_field = reasoning_field
+        self.tool_format = tool_format
         self._live: dict[str, _ThoughtGuard] = {}  # streams open to reasoning control, by id
         self.engine = engine
         self.policy = policy
@@ -70,33 +70,7 @@ class Service:
     def prepare(self, kind: vertex.Kind, body: Any) -> Prepared:
         info = self.info()
         if kind == "chat":
-            req = openai.parse(openai.ChatRequest, body)
-            messages = tools.render_history(req.template_messages())
-            params = req.sampling()
-            callable_tools, required = tools.pick(tools.validate_tools(req.tools or []), req.tool_choice)
-            if callable_tools:
-                if params.grammar is not None:
-                    raise BadRequest("tools cannot be combined with a JSON response_format",
-                                     param="response_format")
-                named = isinstance(req.tool_choice, dict)  # a named function: exactly one call
-                schema = tools.reply_schema(callable_tools, required, req.parallel_tool_calls and not named)
-                params = replace(params, grammar=openai.schema_grammar(schema, "tools"))
-                messages = _with_system(messages, tools.system_prompt(callable_tools, required))
-            prompt = chat_template.render(
-                info.chat_template,
-                messages,
-                bos_token=info.bos_token,
-                eos_token=info.eos_token,
-            )
-            gen = GenerationRequest(
-                prompt, params, timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
-            )
-            think = not callable_tools and (
-                self.reasoning_format == "parsed"
-                or (self.reasoning_format == "auto" and "<think>" in (info.chat_template or ""))
-            )
-            in_thought = think and prompt.rstrip().endswith(reasoning.OPEN)
-            return Prepared(kind, req, gen, tools=bool(callable_tools), think=think, in_thought=in_thought)
+            return self._prepare_chat(info, openai.parse(openai.ChatRequest, body))
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
         echo = ""
@@ -108,6 +82,55 @@ class Service:
             prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
         )
         return Prepared(kind, req, gen, echo=echo)
+
+    def _prepare_chat(self, info: ModelInfo, req: openai.ChatRequest) -> Prepared:
+        """The prompt (tools offered the way the template expects), the grammar that holds the
+        model to a call when one is required, and how to read the reply."""
+        template = info.chat_template or ""
+        fmt = replies.detect_format(template) if self.tool_format == "auto" else self.tool_format
+        params = req.sampling()
+        offered, required = tools.pick(tools.validate_tools(req.tools or []), req.tool_choice)
+        think = self.reasoning_format == "parsed" or (
+            "<think>" in template and (self.reasoning_format == "auto" or bool(offered))
+        )
+        if offered and params.grammar is not None:
+            raise BadRequest("tools cannot be combined with a JSON response_format or a grammar",
+                             param="response_format")
+        parallel = req.parallel_tool_calls and not isinstance(req.tool_choice, dict)
+        extra: dict[str, Any] = {}
+        if fmt == "generic":
+            messages = tools.render_history(req.template_messages())
+            if offered:  # the generic form: described in words, held to JSON by a grammar
+                think = False
+                schema = tools.reply_schema(offered, required, parallel)
+                params = replace(params, grammar=openai.schema_grammar(schema, "tools"))
+                messages = _with_system(messages, tools.system_prompt(offered, required))
+        else:
+            messages = tools.native_history(req.template_messages(), fmt)
+            if offered:
+                extra["tools"] = tools.template_tools(offered)
+        prompt = chat_template.render(
+            info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token,
+            extra=extra,
+        )
+        in_thought = think and prompt.rstrip().endswith(reasoning.OPEN)
+        if offered and fmt != "generic" and (required or not think):
+            lead = ("open" if in_thought else "think" if think else "") if required else ""
+            grammar = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead, template=template)
+            # auto: the grammar takes hold only once the model starts a call
+            params = replace(params, grammar=grammar,
+                             grammar_triggers=() if required else tools.TRIGGERS[fmt])
+        spec = None
+        if offered or think:
+            spec = replies.ReplySpec(
+                tool_format=fmt if offered else None,
+                think=think,
+                in_thought=in_thought,
+                inline=self.reasoning_format == "inline",
+                string_params={t.name: _string_params(t) for t in offered},
+            )
+        gen = GenerationRequest(prompt, params, timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n)
+        return Prepared("chat", req, gen, reply=spec)
 
     def _start(self, prep: Prepared) -> tuple[Handle, int]:
         """Submit and wait for acceptance, so that errors arrive before the first byte."""
@@ -136,8 +159,7 @@ class Service:
             for ev in handle:
                 if isinstance(ev, TextPiece):
                     parts[ev.index].append(ev.text)
-                    if prep.think:
-                        guard.on_piece(ev)
+                    guard.on_piece(ev)
                 elif isinstance(ev, Finished):
                     finished[ev.index] = ev
                 elif isinstance(ev, Failed):
@@ -158,15 +180,10 @@ class Service:
         choices: list[tuple[str | dict[str, Any], str]] = []
         for i in range(n):
             text, reason = "".join(parts[i]), finished[i].reason
-            if prep.tools:
-                msg, called = tools.message(tools.parse_partial(text, []))
+            if prep.reply is not None:
+                parsed = replies.parse_reply(text, prep.reply, [], final=True)
+                msg, called = replies.message(parsed, self.reasoning_field)
                 choices.append((msg, "tool_calls" if called and reason == "stop" else reason))
-            elif prep.think:
-                thought, answer = reasoning.split(text, prep.in_thought)
-                msg = {"role": "assistant", "content": answer}
-                if thought is not None:
-                    msg[self.reasoning_field] = thought
-                choices.append((msg, reason))
             else:
                 choices.append((text, reason))
         build = openai.chat_completion if kind == "chat" else openai.text_completion
@@ -210,18 +227,11 @@ class Service:
         self, handle: Handle, writer: ChunkWriter, policy: StreamPolicy, echo: str,
         prep: Prepared,
     ) -> Iterator[bytes]:
-        tool_mode = prep.tools
-        streams: dict[int, tools.ToolStream] = {}
-        thinkers: dict[int, reasoning.ThinkSplitter] = {}
+        streams: dict[int, replies.ReplyStream] = {}
         guard = _ThoughtGuard(prep, handle)
         rid = writer.id
-        if prep.think and getattr(prep.request, "reasoning_control", False):
+        if guard.watching and getattr(prep.request, "reasoning_control", False):
             self._live[rid] = guard
-
-        def think_deltas(index: int, parts: list[tuple[str, str]]) -> Iterator[bytes]:
-            for kind, text in parts:
-                key = self.reasoning_field if kind == "reasoning" else "content"
-                yield writer.delta(index, {key: text})
         over = False
         try:
             yield from writer.start()
@@ -235,24 +245,23 @@ class Service:
                 except TimeoutError:
                     yield comment()
                     continue
-                if isinstance(ev, TextPiece) and tool_mode:
-                    ts = streams.setdefault(ev.index, tools.ToolStream())
-                    writer.count(ev)
-                    for delta in ts.feed(ev.text):
-                        yield writer.delta(ev.index, delta)
-                elif isinstance(ev, TextPiece) and prep.think:
+                if isinstance(ev, TextPiece) and prep.reply is not None:
                     guard.on_piece(ev)
-                    splitter = thinkers.setdefault(ev.index, reasoning.ThinkSplitter(prep.in_thought))
+                    rs = streams.get(ev.index)
+                    if rs is None:
+                        rs = streams[ev.index] = replies.ReplyStream(prep.reply, self.reasoning_field)
                     writer.count(ev)
-                    yield from think_deltas(ev.index, splitter.feed(ev.text))
+                    for delta in rs.feed(ev.text):
+                        yield writer.delta(ev.index, delta)
                 elif isinstance(ev, TextPiece):
                     yield from writer.text(ev)
                 elif isinstance(ev, Finished):
-                    if ev.index in thinkers:
-                        yield from think_deltas(ev.index, thinkers[ev.index].flush())
-                    if tool_mode and ev.reason == "stop" and ev.index in streams:
-                        _, called = tools.message(streams[ev.index].result())
-                        if called:
+                    rs = streams.get(ev.index)
+                    if rs is not None:
+                        for delta in rs.finish():
+                            yield writer.delta(ev.index, delta)
+                        _, called = replies.message(rs.result())
+                        if called and ev.reason == "stop":
                             ev = replace(ev, reason="tool_calls")
                     yield from writer.finish(ev)
                     if writer.all_finished:
@@ -347,35 +356,43 @@ def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, An
     return [{"role": "system", "content": text}, *messages]
 
 
+def _string_params(tool: tools.Tool) -> frozenset[str]:
+    """Parameters typed string: their text is the value as written (qwen3_coder)."""
+    props = tool.parameters.get("properties") or {}
+    return frozenset(k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string")
+
+
 class _ThoughtGuard:
     """Ends a thought on request (reasoning control) or once it has used its token budget, by
-    injecting the closing tag into the generation."""
+    injecting the closing tag into the generation (first choice only)."""
 
     def __init__(self, prep: Prepared, handle: Handle):
         self.handle = handle
-        self.splitter = reasoning.ThinkSplitter(prep.in_thought)
-        self.budget = getattr(prep.request, "reasoning_budget", None) if prep.think else None
-        self.tokens_at_open: int | None = 0 if prep.in_thought else None
+        spec = prep.reply
+        self.watching = spec is not None and spec.think
+        self.in_thought = bool(spec and spec.in_thought)
+        self.budget = getattr(prep.request, "reasoning_budget", None) if self.watching else None
+        self.text = ""
+        self.open = self.in_thought
+        self.tokens_at_open = 0
         self.ended = False
 
     def on_piece(self, ev: TextPiece) -> None:
-        if ev.index != 0:
+        if not self.watching or ev.index != 0 or self.ended:
             return
-        was_open = self.splitter.in_thought
-        self.splitter.feed(ev.text)
-        if not was_open and self.splitter.in_thought:
-            self.tokens_at_open = ev.completion_tokens
-        if (
-            self.budget is not None
-            and self.splitter.in_thought
-            and self.tokens_at_open is not None
-            and ev.completion_tokens - self.tokens_at_open >= self.budget
-        ):
+        self.text += ev.text
+        was_open = self.open
+        self.open = reasoning.split_thought(self.text, self.in_thought).open
+        if self.open and not was_open:
+            self.tokens_at_open = 0 if self.in_thought else ev.completion_tokens
+        if self.open and self.budget is not None and ev.completion_tokens - self.tokens_at_open >= self.budget:
             self.end_thought()
+        if not self.open and was_open:
+            self.watching = False  # one thought per reply
 
     def end_thought(self) -> bool:
         """Close the thought if one is open; False when there is none to close."""
-        if self.ended or not self.splitter.in_thought:
+        if self.ended or not self.open:
             return False
         self.ended = True
         self.handle.inject(reasoning.CLOSE)

@@ -170,6 +170,14 @@ class Settings(BaseSettings):
         "vLLM) or reasoning (newer vLLM).",
         **_env("REASONING_FIELD"),
     )
+    tool_format: Literal["auto", "generic", "hermes", "qwen3_coder", "llama3", "mistral"] = Field(
+        "auto",
+        description="How the model writes tool calls: auto (read from the chat template), "
+        "hermes (`<tool_call>` JSON), qwen3_coder (`<function=...>` XML), llama3 (JSON with "
+        "`parameters`), mistral (`[TOOL_CALLS]`), or generic (JSON held by a grammar, for "
+        "templates that know no tools).",
+        **_env("TOOL_FORMAT"),
+    )
 
     # --- HTTP --------------------------------------------------------------------------------
     host: str = Field(

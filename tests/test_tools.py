@@ -1,4 +1,6 @@
-"""Tool calls in the generic JSON form: incremental parsing, validation, and real clients."""
+"""Tools offered to the model: validation, tool_choice, history, grammars, and real clients.
+
+The reply parsers (every format, cut at every character) are tested in test_replies.py."""
 
 from __future__ import annotations
 
@@ -9,64 +11,6 @@ import pytest
 
 from app.protocol import tools
 from tests.conftest import ServerProcess, running_server
-
-REPLY_CALLS = ('{"tool_calls": [{"name": "add_two_numbers", "arguments": {"a": 1, "b": {"c": "x\\"}y"}}}, '
-               '{ "name" : "get_weather" , "arguments" : { "city": "Paris \\u00e9" } }]}')
-REPLY_TEXT = '{"response": "Hel\\u00e9lo \\"quoted\\" \\\\ done"}'
-
-
-def accumulate(deltas_per_piece):
-    names, args, content, ids = {}, {}, "", {}
-    for deltas in deltas_per_piece:
-        for d in deltas:
-            content += d.get("content", "")
-            for tc in d.get("tool_calls", []):
-                i = tc["index"]
-                fn = tc["function"]
-                if "name" in fn:
-                    assert i not in names, "name sent twice"
-                    assert tc["type"] == "function" and tc["id"].startswith("call_") and fn["arguments"] == ""
-                    names[i], ids[i] = fn["name"], tc["id"]
-                else:
-                    assert set(tc) == {"index", "function"} and set(fn) == {"arguments"}
-                args[i] = args.get(i, "") + fn["arguments"]
-    return names, args, content, ids
-
-
-@pytest.mark.parametrize("reply", [REPLY_CALLS, REPLY_TEXT])
-def test_streamed_deltas_equal_the_whole_parse_at_every_cut(reply):
-    whole, _ = tools.message(tools.parse_partial(reply, ["call_a", "call_b"]))
-    for cut in range(len(reply) + 1):
-        ts = tools.ToolStream()
-        ts.ids = ["call_a", "call_b"]
-        names, args, content, _ = accumulate([ts.feed(reply[:cut]), ts.feed(reply[cut:])])
-        if "tool_calls" in whole:
-            assert names == {i: c["function"]["name"] for i, c in enumerate(whole["tool_calls"])}
-            assert args == {i: c["function"]["arguments"] for i, c in enumerate(whole["tool_calls"])}
-        else:
-            assert content == whole["content"] == 'Helélo "quoted" \\ done'
-    # one character at a time: names only ever appear complete
-    ts = tools.ToolStream()
-    for ch in reply:
-        for d in ts.feed(ch):
-            for tc in d.get("tool_calls", []):
-                if "name" in tc["function"]:
-                    assert tc["function"]["name"] in {"add_two_numbers", "get_weather"}
-
-
-def test_arguments_are_the_json_as_generated():
-    msg, called = tools.message(tools.parse_partial(REPLY_CALLS, []))
-    assert called
-    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"a": 1, "b": {"c": 'x"}y'}}
-    assert json.loads(msg["tool_calls"][1]["function"]["arguments"]) == {"city": "Paris é"}
-    assert msg["content"] is None
-
-
-def test_cut_reply_keeps_what_parsed_cleanly():
-    cut = REPLY_CALLS[: REPLY_CALLS.index("get_weather") + 20]
-    msg, called = tools.message(tools.parse_partial(cut, []))
-    assert called and [c["function"]["name"] for c in msg["tool_calls"]] == ["add_two_numbers"]
-
 
 GOOD_TOOL = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add",
              "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},

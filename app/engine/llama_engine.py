@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import secrets
 import time
 from collections import deque
@@ -46,6 +47,13 @@ from app.errors import (
     as_api_error,
 )
 from app.state import LoadState
+
+# Markers the reply parsers read (app.protocol.replies): some models make them control tokens,
+# which llama.cpp leaves out of the text unless asked.
+PRESERVED_TOKENS = (
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<|python_tag|>",
+    "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]",
+)
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +306,7 @@ class LlamaEngine:
         self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
         self._bos = ll.llama_vocab_bos(self._vocab)
         self._add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
+        self._preserved = self._control_tokens(PRESERVED_TOKENS)
 
         template = cfg.chat_template
         if template is None:
@@ -415,9 +424,9 @@ class LlamaEngine:
             )
         grammar = req.params.grammar
         if grammar is not None:
-            probe = self._ll.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+            probe = self._grammar_sampler(req.params)
             if not probe:
-                raise BadRequest("the response_format grammar does not parse", param="response_format")
+                raise BadRequest("the grammar does not parse", param="grammar")
             self._ll.llama_sampler_free(probe)
         job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
         job.assembler = TextAssembler(req.params.stop)
@@ -686,12 +695,27 @@ class LlamaEngine:
         return tokens
 
     def _piece(self, tok: int) -> bytes:
-        n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, False)
+        special = tok in self._preserved  # tool-call and thought markers the parsers need
+        n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = self._ll.llama_token_to_piece(self._vocab, tok, buf, -n, 0, False)
+            n = self._ll.llama_token_to_piece(self._vocab, tok, buf, -n, 0, special)
             return buf.raw[:n]
         return self._piece_buf.raw[:n]
+
+    def _single_token(self, text: str) -> int | None:
+        """The token that spells ``text`` on its own (special tokens included), if there is one."""
+        toks = self._tokenize(text, add_bos=False)
+        return toks[0] if len(toks) == 1 else None
+
+    def _control_tokens(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """Control tokens among ``texts``: detokenized without their text unless preserved."""
+        out = set()
+        for text in texts:
+            tok = self._single_token(text)
+            if tok is not None and self._ll.llama_vocab_is_control(self._vocab, tok):
+                out.add(tok)
+        return frozenset(out)
 
     def _token_text(self, tok: int) -> str:
         if tok < 0:
@@ -699,12 +723,30 @@ class LlamaEngine:
         n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, True)
         return self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
 
+    def _grammar_sampler(self, p: SamplingParams) -> object:
+        """A grammar sampler; lazy when the request names trigger words. A word that is one
+        token triggers on that token, any other on its text (a regular expression search)."""
+        ll = self._ll
+        if not p.grammar_triggers:
+            return ll.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root")
+        tokens = [t for w in p.grammar_triggers if (t := self._single_token(w)) is not None]
+        patterns = [
+            re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", w).encode()
+            for w in p.grammar_triggers
+            if self._single_token(w) is None
+        ]
+        pat_arr = (ctypes.c_char_p * max(len(patterns), 1))(*patterns)
+        tok_arr = (ll.llama_token * max(len(tokens), 1))(*tokens)
+        return ll.llama_sampler_init_grammar_lazy_patterns(
+            self._vocab, p.grammar.encode(), b"root", pat_arr, len(patterns), tok_arr, len(tokens)
+        )
+
     def _make_sampler(self, p, index: int = 0) -> object:
         ll = self._ll
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
         if p.grammar is not None:  # first: only tokens the grammar allows reach the others
-            add(chain, ll.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root"))
+            add(chain, self._grammar_sampler(p))
         if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
             add(
                 chain,

@@ -29,7 +29,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
     penalty_last_n: int = 64
-    grammar: str | None = None  # GBNF constraining the output (response_format)
+    grammar: str | None = None  # GBNF constraining the output (response_format, tools)
+    # with triggers the grammar is lazy: it applies from the first of these words on
+    grammar_triggers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

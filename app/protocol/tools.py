@@ -1,22 +1,27 @@
-"""Tool calls in the generic JSON form (as llama.cpp's generic handler does), as pure functions.
+"""Tools offered to the model, as pure functions: validation, tool_choice, prompts, grammars.
 
-Tools are described to the model in a system message, and its reply is constrained by a
-grammar to one JSON object: ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` or,
-when it may answer in words (tool_choice auto), ``{"response": "..."}``. ``ToolStream`` parses
-that reply incrementally, one text piece at a time, into OpenAI deltas: a call's first delta
-carries index, id, type and the complete name with ``arguments: ""``; later ones only argument
-text; concatenated, the pieces are exactly the final arguments string.
+Two ways to offer tools. A template that knows tools (Qwen, Hermes, Llama 3.x, Mistral) gets
+them as its ``tools`` variable, and the history's calls with their arguments as objects; the
+model answers in its native format. A template that does not (the default SmolLM2) gets the
+generic form, as llama.cpp's generic handler does: the tools described in a system message and
+the reply constrained by a grammar to ``{"tool_calls": [{"name", "arguments"}]}`` or, when it
+may answer in words, ``{"response": "..."}``. When a call is required (tool_choice required or
+named) a grammar forces one in whichever format; under tool_choice auto a native format gets a
+lazy grammar that only takes hold once the model writes the format's opening marker. The
+replies themselves are read by app.protocol.replies.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-import secrets
-from dataclasses import dataclass, field
+import string
+from dataclasses import dataclass
 from typing import Any
 
 from app.errors import BadRequest
+from app.protocol import openai
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -144,196 +149,136 @@ def _load_args(args: Any) -> Any:
     return args
 
 
-# ---- incremental parsing ---------------------------------------------------------------------
 
 
-class _Incomplete(Exception):
-    pass
+def template_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    """Tools as chat templates expect them (the OpenAI shape)."""
+    return [
+        {"type": "function",
+         "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in tools
+    ]
 
 
-def _ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-def _expect(s: str, i: int, lit: str) -> int:
-    i = _ws(s, i)
-    if s.startswith(lit, i):
-        return i + len(lit)
-    if lit.startswith(s[i:]):
-        raise _Incomplete
-    raise ValueError(f"expected {lit!r} at {i}")
-
-
-def _string(s: str, i: int) -> tuple[str, int, bool]:
-    """Decode a JSON string from its opening quote: (text so far, end, closed)."""
-    i = _ws(s, i)
-    if i >= len(s):
-        raise _Incomplete
-    if s[i] != '"':
-        raise ValueError("expected a string")
-    i += 1
+def native_history(messages: list[dict[str, Any]], tool_format: str) -> list[dict[str, Any]]:
+    """History for a template that renders tool calls itself: arguments as objects (templates
+    apply ``tojson`` or iterate ``items``), and for Mistral the 9-alphanumeric ids its
+    template insists on (the same OpenAI id always maps to the same one)."""
     out = []
-    while i < len(s):
-        c = s[i]
-        if c == '"':
-            return "".join(out), i + 1, True
-        if c == "\\":
-            if i + 1 >= len(s):
-                break
-            e = s[i + 1]
-            if e == "u":
-                if i + 6 > len(s):
-                    break
-                out.append(chr(int(s[i + 2 : i + 6], 16)))
-                i += 6
-                continue
-            out.append({"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}.get(e, e))
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out), i, False
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = dict(c.get("function") or {})
+                fn["arguments"] = _load_args(fn.get("arguments"))
+                call = {**c, "function": fn}
+                if tool_format == "mistral":
+                    call["id"] = mistral_id(c.get("id"))
+                calls.append(call)
+            m["tool_calls"] = calls
+        elif m.get("role") == "tool" and tool_format == "mistral":
+            m["tool_call_id"] = mistral_id(m.get("tool_call_id"))
+        out.append(m)
+    return out
 
 
-def _value_end(s: str, i: int) -> tuple[int, bool]:
-    """Scan one JSON value from ``i``: (end so far, complete)."""
-    i = _ws(s, i)
-    depth = 0
-    in_str = False
-    j = i
-    while j < len(s):
-        c = s[j]
-        if in_str:
-            if c == "\\":
-                j += 2
-                continue
-            if c == '"':
-                in_str = False
-                if depth == 0:
-                    return j + 1, True
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return j + 1, True
-            if depth < 0:
-                return j, True
-        elif depth == 0 and c in ",}] \n":
-            return j, True
-        j += 1
-    return min(j, len(s)), False
+def mistral_id(call_id: Any) -> str:
+    if isinstance(call_id, str) and len(call_id) == 9 and call_id.isalnum():
+        return call_id
+    digest = hashlib.sha256(str(call_id).encode()).digest()
+    alphabet = string.ascii_letters + string.digits
+    return "".join(alphabet[b % len(alphabet)] for b in digest[:9])
 
 
-@dataclass
-class Call:
-    id: str
-    name: str
-    arguments: str = ""
-    complete: bool = False
+# ---- grammars for the native formats ---------------------------------------------------------
+
+# What starts a call in each native format: a lazy grammar (tool_choice auto) waits for it.
+TRIGGERS = {
+    "hermes": ("<tool_call>",),
+    "qwen3_coder": ("<tool_call>",),
+    "mistral": ("[TOOL_CALLS]",),
+    "llama3": ("<|python_tag|>",),
+}
+
+_GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|([A-Za-z][A-Za-z0-9-]*)')
 
 
-@dataclass
-class Parsed:
-    content: str | None = None
-    calls: list[Call] = field(default_factory=list)
+def _lit(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
 
-def parse_partial(text: str, ids: list[str]) -> Parsed:
-    """What a (possibly cut) reply says so far. Names appear only once complete; argument text
-    is the raw JSON of the arguments as generated (a prefix of it while it is still open)."""
-    out = Parsed()
-    try:
-        i = _expect(text, 0, "{")
-        key, i, closed = _string(text, i)
-        if not closed:
-            return out
-        i = _expect(text, i, ":")
-        if key == "response":
-            out.content, i, _ = _string(text, i)
-            return out
-        if key != "tool_calls":
-            return out
-        i = _expect(text, i, "[")
-        while True:
-            i = _expect(text, i, "{")
-            k, i, closed = _string(text, i)
-            if not closed or k != "name":
-                return out
-            i = _expect(text, i, ":")
-            name, i, closed = _string(text, i)
-            if not closed:
-                return out
-            while len(ids) <= len(out.calls):
-                ids.append("call_" + secrets.token_hex(12))
-            call = Call(ids[len(out.calls)], name)
-            out.calls.append(call)
-            i = _expect(text, i, ",")
-            k, i, closed = _string(text, i)
-            if not closed or k != "arguments":
-                return out
-            i = _expect(text, i, ":")
-            start = _ws(text, i)
-            end, complete = _value_end(text, start)
-            call.arguments = text[start:end]
-            if not complete:
-                return out
-            i = _expect(text, end, "}")
-            call.complete = True
-            i = _ws(text, i)
-            if i < len(text) and text[i] == ",":
-                i += 1
-                continue
-            return out
-    except _Incomplete:
-        return out
-    except ValueError:
-        return out
+def _schema_rules(schema: dict[str, Any], prefix: str) -> str:
+    """A JSON Schema's grammar with every rule renamed ``prefix + name`` (so several can live
+    in one grammar); its start rule is ``prefix + "root"``."""
+    gbnf = openai.schema_grammar(schema, "tools")
+    return _GBNF_TOKEN.sub(lambda m: prefix + m.group(1) if m.group(1) else m.group(0), gbnf)
 
 
-class ToolStream:
-    """Feeds reply text; returns OpenAI deltas that accumulate into the final message."""
+def _until(name: str, tag: str) -> str:
+    """Rules ``{name}0``: any text that does not contain ``tag``, then ``tag`` (a matcher with
+    one state per character matched; exact because the tag's first character does not recur)."""
 
-    def __init__(self) -> None:
-        self.text = ""
-        self.ids: list[str] = []
-        self._sent_content = 0
-        self._sent_args: list[int] = []
+    def cls(c: str) -> str:
+        return "\\" + c if c in "\\]^-[" else c
 
-    def feed(self, piece: str) -> list[dict[str, Any]]:
-        self.text += piece
-        parsed = parse_partial(self.text, self.ids)
-        deltas: list[dict[str, Any]] = []
-        if parsed.content is not None and len(parsed.content) > self._sent_content:
-            deltas.append({"content": parsed.content[self._sent_content :]})
-            self._sent_content = len(parsed.content)
-        for idx, call in enumerate(parsed.calls):
-            if idx >= len(self._sent_args):
-                self._sent_args.append(0)
-                deltas.append({"tool_calls": [{"index": idx, "id": call.id, "type": "function",
-                                               "function": {"name": call.name, "arguments": ""}}]})
-            new = call.arguments[self._sent_args[idx] :]
-            if new:
-                deltas.append({"tool_calls": [{"index": idx, "function": {"arguments": new}}]})
-                self._sent_args[idx] = len(call.arguments)
-        return deltas
-
-    def result(self) -> Parsed:
-        return parse_partial(self.text, self.ids)
+    rules = [f"{name}0 ::= [^{cls(tag[0])}] {name}0 | {_lit(tag[0])} {name}1"]
+    for k in range(1, len(tag)):
+        nxt = f" {name}{k + 1}" if k + 1 < len(tag) else ""
+        rules.append(
+            f"{name}{k} ::= {_lit(tag[k])}{nxt} | {_lit(tag[0])} {name}1"
+            f" | [^{cls(tag[k])}{cls(tag[0])}] {name}0"
+        )
+    return "\n".join(rules)
 
 
-def message(parsed: Parsed) -> tuple[dict[str, Any], bool]:
-    """The assistant message for a whole reply, and whether it made tool calls (complete ones
-    only: a call cut by max_tokens is dropped, what parsed cleanly is kept)."""
-    calls = [c for c in parsed.calls if c.complete]
-    msg: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    if calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ]
-    return msg, bool(calls)
+def call_grammar(tool_format: str, tools: list[Tool], *, parallel: bool, lead: str = "",
+                 template: str = "") -> str:
+    """GBNF forcing one call (several when ``parallel``) in a native format. ``lead``: "" (the
+    call comes first), "think" (an optional thought first) or "open" (the template opened a
+    thought: it must close first)."""
+    rules: list[str] = []
+    if tool_format == "qwen3_coder":
+        fns = []
+        for i, t in enumerate(tools):
+            keys = list((t.parameters.get("properties") or {}).keys())
+            if keys:
+                names = " | ".join(_lit(k) for k in keys)
+                rules.append(f'p{i} ::= "<parameter=" ( {names} ) ">" pv0 "\\n"')
+                fns.append(f'"<function=" {_lit(t.name)} ">\\n" p{i}* "</function>"')
+            else:
+                fns.append(f'"<function=" {_lit(t.name)} ">\\n</function>"')
+        rules.append(_until("pv", "</parameter>"))
+        one = '"<tool_call>\\n" ( ' + " | ".join(fns) + ' ) "\\n</tool_call>"'
+        calls = f'{one} ( "\\n" {one} )*' if parallel else one
+    elif tool_format == "mistral" and "[ARGS]" in template:  # [TOOL_CALLS]name[ARGS]{...}
+        alts = []
+        for i, t in enumerate(tools):
+            rules.append(_schema_rules(t.parameters, f"a{i}-"))
+            alts.append(f'{_lit(t.name)} "[ARGS]" a{i}-root')
+        one = '"[TOOL_CALLS]" ( ' + " | ".join(alts) + " )"
+        calls = f"( {one} )+" if parallel else one
+    else:
+        key = "parameters" if tool_format == "llama3" else "arguments"
+        call: dict[str, Any] = {"anyOf": [
+            {"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters},
+             "required": ["name", key], "additionalProperties": False}
+            for t in tools
+        ]}
+        if tool_format == "mistral":  # [TOOL_CALLS][{...}, ...]
+            many = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+            rules.append(_schema_rules(many, "c-"))
+            calls = '"[TOOL_CALLS]" c-root'
+        elif tool_format == "llama3":
+            rules.append(_schema_rules(call, "c-"))
+            calls = '( "<|python_tag|>" )? c-root'
+        else:
+            rules.append(_schema_rules(call, "c-"))
+            one = '"<tool_call>\\n" c-root "\\n</tool_call>"'
+            calls = f'{one} ( "\\n" {one} )*' if parallel else one
+    rules.append(f"calls ::= {calls}")
+    if lead:
+        rules.append(_until("th", "</think>"))
+    root = {"": "calls", "think": '( "<think>" th0 [ \\t\\n]* )? calls', "open": "th0 [ \\t\\n]* calls"}
+    rules.append(f"root ::= {root[lead]}")
+    return "\n".join(rules)

@@ -1,0 +1,147 @@
+"""Replies parsed into reasoning, content and tool calls, per format, cut at every character."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.protocol.replies import ReplySpec, ReplyStream, detect_format, message, parse_reply
+
+TEMPLATES = Path(__file__).parent / "templates"
+MARKUP = ("<tool_call", "</tool_call", "<function", "<parameter", "[TOOL_CALLS", "[ARGS", "python_tag",
+          '{"name"', "<think", "</think")
+
+# (format, spec extras, reply, expected content, expected calls [(name, arguments as JSON)], reasoning)
+CASES = [
+    ("hermes", {}, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\\"is", "unit": "c"}}\n'
+     '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": [2, {"c": "}"}]}}\n</tool_call>',
+     "Let me check.", [("get_weather", {"city": 'Par"is', "unit": "c"}), ("add", {"a": 1, "b": [2, {"c": "}"}]})], None),
+    ("hermes", {"think": True}, '<think>\nMaybe <tool_call>{"name": "add", "arguments": {}}</tool_call> no.\n</think>\n\n'
+     '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>\nDone.',
+     "Done.", [("add", {"a": 1})], '\nMaybe <tool_call>{"name": "add", "arguments": {}}</tool_call> no.\n'),
+    ("hermes", {}, "No tools needed: 1 < 2 and <b>bold</b>.", "No tools needed: 1 < 2 and <b>bold</b>.", [], None),
+    ("hermes", {}, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", [], None),
+    ("qwen3_coder", {"string_params": {"search": frozenset({"query"})}},
+     'I will search.\n<tool_call>\n<function=search>\n<parameter=query>\nwhat is <b>\n"x"\n</parameter>\n'
+     '<parameter=limit>\n5\n</parameter>\n<parameter=opts>\n{"deep": true}\n</parameter>\n</function>\n</tool_call>',
+     "I will search.", [("search", {"query": 'what is <b>\n"x"', "limit": 5, "opts": {"deep": True}})], None),
+    ("qwen3_coder", {}, "<function=now>\n</function>", "", [("now", {})], None),
+    ("llama3", {}, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+     "", [("get_weather", {"city": "Paris"})], None),
+    ("llama3", {}, '{"type": "function", "name": "add", "parameters": {"a": 1, "b": 2}}; '
+     '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+     "", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})], None),
+    ("llama3", {}, '{"answer": 42}', '{"answer": 42}', [], None),
+    ("llama3", {}, "Hello {there}", "Hello {there}", [], None),
+    ("mistral", {}, '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}, "id": "abc123def"}, '
+     '{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+     "", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Rome"})], None),
+    ("mistral", {}, 'Sure.[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}[TOOL_CALLS]get_weather[CALL_ID]abc123def[ARGS]'
+     '{"city": "Paris"}', "Sure.", [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Paris"})], None),
+    ("generic", {}, '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": {"c": "x\\"}y"}}}, '
+     '{ "name" : "get_weather" , "arguments" : { "city": "Paris \\u00e9" } }]}',
+     "", [("add", {"a": 1, "b": {"c": 'x"}y'}}), ("get_weather", {"city": "Paris é"})], None),
+    ("generic", {}, '{"response": "Hel\\u00e9lo \\"quoted\\" \\\\ done"}', 'Helélo "quoted" \\ done', [], None),
+    (None, {"think": True, "in_thought": True}, "about <tool_call>{\"name\": \"x\"}</tool_call></think>The answer.",
+     "The answer.", [], 'about <tool_call>{"name": "x"}</tool_call>'),
+]
+IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+
+
+def accumulate(deltas):
+    out = {"reasoning": "", "content": "", "names": {}, "args": {}}
+    for d in deltas:
+        out["reasoning"] += d.get("reasoning_content", "")
+        out["content"] += d.get("content", "")
+        for tc in d.get("tool_calls", []):
+            i, fn = tc["index"], tc["function"]
+            if "name" in fn:
+                assert i not in out["names"], "name sent twice"
+                assert i == len(out["names"]), "indexes start at 0 and increase"
+                assert tc["type"] == "function" and tc["id"] and fn["arguments"] == ""
+                out["names"][i] = fn["name"]
+            else:
+                assert set(tc) == {"index", "function"} and set(fn) == {"arguments"}
+            out["args"][i] = out["args"].get(i, "") + fn["arguments"]
+    return out
+
+
+@pytest.mark.parametrize("fmt, extra, reply, content, calls, reasoning", CASES, ids=IDS)
+def test_whole_parse(fmt, extra, reply, content, calls, reasoning):
+    msg, called = message(parse_reply(reply, ReplySpec(fmt, **extra), [], final=True))
+    assert msg["content"] == (content or (None if calls else ""))
+    assert msg.get("reasoning_content") == reasoning
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls", [])]
+    assert got == calls and called == bool(calls)
+
+
+@pytest.mark.parametrize("fmt, extra, reply, content, calls, reasoning", CASES, ids=IDS)
+def test_streamed_deltas_equal_the_whole_parse_at_every_cut(fmt, extra, reply, content, calls, reasoning):
+    spec = ReplySpec(fmt, **extra)
+    whole, _ = message(parse_reply(reply, spec, [], final=True))
+    for cut in range(len(reply) + 1):
+        rs = ReplyStream(spec)
+        got = accumulate(rs.feed(reply[:cut]) + rs.feed(reply[cut:]) + rs.finish())
+        assert got["content"] == (whole["content"] or "")
+        assert got["reasoning"] == (whole.get("reasoning_content") or "")
+        assert got["names"] == {i: c["function"]["name"] for i, c in enumerate(whole.get("tool_calls", []))}
+        assert got["args"] == {i: c["function"]["arguments"] for i, c in enumerate(whole.get("tool_calls", []))}
+    # one character at a time: names only ever complete, content never shows markup
+    rs = ReplyStream(spec)
+    deltas = [d for ch in reply for d in rs.feed(ch)] + rs.finish()
+    names = {n for n, _ in calls}
+    for d in deltas:
+        for tc in d.get("tool_calls", []):
+            assert tc["function"].get("name", next(iter(names), None)) in names
+        if calls or reasoning:
+            assert not any(m in d.get("content", "") for m in MARKUP), d
+    assert accumulate(deltas)["content"] == (whole["content"] or "")
+
+
+def test_cut_reply_keeps_what_parsed_cleanly():
+    reply = CASES[0][2]
+    cut = reply[: reply.index('"add"') + 12]
+    msg, called = message(parse_reply(cut, ReplySpec("hermes"), [], final=True))
+    assert called and [c["function"]["name"] for c in msg["tool_calls"]] == ["get_weather"]
+    assert msg["content"] == "Let me check."
+
+
+def test_unclosed_thought_never_calls():
+    reply = '<think>I could call <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    msg, called = message(parse_reply(reply, ReplySpec("hermes", think=True), [], final=True))
+    assert not called and msg["content"] == "" and "<tool_call>" in msg["reasoning_content"]
+
+
+def test_inline_thought_stays_in_the_content():
+    reply = "<think>hmm</think>\nYes."
+    msg, _ = message(parse_reply(reply, ReplySpec(None, think=True, inline=True), [], final=True))
+    assert msg["content"] == "<think>hmm</think>Yes." and "reasoning_content" not in msg
+
+
+def test_mistral_ids_are_nine_alphanumerics():
+    ids: list[str] = []
+    parse_reply('[TOOL_CALLS]add[ARGS]{"a": 1}', ReplySpec("mistral"), ids, final=True)
+    assert len(ids) == 1 and len(ids[0]) == 9 and ids[0].isalnum()
+
+
+@pytest.mark.parametrize("name, fmt", [
+    ("Qwen-Qwen2.5-7B-Instruct", "hermes"),
+    ("Qwen-Qwen3-0.6B", "hermes"),
+    ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+    ("Qwen3-Coder", "qwen3_coder"),
+    ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
+    ("meta-llama-Llama-3.2-3B-Instruct", "llama3"),
+    ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
+    ("Mistral-Small-3.2-24B-Instruct-2506", "mistral"),
+    ("unsloth-mistral-Devstral-Small-2507", "mistral"),
+])
+def test_format_detected_from_real_templates(name, fmt):
+    assert detect_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt
+
+
+def test_templates_without_tools_are_generic():
+    from app.protocol.chat_template import CHATML
+
+    assert detect_format(CHATML) == detect_format(None) == "generic"
