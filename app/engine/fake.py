@@ -53,6 +53,7 @@ class FakeEngine:
         n_ctx: int = 512,
         capacity: int = 8,
         ready: bool = True,
+        chat_template: str | None = None,
     ):
         self.reply = reply
         self.delay = delay
@@ -67,7 +68,7 @@ class FakeEngine:
             path="/dev/null",
             n_ctx=n_ctx,
             n_ctx_train=n_ctx,
-            chat_template=None,
+            chat_template=chat_template,
             bos_token="<s>",
             eos_token="</s>",
             created=1700000000,
