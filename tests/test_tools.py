@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from app.protocol import tools
 from tests.conftest import ServerProcess, running_server
 
 GOOD_TOOL = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add",
