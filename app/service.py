@@ -118,7 +118,7 @@ class Service:
             lead = ("open" if in_thought else "think" if think else "") if required else ""
             grammar = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead, template=template)
             # auto: the grammar takes hold only once the model starts a call
-            params = replace(params, grammar=grammar,
+            params = replace(params, grammar=grammar, grammar_takes_injection=bool(lead),
                              grammar_triggers=() if required else tools.TRIGGERS[fmt])
         spec = None
         if offered or think:

@@ -168,3 +168,26 @@ def test_auto_call_is_held_to_the_schema_once_started(default_model):
         assert choice["finish_reason"] == "tool_calls", choice
         (call,) = choice["message"]["tool_calls"]
         assert json.loads(call["function"]["arguments"])["unit"] == "apples"
+
+
+@pytest.mark.e2e
+def test_required_call_after_a_thought_ended_by_the_budget(default_model, tmp_path):
+    """A template that opens <think>: the grammar lets the thought run, the budget closes it
+    (the injected </think> moves the grammar on too), and the call follows in the native form."""
+    import requests
+
+    qwen = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    thinking = qwen.replace("{{- '<|im_start|>assistant\\n' }}\n{%- endif %}",
+                            "{{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- endif %}")
+    assert thinking != qwen
+    path = tmp_path / "thinking.jinja"
+    path.write_text(thinking)
+    with running_server({"PARALLEL": "1", "CHAT_TEMPLATE": str(path)}) as srv:
+        body = {"messages": [{"role": "user", "content": "What is 3 plus 4?"}], "tools": [ADD],
+                "tool_choice": "required", "temperature": 0, "max_tokens": 80, "reasoning_budget": 6}
+        choice = requests.post(srv.url("/v1/chat/completions"), json=body, timeout=60).json()["choices"][0]
+        msg = choice["message"]
+        assert msg["reasoning_content"] and choice["finish_reason"] == "tool_calls", choice
+        (call,) = msg["tool_calls"]
+        assert call["function"]["name"] == "add_two_numbers"
+        assert set(json.loads(call["function"]["arguments"])) == {"a", "b"}

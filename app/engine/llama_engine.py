@@ -573,6 +573,10 @@ class LlamaEngine:
         if len(toks) > room or slot.n_past + 1 + len(toks) >= self._n_ctx:
             return []  # no room in this step's batch (or the context): try again next step
         text, job.inject = job.inject, ""
+        params = job.request.params
+        if params.grammar is None or params.grammar_takes_injection:
+            for tok in toks:  # the sampler (grammar, penalties) moves past the injected text
+                self._ll.llama_sampler_accept(slot.sampler, tok)
         piece = job.assembler.feed(text.encode()) if job.assembler else text
         if piece:
             job.sink(TextPiece(piece, job.n_generated, job.index))

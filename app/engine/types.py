@@ -32,6 +32,9 @@ class SamplingParams:
     grammar: str | None = None  # GBNF constraining the output (response_format, tools)
     # with triggers the grammar is lazy: it applies from the first of these words on
     grammar_triggers: tuple[str, ...] = ()
+    # the grammar takes injected text (a thought's closing tag) at any point of a thought, so
+    # injected tokens are fed to it; other grammars never see them (they might refuse them)
+    grammar_takes_injection: bool = False
 
 
 @dataclass(frozen=True)
