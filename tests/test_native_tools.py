@@ -99,6 +99,21 @@ def test_grammar_per_tool_choice(name, fmt, shown, reply):
     assert engine.requests[-1].params.grammar is None and "get_weather" not in engine.requests[-1].prompt
 
 
+def test_vertex_envelope_with_tools_shares_parameters():
+    name, _, _, reply = NATIVE[0]
+    engine = FakeEngine(reply=reply, n_ctx=4096, chat_template=(TEMPLATES / f"{name}.jinja").read_text())
+    resp = make_client(engine).post("/predict", json={
+        "instances": [{"messages": HISTORY}, {"messages": HISTORY[:1]}],
+        "parameters": {"tools": [ADD], "tool_choice": "required"},
+    })
+    preds = resp.get_json()["predictions"]
+    assert resp.status_code == 200 and len(preds) == 2
+    for p in preds:
+        assert p["choices"][0]["finish_reason"] == "tool_calls"
+        assert p["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "add_two_numbers"
+    assert all(r.params.grammar and "<tool_call>" in r.params.grammar for r in engine.requests)
+
+
 def test_tool_format_setting_overrides_the_template():
     engine = FakeEngine(reply='<tool_call>{"name": "add_two_numbers", "arguments": {}}</tool_call>')
     client = make_client(engine, tool_format="hermes")  # the fake model's template knows no tools
@@ -191,3 +206,43 @@ def test_required_call_after_a_thought_ended_by_the_budget(default_model, tmp_pa
         (call,) = msg["tool_calls"]
         assert call["function"]["name"] == "add_two_numbers"
         assert set(json.loads(call["function"]["arguments"])) == {"a", "b"}
+
+
+@pytest.mark.e2e
+def test_langchain_bind_tools_streaming_in_the_native_format(native_server):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=native_server.url("/v1"), api_key="x", model="m", temperature=0, max_tokens=80,
+                     streaming=True, max_retries=0)
+    merged = None
+    for chunk in llm.bind_tools([ADD, WEATHER], tool_choice="add_two_numbers").stream("What is 3 plus 4?"):
+        merged = chunk if merged is None else merged + chunk
+    assert [c["name"] for c in merged.tool_calls] == ["add_two_numbers"]  # merged once, name exact
+    assert set(merged.tool_calls[0]["args"]) <= {"a", "b"}
+    assert not (merged.content or "").strip()
+
+
+@pytest.mark.e2e
+def test_pydantic_ai_streamed_output_tool_in_the_native_format(native_server):
+    import asyncio
+
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    class Sum(BaseModel):
+        a: int
+        b: int
+
+    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=native_server.url("/v1"), api_key="x"))
+    agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
+
+    async def run():
+        async with agent.run_stream("Give the two numbers in: what is 3 plus 4?") as result:
+            return await result.get_output(), result.all_messages()
+
+    output, messages = asyncio.run(run())
+    assert isinstance(output, Sum)
+    calls = [p for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"]
+    assert calls and {c.tool_name for c in calls} == {"final_result"}
