@@ -116,10 +116,16 @@ class Service:
         in_thought = think and prompt.rstrip().endswith(reasoning.OPEN)
         if offered and fmt != "generic" and (required or not think):
             lead = ("open" if in_thought else "think" if think else "") if required else ""
-            grammar = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead, template=template)
-            # auto: the grammar takes hold only once the model starts a call
-            params = replace(params, grammar=grammar, grammar_takes_injection=bool(lead),
-                             grammar_triggers=() if required else tools.TRIGGERS[fmt])
+            try:
+                grammar = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead, template=template)
+            except BadRequest:
+                if required:
+                    raise
+                grammar = None  # auto: a schema the converter cannot hold is left to the model
+                log.warning("tool schemas cannot be turned into a grammar: calls are not held to them")
+            if grammar is not None:  # auto: the grammar takes hold only once a call starts
+                params = replace(params, grammar=grammar, grammar_takes_injection=bool(lead),
+                                 grammar_triggers=() if required else tools.TRIGGERS[fmt])
         spec = None
         if offered or think:
             spec = replies.ReplySpec(
@@ -128,6 +134,7 @@ class Service:
                 in_thought=in_thought,
                 inline=self.reasoning_format == "inline",
                 string_params={t.name: _string_params(t) for t in offered},
+                names=frozenset(t.name for t in offered),
             )
         gen = GenerationRequest(prompt, params, timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n)
         return Prepared("chat", req, gen, reply=spec)
@@ -358,8 +365,18 @@ def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, An
 
 def _string_params(tool: tools.Tool) -> frozenset[str]:
     """Parameters typed string: their text is the value as written (qwen3_coder)."""
+    def is_string(schema: Any) -> bool:
+        if not isinstance(schema, dict):
+            return False
+        kind = schema.get("type")
+        if kind == "string" or (isinstance(kind, list) and "string" in kind):
+            return True
+        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+            return True
+        return any(is_string(s) for s in schema.get("anyOf", []) + schema.get("oneOf", []))
+
     props = tool.parameters.get("properties") or {}
-    return frozenset(k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string")
+    return frozenset(k for k, v in props.items() if is_string(v))
 
 
 class _ThoughtGuard:
@@ -395,5 +412,5 @@ class _ThoughtGuard:
         if self.ended or not self.open:
             return False
         self.ended = True
-        self.handle.inject(reasoning.CLOSE)
+        self.handle.inject(reasoning.CLOSE, unless=reasoning.CLOSE)
         return True

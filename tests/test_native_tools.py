@@ -246,3 +246,36 @@ def test_pydantic_ai_streamed_output_tool_in_the_native_format(native_server):
     assert isinstance(output, Sum)
     calls = [p for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"]
     assert calls and {c.tool_name for c in calls} == {"final_result"}
+
+
+NESTED = {"type": "function", "function": {"name": "order", "parameters": {
+    "$defs": {"Item": {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+                       "required": ["sku", "qty"]}},
+    "type": "object", "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+    "required": ["items"]}}}
+OTHER_ITEM = {"type": "function", "function": {"name": "ship", "parameters": {
+    "definitions": {"Item": {"type": "object", "properties": {"to": {"type": "string"}}}},
+    "type": "object", "properties": {"item": {"$ref": "#/definitions/Item"}}}}}
+
+
+@pytest.mark.parametrize("name", ["Qwen-Qwen2.5-7B-Instruct", "meta-llama-Llama-3.1-8B-Instruct",
+                                  "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506", None])
+def test_nested_schemas_with_defs_are_held_by_the_grammar(name):
+    """pydantic writes nested models as $defs + $ref: they still resolve inside a call schema,
+    and two tools defining the same name differently keep their own."""
+    template = (TEMPLATES / f"{name}.jinja").read_text() if name else None
+    engine = FakeEngine(reply="{}", n_ctx=4096, chat_template=template)
+    client = make_client(engine)
+    for choice in ("required", "auto"):
+        resp = client.post("/v1/chat/completions", json={"messages": HISTORY[:1], "tools": [NESTED, OTHER_ITEM],
+                                                          "tool_choice": choice})
+        assert resp.status_code == 200, resp.get_json()
+    grammar = engine.requests[-2].params.grammar
+    assert "sku" in grammar and '\\"to\\"' in grammar
+
+
+def test_hoisted_defs_rename_clashes():
+    params, defs = tools.hoist_defs(tools.validate_tools([NESTED, OTHER_ITEM]))
+    assert set(defs) == {"Item", "Item_1"}
+    assert params[0]["properties"]["items"]["items"] == {"$ref": "#/$defs/Item"}
+    assert params[1]["properties"]["item"] == {"$ref": "#/$defs/Item_1"}

@@ -44,6 +44,15 @@ CASES = [
      '{ "name" : "get_weather" , "arguments" : { "city": "Paris \\u00e9" } }]}',
      "", [("add", {"a": 1, "b": {"c": 'x"}y'}}), ("get_weather", {"city": "Paris é"})], None),
     ("generic", {}, '{"response": "Hel\\u00e9lo \\"quoted\\" \\\\ done"}', 'Helélo "quoted" \\ done', [], None),
+    ("generic", {}, '{"response": "ok \\ud83d\\ude00 \\udc00"}', "ok \U0001F600 \ufffd", [], None),
+    ("qwen3_coder", {}, "Hi <function=get_weather\n>", "Hi <function=get_weather\n>", [], None),
+    ("hermes", {}, '<tool_call>{"name": "add", "name": "b", "arguments": {"x": 1}, "parameters": {"y": 2}}</tool_call>',
+     "", [("add", {"x": 1})], None),
+    ("hermes", {}, '<tool_call>{"name": "add", "arguments": {"a": 1} "x"}</tool_call>', "", [("add", {"a": 1})], None),
+    ("llama3", {"names": frozenset({"get_weather"})}, '{"type": "object", "properties": {"a": 1}}',
+     '{"type": "object", "properties": {"a": 1}}', [], None),
+    ("llama3", {"names": frozenset({"get_weather"})}, '{"name": "John Smith", "age": 30}',
+     '{"name": "John Smith", "age": 30}', [], None),
     (None, {"think": True, "in_thought": True}, "about <tool_call>{\"name\": \"x\"}</tool_call></think>The answer.",
      "The answer.", [], 'about <tool_call>{"name": "x"}</tool_call>'),
 ]
@@ -98,6 +107,19 @@ def test_streamed_deltas_equal_the_whole_parse_at_every_cut(fmt, extra, reply, c
         if calls or reasoning:
             assert not any(m in d.get("content", "") for m in MARKUP), d
     assert accumulate(deltas)["content"] == (whole["content"] or "")
+
+
+@pytest.mark.parametrize("fmt, reply, content, names", [
+    ("hermes", '<tool_call>{"name": "add", "arguments": nul}</tool_call>', "", []),
+    ("mistral", "[TOOL_CALLS]add[ARGS]hello world", "[TOOL_CALLS]add[ARGS]hello world", []),
+    ("mistral", '[TOOL_CALLS]add[CALL_ID]x text [TOOL_CALLS]foo[ARGS]{"z": 1}', "[TOOL_CALLS]add[CALL_ID]x text",
+     ["foo"]),
+])
+def test_malformed_calls_never_count(fmt, reply, content, names):
+    """Arguments that are not JSON, or markup that does not follow the format, make no call."""
+    msg, _ = message(parse_reply(reply, ReplySpec(fmt), [], final=True))
+    assert [c["function"]["name"] for c in msg.get("tool_calls", [])] == names
+    assert (msg["content"] or "") == content
 
 
 def test_cut_reply_keeps_what_parsed_cleanly():

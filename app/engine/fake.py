@@ -41,7 +41,7 @@ class FakeHandle(ChannelHandle):
     def cancel(self) -> None:
         self.cancelled = True
 
-    def inject(self, text: str) -> None:
+    def inject(self, text: str, unless: str = "") -> None:
         self.injected.append(text)
 
 

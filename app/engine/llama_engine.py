@@ -88,6 +88,8 @@ class _Job:
     index: int = 0  # the choice (n > 1)
     followers: list[_Job] = field(default_factory=list)  # the other choices, led by this job
     inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
+    inject_unless: bytes = b""  # ... dropped if the generated text already has this
+    generated: bytearray = field(default_factory=bytearray)  # the raw text, for inject_unless
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
@@ -121,10 +123,10 @@ class LlamaHandle(ChannelHandle):
                 job.cancelled = True
             self._engine._wake.set()
 
-    def inject(self, text: str) -> None:
+    def inject(self, text: str, unless: str = "") -> None:
         if not self._over:
-            for job in (self._job, *self._job.followers):
-                job.inject += text
+            self._job.inject += text
+            self._job.inject_unless = unless.encode()
             self._engine._wake.set()
 
 
@@ -573,6 +575,9 @@ class LlamaEngine:
         if len(toks) > room or slot.n_past + 1 + len(toks) >= self._n_ctx:
             return []  # no room in this step's batch (or the context): try again next step
         text, job.inject = job.inject, ""
+        if job.inject_unless and job.inject_unless in job.generated:
+            return []  # the model got there first: injecting now would be wrong (or refused)
+        job.generated += text.encode()
         params = job.request.params
         if params.grammar is None or params.grammar_takes_injection:
             for tok in toks:  # the sampler (grammar, penalties) moves past the injected text
@@ -597,7 +602,9 @@ class LlamaEngine:
             self._finish(slot, "stop")
             return
         job.n_generated += 1
-        text = job.assembler.feed(self._piece(tok))
+        raw = self._piece(tok)
+        job.generated += raw
+        text = job.assembler.feed(raw)
         if job.assembler.stopped:
             if text:
                 job.sink(TextPiece(text, job.n_generated, job.index))

@@ -32,7 +32,7 @@ from typing import Any
 from app.protocol.reasoning import CLOSE, OPEN, partial_suffix, split_thought
 
 FORMATS = ("generic", "hermes", "qwen3_coder", "llama3", "mistral")
-NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # used with fullmatch
 
 
 def detect_format(template: str | None) -> str:
@@ -81,6 +81,8 @@ class ReplySpec:
     in_thought: bool = False  # the prompt already opened <think>
     inline: bool = False  # keep the thought in the content (tags included)
     string_params: dict[str, frozenset[str]] = field(default_factory=dict)  # qwen3_coder typing
+    names: frozenset[str] = frozenset()  # the tools offered (a Llama 3 JSON reply naming none
+    # of them is an answer, not a call)
 
 
 # ---- JSON, read as far as it goes -------------------------------------------------------------
@@ -132,14 +134,34 @@ def _string(s: str, i: int) -> tuple[str, int, bool]:
             break
         e = s[i + 1]
         if e == "u":
-            if i + 6 > len(s):
+            code = _hex4(s, i + 2)
+            if code is None:
                 break
-            out.append(chr(int(s[i + 2 : i + 6], 16)))
+            if 0xD800 <= code < 0xDC00:  # a pair: wait for the low half, then join them
+                if i + 12 > len(s):
+                    break
+                low = _hex4(s, i + 8) if s.startswith("\\u", i + 6) else None
+                if low is not None and 0xDC00 <= low < 0xE000:
+                    out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
+                    i += 12
+                    continue
+                code = 0xFFFD
+            out.append("\ufffd" if 0xDC00 <= code < 0xE000 else chr(code))
             i += 6
             continue
         out.append({"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}.get(e, e))
         i += 2
     return "".join(out), i, False
+
+
+def _hex4(s: str, i: int) -> int | None:
+    """Four hex digits at ``i``; None when the text ends first. Bad digits count as U+FFFD."""
+    if i + 4 > len(s):
+        return None
+    try:
+        return int(s[i : i + 4], 16)
+    except ValueError:
+        return 0xFFFD
 
 
 def _value_end(s: str, i: int) -> tuple[int, bool]:
@@ -186,6 +208,7 @@ def _call_object(s: str, i: int) -> tuple[_Found, int | None]:
     its ``{``: the call so far and where the object ends (None: not yet; -1: malformed)."""
     name: str | None = None
     args = ""
+    args_done = False
     try:
         i = _expect(s, i, "{")
         while True:
@@ -206,25 +229,41 @@ def _call_object(s: str, i: int) -> tuple[_Found, int | None]:
                 value, i, closed = _string(s, i)
                 if not closed:
                     raise _Incomplete
-                name = value
+                name = value if name is None else name  # a repeated key never renames
                 continue
             start = _ws(s, i)
             i, complete = _value_end(s, start)
-            if key in ("arguments", "parameters"):
+            if key in ("arguments", "parameters") and not args_done:
                 args = s[start:i]
+                args_done = complete
             if not complete:
                 raise _Incomplete
     except _Incomplete:
         return (name, "" if args.startswith('"') else args, False), None
-    except ValueError:
-        return (name, "", False), -1
-    if args.startswith('"'):  # arguments written as a string that holds the JSON
+    except ValueError:  # garbage after complete arguments still leaves a call
+        return (name, _args(args) if args_done else "", args_done and _is_json(args)), -1
+    return (name, _args(args), _is_json(args or "{}")), end
+
+
+def _args(args: str) -> str:
+    """Arguments as sent: the JSON as generated; one written as a string holding the JSON is
+    unwrapped; none at all is ``{}``."""
+    if args.startswith('"'):
         try:
             decoded = json.loads(args)
-            args = decoded if isinstance(decoded, str) else args
+            return decoded if isinstance(decoded, str) else args
         except json.JSONDecodeError:
-            pass
-    return (name, args or "{}", True), end
+            return args
+    return args or "{}"
+
+
+def _is_json(text: str) -> bool:
+    """Whether complete arguments are JSON (a call whose arguments are not never counts)."""
+    try:
+        json.loads(text)
+        return True
+    except json.JSONDecodeError:
+        return False
 
 
 # ---- formats ----------------------------------------------------------------------------------
@@ -311,7 +350,7 @@ def _qwen3_coder_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple
     if k == -1:
         return [], (None if re.fullmatch(r"[A-Za-z0-9_.-]*", body[j:]) else -1)
     name = body[j:k]
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         return [], -1
     strings = spec.string_params.get(name, frozenset())
     parts = ["{"]
@@ -376,35 +415,45 @@ def _mistral_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple[lis
     m = re.compile(r"[A-Za-z0-9_.-]*").match(body, j)
     name, k = m.group(), m.end()
     if body.startswith("[CALL_ID]", k):
-        k = body.find("[ARGS]", k)
-        if k == -1:
-            return [], None
+        k = re.compile(r"[A-Za-z0-9]*").match(body, k + len("[CALL_ID]")).end()
     after = _rest_is(body, k, "[ARGS]")
     if after is None or (after == -1 and "[CALL_ID]".startswith(body[k:])):
         return [], None
-    if after == -1 or not NAME_RE.match(name):
+    if after == -1 or not NAME_RE.fullmatch(name):
         return [], -1
     start = _ws(body, after)
     end, complete = _value_end(body, start)
-    return [(name, body[start:end], complete)], (end if complete else None)
+    args = body[start:end]
+    if complete and not _is_json(args):
+        return [], -1
+    return [(name, args, complete)], (end if complete else None)
 
 
-def _looks_like_call(rest: str) -> str:
-    """Whether a Llama 3 reply is a JSON tool call: "yes", "no" or "maybe" (too short to say)."""
+def _looks_like_call(rest: str, names: frozenset[str]) -> str:
+    """Whether a Llama 3 reply is a JSON tool call: "yes", "no" or "maybe" (too short to say).
+    It is when it opens with ``"name"`` naming an offered tool (any, if none are known), or with
+    ``"type": "function"``."""
     if not rest:
         return "maybe"
     if rest[0] != "{":
         return "no"
-    j = _ws(rest, 1)
-    if j >= len(rest):
+    try:
+        key, i, closed = _string(rest, _ws(rest, 1))
+        if not closed:
+            return "maybe" if any(k.startswith(key) for k in ("name", "type")) else "no"
+        if key not in ("name", "type"):
+            return "no"
+        value, i, closed = _string(rest, _expect(rest, i, ":"))
+    except _Incomplete:
         return "maybe"
-    if rest[j] != '"':
+    except ValueError:
         return "no"
-    e = rest.find('"', j + 1)
-    if e == -1:
-        key = rest[j + 1 :]
-        return "maybe" if any(k.startswith(key) for k in ("name", "type")) else "no"
-    return "yes" if rest[j + 1 : e] in ("name", "type") else "no"
+    wanted = {"function"} if key == "type" else names
+    if not wanted:
+        return "yes" if closed or key == "name" else "maybe"
+    if closed:
+        return "yes" if value in wanted else "no"
+    return "maybe" if any(w.startswith(value) for w in wanted) else "no"
 
 
 def _scan_llama3(body: str, spec: ReplySpec, final: bool, add: _Add) -> str:
@@ -414,7 +463,7 @@ def _scan_llama3(body: str, spec: ReplySpec, final: bool, add: _Add) -> str:
         i = _ws(body, i + len(tag))
     elif not final and body[i:] and tag.startswith(body[i:]):
         return ""
-    looks = _looks_like_call(body[i:])
+    looks = _looks_like_call(body[i:], spec.names)
     if looks == "maybe" and not final:
         return ""
     if looks != "yes":

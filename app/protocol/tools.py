@@ -88,19 +88,59 @@ def system_prompt(tools: list[Tool], required: bool) -> str:
     return f"You can call these tools:\n{specs}\n{answer}"
 
 
-def reply_schema(tools: list[Tool], required: bool, parallel: bool) -> dict[str, Any]:
-    """The JSON Schema the reply is constrained to (turned into a grammar by the caller)."""
-    call = {
+def hoist_defs(tools: list[Tool]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each tool's parameters with its ``$defs`` (or ``definitions``) moved into one shared
+    table, so that references still resolve once the parameters sit inside a larger schema
+    (pydantic writes nested models this way). A name two tools define differently is renamed
+    for the second, its references rewritten."""
+    shared: dict[str, Any] = {}
+    out = []
+    for i, t in enumerate(tools):
+        params = dict(t.parameters)
+        local = {**(params.pop("definitions", None) or {}), **(params.pop("$defs", None) or {})}
+        renames = {n: (f"{n}_{i}" if n in shared and shared[n] != s else n) for n, s in local.items()}
+
+        def fix(node: Any, renames: dict[str, str] = renames) -> Any:
+            if isinstance(node, list):
+                return [fix(v) for v in node]
+            if not isinstance(node, dict):
+                return node
+            new = {k: fix(v) for k, v in node.items()}
+            ref = node.get("$ref")
+            for prefix in ("#/$defs/", "#/definitions/"):
+                if isinstance(ref, str) and ref.startswith(prefix) and ref[len(prefix):] in renames:
+                    new["$ref"] = "#/$defs/" + renames[ref[len(prefix):]]
+            return new
+
+        for name, schema in local.items():
+            shared[renames[name]] = fix(schema)
+        out.append(fix(params))
+    return out, shared
+
+
+def _call_schema(tools: list[Tool], key: str) -> dict[str, Any]:
+    """One call: ``{"name": <one of the tools>, key: <its parameters>}``, definitions hoisted."""
+    params, defs = hoist_defs(tools)
+    call: dict[str, Any] = {
         "anyOf": [
             {
                 "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": t.name}, key: p},
+                "required": ["name", key],
                 "additionalProperties": False,
             }
-            for t in tools
+            for t, p in zip(tools, params, strict=True)
         ]
     }
+    if defs:
+        call["$defs"] = defs
+    return call
+
+
+def reply_schema(tools: list[Tool], required: bool, parallel: bool) -> dict[str, Any]:
+    """The JSON Schema the reply is constrained to (turned into a grammar by the caller)."""
+    call = _call_schema(tools, "arguments")
+    defs = call.pop("$defs", None)
     calls = {"type": "array", "items": call, "minItems": 1}
     if not parallel:
         calls["maxItems"] = 1
@@ -110,6 +150,8 @@ def reply_schema(tools: list[Tool], required: bool, parallel: bool) -> dict[str,
         "required": ["tool_calls"],
         "additionalProperties": False,
     }
+    if defs:
+        with_calls["$defs"] = defs
     if required:
         return with_calls
     answer = {
@@ -118,7 +160,8 @@ def reply_schema(tools: list[Tool], required: bool, parallel: bool) -> dict[str,
         "required": ["response"],
         "additionalProperties": False,
     }
-    return {"anyOf": [with_calls, answer]}
+    defs = with_calls.pop("$defs", None)
+    return {"anyOf": [with_calls, answer], **({"$defs": defs} if defs else {})}
 
 
 def render_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,14 +302,12 @@ def call_grammar(tool_format: str, tools: list[Tool], *, parallel: bool, lead: s
         one = '"[TOOL_CALLS]" ( ' + " | ".join(alts) + " )"
         calls = f"( {one} )+" if parallel else one
     else:
-        key = "parameters" if tool_format == "llama3" else "arguments"
-        call: dict[str, Any] = {"anyOf": [
-            {"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters},
-             "required": ["name", key], "additionalProperties": False}
-            for t in tools
-        ]}
+        call = _call_schema(tools, "parameters" if tool_format == "llama3" else "arguments")
         if tool_format == "mistral":  # [TOOL_CALLS][{...}, ...]
+            defs = call.pop("$defs", None)
             many = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+            if defs:
+                many["$defs"] = defs
             rules.append(_schema_rules(many, "c-"))
             calls = '"[TOOL_CALLS]" c-root'
         elif tool_format == "llama3":
