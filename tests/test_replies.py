@@ -21,6 +21,8 @@ CASES = [
     ("hermes", {"think": True}, '<think>\nMaybe <tool_call>{"name": "add", "arguments": {}}</tool_call> no.\n</think>\n\n'
      '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>\nDone.',
      "Done.", [("add", {"a": 1})], '\nMaybe <tool_call>{"name": "add", "arguments": {}}</tool_call> no.\n'),
+    ("hermes", {}, '<tool_call>{"name": "add", "arguments": {"a": 1}}}</tool_call> then <tool_call>{"name": "b", '
+     '"arguments": {}}\nafter', "then \nafter", [("add", {"a": 1}), ("b", {})], None),
     ("hermes", {}, "No tools needed: 1 < 2 and <b>bold</b>.", "No tools needed: 1 < 2 and <b>bold</b>.", [], None),
     ("hermes", {}, "<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", [], None),
     ("qwen3_coder", {"string_params": {"search": frozenset({"query"})}},
@@ -28,6 +30,8 @@ CASES = [
      '<parameter=limit>\n5\n</parameter>\n<parameter=opts>\n{"deep": true}\n</parameter>\n</function>\n</tool_call>',
      "I will search.", [("search", {"query": 'what is <b>\n"x"', "limit": 5, "opts": {"deep": True}})], None),
     ("qwen3_coder", {}, "<function=now>\n</function>", "", [("now", {})], None),
+    ("qwen3_coder", {}, "<tool_call>\n<function=now>\n</function>\n<function=later>\n<parameter=x>\n1\n"
+     "</parameter>\n</function>\n</tool_call>\nok", "ok", [("now", {}), ("later", {"x": 1})], None),
     ("llama3", {}, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
      "", [("get_weather", {"city": "Paris"})], None),
     ("llama3", {}, '{"type": "function", "name": "add", "parameters": {"a": 1, "b": 2}}; '

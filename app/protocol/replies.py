@@ -268,7 +268,7 @@ def _is_json(text: str) -> bool:
 
 # ---- formats ----------------------------------------------------------------------------------
 
-_Block = Callable[[str, int, str, ReplySpec], tuple[list[_Found], int | None]]
+_Block = Callable[[str, int, str, ReplySpec, bool], tuple[list[_Found], int | None]]
 
 
 def _scan_markers(body: str, markers: tuple[str, ...], block: _Block, spec: ReplySpec,
@@ -287,7 +287,7 @@ def _scan_markers(body: str, markers: tuple[str, ...], block: _Block, spec: Repl
             break
         i, marker = min(hits)
         content.append(body[pos:i])
-        found, end = block(body, i, marker, spec)
+        found, end = block(body, i, marker, spec, final)
         named = [f for f in found if f[0] is not None]
         if end == -1 and not named:
             content.append(marker)  # not a call after all
@@ -309,7 +309,7 @@ def _rest_is(body: str, i: int, lit: str) -> int | None:
     return None if lit.startswith(rest) else -1
 
 
-def _hermes_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple[list[_Found], int | None]:
+def _hermes_block(body: str, i: int, marker: str, spec: ReplySpec, final: bool) -> tuple[list[_Found], int | None]:
     j = _ws(body, i + len(marker))
     if j >= len(body):
         return [], None
@@ -322,7 +322,14 @@ def _hermes_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple[list
     after = _rest_is(body, k, "</tool_call>")
     if after is None:
         return [found], None
-    return [found], (end if after == -1 else after)  # a missing closing tag is forgiven
+    if after != -1:
+        return [found], after
+    # stray text (a surplus "}") before the closing tag is dropped with it; a missing closing
+    # tag is forgiven, but only once no closing tag can still come
+    close, again = body.find("</tool_call>", k), body.find("<tool_call>", k)
+    if close != -1 and (again == -1 or close < again):
+        return [found], close + len("</tool_call>")
+    return [found], (None if again == -1 and not final else end)
 
 
 def _param_json(value: str, is_string: bool) -> str:
@@ -339,13 +346,8 @@ def _trim_newline(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-def _qwen3_coder_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple[list[_Found], int | None]:
-    j = i + len(marker)
-    wrapped = marker == "<tool_call>"
-    if wrapped:
-        j = _rest_is(body, _ws(body, j), "<function=")
-        if j is None or j == -1:
-            return [], j
+def _qwen3_function(body: str, j: int, spec: ReplySpec) -> tuple[list[_Found], int | None]:
+    """One ``NAME>...</function>`` from just past ``<function=``."""
     k = body.find(">", j)
     if k == -1:
         return [], (None if re.fullmatch(r"[A-Za-z0-9_.-]*", body[j:]) else -1)
@@ -359,8 +361,7 @@ def _qwen3_coder_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple
     while True:
         j = _ws(body, j)
         if body.startswith("</function>", j):
-            j += len("</function>")
-            break
+            return [(name, "".join(parts) + "}", True)], j + len("</function>")
         opened = _rest_is(body, j, "<parameter=")
         if opened == -1:
             return [(name, "".join(parts), False)], (None if "</function>".startswith(body[j:]) else -1)
@@ -379,17 +380,32 @@ def _qwen3_coder_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple
         parts.append(head + _param_json(_trim_newline(body[k + 1 : close]), key in strings))
         n += 1
         j = close + len("</parameter>")
-    found = (name, "".join(parts) + "}", True)
-    if wrapped:
-        after = _rest_is(body, _ws(body, j), "</tool_call>")
+
+
+def _qwen3_coder_block(body: str, i: int, marker: str, spec: ReplySpec, final: bool) -> tuple[list[_Found], int | None]:
+    if marker == "<function=":  # a function written without the <tool_call> wrapper
+        return _qwen3_function(body, i + len(marker), spec)
+    found: list[_Found] = []
+    j = _ws(body, i + len(marker))
+    while True:  # one or more functions, then </tool_call>
+        start = _rest_is(body, j, "<function=")
+        if start is None or start == -1:
+            return found, (j if found and start == -1 else start)
+        more, end = _qwen3_function(body, start, spec)
+        found += more
+        if end is None or end == -1:
+            return found, end
+        j = _ws(body, end)
+        after = _rest_is(body, j, "</tool_call>")
         if after is None:
-            return [found], None
+            return found, None
         if after != -1:
-            j = after
-    return [found], j
+            return found, after
+        if not body.startswith("<", j):
+            return found, end  # a missing closing tag is forgiven
 
 
-def _mistral_block(body: str, i: int, marker: str, spec: ReplySpec) -> tuple[list[_Found], int | None]:
+def _mistral_block(body: str, i: int, marker: str, spec: ReplySpec, final: bool) -> tuple[list[_Found], int | None]:
     j = _ws(body, i + len(marker))
     if j >= len(body):
         return [], None
