@@ -115,7 +115,7 @@ def test_streamed_deltas_equal_the_whole_parse_at_every_cut(fmt, extra, reply, c
 
 @pytest.mark.parametrize("fmt, reply, content, names", [
     ("hermes", '<tool_call>{"name": "add", "arguments": nul}</tool_call>', "", []),
-    ("mistral", "[TOOL_CALLS]add[ARGS]hello world", "[TOOL_CALLS]add[ARGS]hello world", []),
+    ("mistral", "[TOOL_CALLS]add[ARGS]hello world", "", []),
     ("mistral", '[TOOL_CALLS]add[CALL_ID]x text [TOOL_CALLS]foo[ARGS]{"z": 1}', "[TOOL_CALLS]add[CALL_ID]x text",
      ["foo"]),
 ])
@@ -171,3 +171,40 @@ def test_templates_without_tools_are_generic():
     from app.protocol.chat_template import CHATML
 
     assert detect_format(CHATML) == detect_format(None) == "generic"
+
+
+FRAGMENTS = {
+    "hermes": ['<tool_call>', '</tool_call>', '{"name": "a", "arguments": {"x": 1}}', '{"name": "b"', ', "arguments": ',
+               '{"k": "v}"}', '}', '{', '"', '\\', '\\u00e9', 'hi', ' ', '\n', '<', '<tool', ',', ':', '1'],
+    "qwen3_coder": ['<tool_call>', '</tool_call>', '<function=', 'f', '>', '\n', '<parameter=', 's', '</parameter>',
+                    '</function>', 'hi', ' ', '<', '5', '{"a": 1}', '"', '</para', '\\'],
+    "llama3": ['<|python_tag|>', '{"name": "a", "parameters": {"x": 1}}', '{', '}', '"name"', '"type"', ': ', '"a"',
+               ', ', '"parameters"', ';', ' ', 'hi', '"', '\\', '[', ']', '\n', '1'],
+    "mistral": ['[TOOL_CALLS]', '[ARGS]', '[CALL_ID]', 'add', 'abc123def', '{"a": 1}', '{', '}', '[', ']', '"', ' ',
+                'hi', '{"name": "a", "arguments": {}}', ',', '\\', '\n'],
+    "generic": ['{', '}', '"response"', '"tool_calls"', ': ', '[', ']', '"', 'hi', '\\', '\\u00e9', '\\ud83d',
+                '{"name": "a", "arguments": {"x": 1}}', ',', ' ', '"name"', '"arguments"', '1'],
+}
+THOUGHTS = ['<think>', '</think>', 'hmm ']
+
+
+@pytest.mark.parametrize("fmt", sorted(FRAGMENTS))
+def test_random_replies_only_ever_grow(fmt):
+    """Seeded random replies built from each format's pieces: at every cut the parse extends the
+    previous one (reasoning, content, calls, names, arguments), ending at the final parse."""
+    import random
+
+    rng = random.Random(fmt)
+    specs = [{}, {"think": True}, {"think": True, "in_thought": True}, {"think": True, "inline": True}]
+    for _ in range(250):
+        spec = ReplySpec(fmt, **rng.choice(specs))
+        text = "".join(rng.choice(FRAGMENTS[fmt] + THOUGHTS) for _ in range(rng.randint(1, 14)))
+        ids: list[str] = []
+        states = [parse_reply(text[:k], spec, ids) for k in range(len(text) + 1)]
+        states.append(parse_reply(text, spec, ids, final=True))
+        for a, b in zip(states, states[1:], strict=False):
+            assert (b.reasoning or "").startswith(a.reasoning or ""), text
+            assert b.content.startswith(a.content), text
+            assert len(b.calls) >= len(a.calls), text
+            for x, y in zip(a.calls, b.calls, strict=False):
+                assert x.name == y.name and y.arguments.startswith(x.arguments), text

@@ -441,7 +441,7 @@ def _mistral_block(body: str, i: int, marker: str, spec: ReplySpec, final: bool)
     end, complete = _value_end(body, start)
     args = body[start:end]
     if complete and not _is_json(args):
-        return [], -1
+        return [(name, args, False)], -1  # the name went out with [ARGS]: it stays, uncounted
     return [(name, args, complete)], (end if complete else None)
 
 
