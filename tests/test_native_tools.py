@@ -10,6 +10,7 @@ import pytest
 
 from app.engine.fake import FakeEngine
 from app.protocol import tools
+from tests.clients import langchain_streamed_call, pydantic_ai_streamed_sum
 from tests.conftest import make_client, running_server
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -210,13 +211,7 @@ def test_required_call_after_a_thought_ended_by_the_budget(default_model, tmp_pa
 
 @pytest.mark.e2e
 def test_langchain_bind_tools_streaming_in_the_native_format(native_server):
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(base_url=native_server.url("/v1"), api_key="x", model="m", temperature=0, max_tokens=80,
-                     streaming=True, max_retries=0)
-    merged = None
-    for chunk in llm.bind_tools([ADD, WEATHER], tool_choice="add_two_numbers").stream("What is 3 plus 4?"):
-        merged = chunk if merged is None else merged + chunk
+    merged = langchain_streamed_call(native_server.url("/v1"), [ADD, WEATHER], "add_two_numbers")
     assert [c["name"] for c in merged.tool_calls] == ["add_two_numbers"]  # merged once, name exact
     assert set(merged.tool_calls[0]["args"]) <= {"a", "b"}
     assert not (merged.content or "").strip()
@@ -224,28 +219,8 @@ def test_langchain_bind_tools_streaming_in_the_native_format(native_server):
 
 @pytest.mark.e2e
 def test_pydantic_ai_streamed_output_tool_in_the_native_format(native_server):
-    import asyncio
-
-    from pydantic import BaseModel
-    from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-
-    class Sum(BaseModel):
-        a: int
-        b: int
-
-    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=native_server.url("/v1"), api_key="x"))
-    agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
-
-    async def run():
-        async with agent.run_stream("Give the two numbers in: what is 3 plus 4?") as result:
-            return await result.get_output(), result.all_messages()
-
-    output, messages = asyncio.run(run())
-    assert isinstance(output, Sum)
-    calls = [p for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"]
-    assert calls and {c.tool_name for c in calls} == {"final_result"}
+    _, names = pydantic_ai_streamed_sum(native_server.url("/v1"))
+    assert names == {"final_result"}
 
 
 NESTED = {"type": "function", "function": {"name": "order", "parameters": {

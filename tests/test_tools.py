@@ -4,11 +4,11 @@ The reply parsers (every format, cut at every character) are tested in test_repl
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
+from tests.clients import langchain_streamed_call, pydantic_ai_streamed_sum
 from tests.conftest import ServerProcess, running_server
 
 GOOD_TOOL = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add",
@@ -89,14 +89,7 @@ def test_forced_tool_call_streamed_and_not_with_the_openai_sdk(server):
 
 @pytest.mark.e2e
 def test_langchain_bind_tools_streaming_merges_one_call(server):
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(base_url=server.url("/v1"), api_key="x", model="m", temperature=0, max_tokens=60,
-                     streaming=True, max_retries=0)
-    bound = llm.bind_tools([GOOD_TOOL], tool_choice="add_two_numbers")
-    merged = None
-    for chunk in bound.stream("What is 3 plus 4?"):
-        merged = chunk if merged is None else merged + chunk
+    merged = langchain_streamed_call(server.url("/v1"), [GOOD_TOOL], "add_two_numbers")
     assert len(merged.tool_calls) == 1
     assert merged.tool_calls[0]["name"] == "add_two_numbers"  # not add_two_numbersadd_two_numbers
     assert set(merged.tool_calls[0]["args"]) == {"a", "b"}
@@ -104,24 +97,6 @@ def test_langchain_bind_tools_streaming_merges_one_call(server):
 
 @pytest.mark.e2e
 def test_pydantic_ai_streamed_tool_call_output(server):
-    from pydantic import BaseModel
-    from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-
-    class Sum(BaseModel):
-        a: int
-        b: int
-
-    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=server.url("/v1"), api_key="x"))
-    agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
-
-    async def run():
-        async with agent.run_stream("Give the two numbers in: what is 3 plus 4?") as result:
-            return await result.get_output(), result.all_messages()
-
-    output, messages = asyncio.run(run())
-    assert isinstance(output, Sum)
-    calls = [p for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"]
+    _, names = pydantic_ai_streamed_sum(server.url("/v1"))
     # every streamed call carries the exact name (llama.cpp issue 13774: final_resultfinal_result)
-    assert calls and {c.tool_name for c in calls} == {"final_result"}
+    assert names == {"final_result"}

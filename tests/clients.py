@@ -1,0 +1,42 @@
+"""Real agent clients driving a running server, shared by the tool-call tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+def langchain_streamed_call(base_url: str, tools: list[dict[str, Any]], name: str) -> Any:
+    """LangChain ``bind_tools`` streaming a forced call; the chunks merged the way LangChain does."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=base_url, api_key="x", model="m", temperature=0, max_tokens=80,
+                     streaming=True, max_retries=0)
+    merged = None
+    for chunk in llm.bind_tools(tools, tool_choice=name).stream("What is 3 plus 4?"):
+        merged = chunk if merged is None else merged + chunk
+    return merged
+
+
+def pydantic_ai_streamed_sum(base_url: str) -> tuple[Any, set[str]]:
+    """pydantic-ai streaming a structured output (an output tool): the output and the names of
+    every tool call in the run."""
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    class Sum(BaseModel):
+        a: int
+        b: int
+
+    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=base_url, api_key="x"))
+    agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
+
+    async def run():
+        async with agent.run_stream("Give the two numbers in: what is 3 plus 4?") as result:
+            return await result.get_output(), result.all_messages()
+
+    output, messages = asyncio.run(run())
+    assert isinstance(output, Sum)
+    return output, {p.tool_name for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"}
