@@ -19,6 +19,7 @@ CHAT = {"messages": [{"role": "user", "content": "add 1 and 2"}]}
 
 @pytest.mark.parametrize("tool, param", [
     ({"type": "function", "function": {"name": "bad name!"}}, "tools.0.function.name"),
+    ({"type": "function", "function": {"name": "trailing\n"}}, "tools.0.function.name"),
     ({"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}, "tools.0.function.parameters"),
     ({"type": "function", "function": {"name": "f", "parameters": [1]}}, "tools.0.function.parameters"),
     ("not a tool", "tools.0"),

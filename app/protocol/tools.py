@@ -23,7 +23,7 @@ from typing import Any
 from app.errors import BadRequest
 from app.protocol import openai
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # used with fullmatch
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def validate_tools(tools: list[Any]) -> list[Tool]:
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
             raise BadRequest(f"{where}: a tool must be {{'type': 'function', 'function': {{...}}}}", param=where)
         name = fn.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise BadRequest(f"{where}.function.name: 1-64 letters, digits, '_' or '-'", param=f"{where}.function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict) or params.get("type", "object") != "object":
