@@ -133,7 +133,7 @@ class Service:
                 think=think,
                 in_thought=in_thought,
                 inline=self.reasoning_format == "inline",
-                string_params={t.name: _string_params(t) for t in offered},
+                string_params={t.name: tools.string_params(t) for t in offered},
                 names=frozenset(t.name for t in offered),
             )
         gen = GenerationRequest(prompt, params, timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n)
@@ -361,22 +361,6 @@ def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, An
         first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
-
-
-def _string_params(tool: tools.Tool) -> frozenset[str]:
-    """Parameters typed string: their text is the value as written (qwen3_coder)."""
-    def is_string(schema: Any) -> bool:
-        if not isinstance(schema, dict):
-            return False
-        kind = schema.get("type")
-        if kind == "string" or (isinstance(kind, list) and "string" in kind):
-            return True
-        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-            return True
-        return any(is_string(s) for s in schema.get("anyOf", []) + schema.get("oneOf", []))
-
-    props = tool.parameters.get("properties") or {}
-    return frozenset(k for k, v in props.items() if is_string(v))
 
 
 class _ThoughtGuard:

@@ -577,12 +577,13 @@ class LlamaEngine:
         text, job.inject = job.inject, ""
         if job.inject_unless and job.inject_unless in job.generated:
             return []  # the model got there first: injecting now would be wrong (or refused)
-        job.generated += text.encode()
+        data = text.encode()
+        job.generated += data
         params = job.request.params
         if params.grammar is None or params.grammar_takes_injection:
             for tok in toks:  # the sampler (grammar, penalties) moves past the injected text
                 self._ll.llama_sampler_accept(slot.sampler, tok)
-        piece = job.assembler.feed(text.encode()) if job.assembler else text
+        piece = job.assembler.feed(data) if job.assembler else text
         if piece:
             job.sink(TextPiece(piece, job.n_generated, job.index))
         return toks
@@ -740,12 +741,14 @@ class LlamaEngine:
         ll = self._ll
         if not p.grammar_triggers:
             return ll.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root")
-        tokens = [t for w in p.grammar_triggers if (t := self._single_token(w)) is not None]
-        patterns = [
-            re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", w).encode()
-            for w in p.grammar_triggers
-            if self._single_token(w) is None
-        ]
+        tokens: list[int] = []
+        patterns: list[bytes] = []
+        for word in p.grammar_triggers:
+            tok = self._single_token(word)
+            if tok is not None:
+                tokens.append(tok)
+            else:
+                patterns.append(re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", word).encode())
         pat_arr = (ctypes.c_char_p * max(len(patterns), 1))(*patterns)
         tok_arr = (ll.llama_token * max(len(tokens), 1))(*tokens)
         return ll.llama_sampler_init_grammar_lazy_patterns(

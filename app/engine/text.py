@@ -9,8 +9,9 @@ from __future__ import annotations
 import codecs
 
 
-def _held_suffix(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that could be the start of a stop string."""
+def held_suffix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that could be the start of one of ``stops`` (a
+    stop string, a tag): the part to hold back until the next piece says what it is."""
     best = 0
     for stop in stops:
         for n in range(min(len(stop) - 1, len(text)), best, -1):
@@ -47,7 +48,7 @@ class TextAssembler:
             self._pending = ""
             self.stopped = True
             return out
-        keep = _held_suffix(self._pending, self._stops)
+        keep = held_suffix(self._pending, self._stops)
         split = len(self._pending) - keep
         out, self._pending = self._pending[:split], self._pending[split:]
         return out

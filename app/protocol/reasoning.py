@@ -11,15 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.engine.text import held_suffix
+
 OPEN, CLOSE = "<think>", "</think>"
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,7 @@ def split_thought(text: str, in_thought: bool = False, final: bool = False) -> T
         body = stripped[len(OPEN) :]
     end = body.find(CLOSE)
     if end == -1:
-        keep = 0 if final else partial_suffix(body, CLOSE)
+        keep = 0 if final else held_suffix(body, (CLOSE,))
         return Thought(body[: len(body) - keep], "", True)
     return Thought(body[:end], body[end + len(CLOSE) :], False)
 

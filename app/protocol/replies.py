@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.protocol.reasoning import CLOSE, OPEN, partial_suffix, split_thought
+from app.engine.text import held_suffix
+from app.protocol.reasoning import CLOSE, OPEN, split_thought
 
 FORMATS = ("generic", "hermes", "qwen3_coder", "llama3", "mistral")
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # used with fullmatch
@@ -282,7 +283,7 @@ def _scan_markers(body: str, markers: tuple[str, ...], block: _Block, spec: Repl
         hits = [(j, m) for m in markers if (j := body.find(m, pos)) != -1]
         if not hits:
             tail = body[pos:]
-            keep = 0 if final else max(partial_suffix(tail, m) for m in markers)
+            keep = 0 if final else held_suffix(tail, markers)
             content.append(tail[: len(tail) - keep])
             break
         i, marker = min(hits)
@@ -374,7 +375,7 @@ def _qwen3_function(body: str, j: int, spec: ReplySpec) -> tuple[list[_Found], i
         if close == -1:
             if key in strings:  # a string value streams as it is written
                 raw = body[k + 1 :]
-                raw = _trim_newline(raw[: len(raw) - partial_suffix(raw, "</parameter>")])
+                raw = _trim_newline(raw[: len(raw) - held_suffix(raw, ("</parameter>",))])
                 parts.append(head + '"' + json.dumps(raw, ensure_ascii=False)[1:-1])
             return [(name, "".join(parts), False)], None
         parts.append(head + _param_json(_trim_newline(body[k + 1 : close]), key in strings))

@@ -194,6 +194,23 @@ def _load_args(args: Any) -> Any:
 
 
 
+def string_params(tool: Tool) -> frozenset[str]:
+    """Parameters typed string: their text is the value as written (qwen3_coder)."""
+
+    def is_string(schema: Any) -> bool:
+        if not isinstance(schema, dict):
+            return False
+        kind = schema.get("type")
+        if kind == "string" or (isinstance(kind, list) and "string" in kind):
+            return True
+        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+            return True
+        return any(is_string(s) for s in schema.get("anyOf", []) + schema.get("oneOf", []))
+
+    props = tool.parameters.get("properties") or {}
+    return frozenset(k for k, v in props.items() if is_string(v))
+
+
 def template_tools(tools: list[Tool]) -> list[dict[str, Any]]:
     """Tools as chat templates expect them (the OpenAI shape)."""
     return [
