@@ -29,6 +29,8 @@ def engine_config(settings: Settings):
         served_model_name=settings.served_model_name,
         chat_template=_template_text(settings.chat_template),
         verbose=settings.log_level == "debug",
+        max_prompt_bytes=settings.max_prompt_bytes,
+        grammar_max_step_ms=settings.grammar_max_step_ms,
     )
 
 
@@ -51,9 +53,10 @@ def create_app(
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm)."""
-    from app import errors, routes
+    from app import errors, grammar, routes
     from app.protocol.sse import policy_from
     from app.service import Service
+    from app.settings import slots_per_request
 
     if engine is None:
         from app import model_source
@@ -87,6 +90,16 @@ def create_app(
         reasoning_format=settings.reasoning_format,
         reasoning_field=settings.reasoning_field,
         tool_format=settings.tool_format,
+        limits=grammar.Limits.from_settings(settings),
+        max_tools=settings.max_tools,
+        slots_per_request=slots_per_request(settings),
+        protect_messages=settings.special_tokens_in_messages == "text",
+        prepare_timeout=settings.prepare_timeout,
+    )
+    app.extensions["vertex_gguf_http"] = routes.HttpLimits(
+        max_json_depth=settings.max_json_depth,
+        body_timeout=settings.body_timeout,
+        watchdog_seconds=settings.watchdog_seconds,
     )
     routes.register(app, settings.health_route, settings.predict_route)
     errors.register(app)

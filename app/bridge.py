@@ -18,14 +18,27 @@ import gevent
 import gevent.event
 from gevent.monkey import get_original
 
+from app.errors import Overloaded, RequestTimeout
+
 _start_new_thread = get_original("_thread", "start_new_thread")
+_stack_size = get_original("_thread", "stack_size")
+_stack_lock = get_original("_thread", "allocate_lock")()
 allocate_lock: Callable[[], Any] = get_original("_thread", "allocate_lock")
 _POLL = 1.0  # seconds; only a safety net, the engine's callback wakes the greenlet at once
 
 
-def start_native_thread(target: Callable[[], None]) -> None:
-    """Start ``target`` on a real OS thread, even when threading is monkey-patched."""
-    _start_new_thread(target, ())
+def start_native_thread(target: Callable[[], None], stack_size: int = 0) -> None:
+    """Start ``target`` on a real OS thread, even when threading is monkey-patched; with
+    ``stack_size`` (bytes), on a stack that large (address space; pages are mapped on use)."""
+    if not stack_size:
+        _start_new_thread(target, ())
+        return
+    with _stack_lock:
+        old = _stack_size(stack_size)
+        try:
+            _start_new_thread(target, ())
+        finally:
+            _stack_size(old)
 
 
 class ThreadEvent:
@@ -74,3 +87,42 @@ class Channel:
             if wait <= 0:
                 raise TimeoutError("no event from the engine in time")
             self._ready.wait(wait)
+
+
+def offload(fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+    """``fn(*args)`` on one of the hub's native worker threads while the calling greenlet
+    waits, so CPU-bound request work (validation, templates, schema conversion) leaves the hub
+    free for every other connection; exceptions come back as raised. Past ``timeout`` the
+    caller gets a 503 (the thread finishes on its own: the work is bounded by the limits)."""
+
+    def run() -> tuple[bool, Any]:
+        try:
+            return True, fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, not logged here
+            return False, exc
+
+    try:
+        ok, value = gevent.get_hub().threadpool.spawn(run).get(timeout=timeout)
+    except gevent.Timeout:
+        raise Overloaded(f"preparing the request took over {timeout:g} s") from None
+    if not ok:
+        raise value
+    return value
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None, what: str) -> Any:
+    """Raise a 408 in the calling greenlet if the block takes longer than ``seconds``."""
+    if not seconds:
+        yield
+        return
+    timer = gevent.Timeout(seconds)
+    timer.start()
+    try:
+        yield
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+        raise RequestTimeout(f"{what} took over {seconds:g} s") from None
+    finally:
+        timer.close()

@@ -64,6 +64,26 @@ class MethodNotAllowed(ApiError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(ApiError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class UnsupportedMediaType(ApiError):
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class ClientGone(ApiError):
+    """The client hung up before its answer was ready (nobody reads this one)."""
+
+    status = 499
+    type = "client_closed_request"
+    code = "client_gone"
+
+
 class PayloadTooLarge(ApiError):
     status = 413
     type = "invalid_request_error"
@@ -86,6 +106,15 @@ class ModelNotReady(ApiError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": "5"}
+
+
+class Overloaded(ApiError):
+    status = 503
+    type = "service_unavailable"
+    code = "overloaded"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
 
 
 class ShuttingDown(ApiError):

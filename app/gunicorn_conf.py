@@ -33,8 +33,12 @@ class DrainingGeventWorker(GeventWorker):
     """
 
     in_flight = 0
+    client_timeout: float | None = None  # set from CLIENT_TIMEOUT (see options)
 
     def handle_request(self, listener_name, req, sock, addr):
+        if self.client_timeout:
+            # a client that stops reading (or sending) is cut after this long, not held forever
+            sock.settimeout(self.client_timeout)
         self.in_flight += 1
         try:
             return super().handle_request(listener_name, req, sock, addr)
@@ -78,6 +82,7 @@ def exit_worker_on_load_failure(message: str) -> None:
 
 
 def options(settings: Settings) -> dict[str, Any]:
+    DrainingGeventWorker.client_timeout = settings.client_timeout
     return {
         "bind": [bind_address(settings)],
         "workers": 1,

@@ -2,30 +2,71 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from gevent import select
 
-from app.errors import BadRequest, NotFound
-from app.protocol import openai
+from app import bridge
+from app.errors import NotFound, UnsupportedMediaType
+from app.protocol import jsonbody, openai
 from app.protocol.sse import HEADERS
 from app.service import Service
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What the routes enforce before a request reaches the service (from Settings)."""
+
+    max_json_depth: int = 64
+    body_timeout: float = 60.0
+    watchdog_seconds: float = 60.0
 
 
 def _service() -> Service:
     return current_app.extensions["vertex_gguf"]
 
 
+def _limits() -> HttpLimits:
+    return current_app.extensions["vertex_gguf_http"]
+
+
 def _body() -> Any:
-    raw = request.get_data(cache=False)  # enforces MAX_CONTENT_LENGTH (413)
-    if not raw:
-        raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    """The JSON body. Only ``application/json`` (or ``+json``) is read: the content types a web
+    page may send cross-site without asking (text/plain, forms, none) get a 415, so a page a user
+    visits cannot drive a server on their machine."""
+    mimetype = request.mimetype or ""
+    if mimetype != "application/json" and not mimetype.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, not {request.content_type or 'missing'!r}"
+        )
+    limits = _limits()
+    with bridge.deadline(limits.body_timeout, "reading the request body"):
+        raw = request.get_data(cache=False)  # enforces MAX_CONTENT_LENGTH (413)
+    return jsonbody.parse(raw, limits.max_json_depth)
+
+
+def _gone_probe() -> Callable[[], bool] | None:
+    """Whether the client has hung up (its socket reads as closed); None outside gunicorn."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is None:
+        return None
+
+    def gone() -> bool:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    return gone
 
 
 def _reply(result: dict[str, Any] | Iterator[bytes]) -> Response:
@@ -34,14 +75,31 @@ def _reply(result: dict[str, Any] | Iterator[bytes]) -> Response:
     return Response(result, headers=HEADERS, direct_passthrough=True)
 
 
+_last_stall_log = [0.0]
+
+
 def health() -> tuple[Response, int]:
-    state = _service().engine.state
+    """200 once the model is ready; 503 while loading, and when the engine is stuck (a step or
+    a request's preparation running past WATCHDOG_SECONDS), so the platform restarts it."""
+    engine = _service().engine
+    state = engine.state
     body = state.snapshot()
-    info = _service().engine.info
+    info = engine.info
     if info is not None:
         body["model"] = info.name
-    body["queue"] = _service().engine.queue_depth()
-    return jsonify(body), 200 if state.ready else 503
+    body["queue"] = engine.queue_depth()
+    body["engine"] = engine.stats()
+    ok = state.ready
+    stall = engine.stalled(_limits().watchdog_seconds) if ok else None
+    if stall:
+        ok = False
+        body["status"] = "stalled"
+        body["reason"] = stall
+        now = time.monotonic()
+        if now - _last_stall_log[0] > 10:
+            _last_stall_log[0] = now
+            log.error("health answers 503: the engine looks stuck: %s", stall)
+    return jsonify(body), 200 if ok else 503
 
 
 def _done_header() -> str | None:
@@ -54,7 +112,7 @@ def models_sse() -> Response:
 
 
 def predict() -> Response:
-    return _reply(_service().predict(_body(), _done_header()))
+    return _reply(_service().predict(_body(), _done_header(), _gone_probe()))
 
 
 bp = Blueprint("openai", __name__)
@@ -63,9 +121,9 @@ bp = Blueprint("openai", __name__)
 def _openai(kind: str) -> Response:
     body = _body()
     svc = _service()
-    if isinstance(body, dict) and body.get("stream") is True:
+    if openai.wants_stream(body):
         return _reply(svc.stream(kind, body, _done_header()))
-    return _reply(svc.complete(kind, body))
+    return _reply(svc.complete(kind, body, _gone_probe()))
 
 
 @bp.post("/v1/chat/completions")

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import gevent
+import gevent.pool
 
+from app import bridge, grammar
 from app.engine.types import (
     Accepted,
     Engine,
@@ -24,9 +26,12 @@ from app.engine.types import (
     ModelInfo,
     TextPiece,
 )
-from app.errors import ApiError, BadRequest, ModelNotReady, as_api_error
+from app.errors import ApiError, BadRequest, ClientGone, ModelNotReady, as_api_error
 from app.protocol import chat_template, openai, reasoning, replies, sse, tools, vertex
 from app.protocol.sse import ChunkWriter, StreamPolicy, comment
+
+# How often a non-streaming request checks that its client is still connected (seconds).
+GONE_POLL = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,17 @@ class Service:
         reasoning_format: str = "auto",
         reasoning_field: str = "reasoning_content",
         tool_format: str = "auto",
+        limits: grammar.Limits | None = None,
+        max_tools: int = 128,
+        slots_per_request: int = 1,
+        protect_messages: bool = True,
+        prepare_timeout: float = 30.0,
     ):
+        self.limits = limits or grammar.Limits.defaults()
+        self.max_tools = max_tools
+        self.slots_per_request = slots_per_request
+        self.protect_messages = protect_messages
+        self.prepare_timeout = prepare_timeout
         self.reasoning_format = reasoning_format
         self.reasoning_field = reasoning_field
         self.tool_format = tool_format
@@ -68,10 +83,34 @@ class Service:
 
     # ---- building requests ------------------------------------------------------------------
     def prepare(self, kind: vertex.Kind, body: Any) -> Prepared:
+        """Validate and build the engine request. CPU-bound Python (validation, the chat
+        template, JSON Schema conversion, the grammar gate): run off the request hub by
+        :meth:`prepare_off_hub`."""
         info = self.info()
         if kind == "chat":
-            return self._prepare_chat(info, openai.parse(openai.ChatRequest, body))
-        req = openai.parse(openai.CompletionRequest, body)
+            prep = self._prepare_chat(info, openai.parse(openai.ChatRequest, body))
+        else:
+            prep = self._prepare_completion(openai.parse(openai.CompletionRequest, body))
+        if prep.generation.n > self.slots_per_request:
+            raise BadRequest(
+                f"n={prep.generation.n}: one request may use at most {self.slots_per_request} "
+                "of the server's slots (SLOTS_PER_REQUEST), so others are served too",
+                param="n",
+            )
+        params = prep.generation.params
+        if params.grammar is not None:
+            stats = grammar.check(params.grammar, params.grammar_param, self.limits)
+            params = replace(params, grammar_prefilter=not stats.has_tokens)
+            prep.generation = replace(prep.generation, params=params)
+        return prep
+
+    def prepare_off_hub(self, kind: vertex.Kind, body: Any) -> Prepared:
+        """:meth:`prepare` on a worker thread, so a costly request cannot stall the others'
+        streams or the health route; past PREPARE_TIMEOUT it is refused."""
+        self.info()  # 503 at once while loading
+        return bridge.offload(self.prepare, kind, body, timeout=self.prepare_timeout)
+
+    def _prepare_completion(self, req: openai.CompletionRequest) -> Prepared:
         prompt = req.single_prompt()
         echo = ""
         if req.echo:
@@ -81,34 +120,45 @@ class Service:
         gen = GenerationRequest(
             prompt, req.sampling(), timeout=self.timeout, cache_prompt=req.cache_prompt, n=req.n
         )
-        return Prepared(kind, req, gen, echo=echo)
+        return Prepared("completion", req, gen, echo=echo)
 
     def _prepare_chat(self, info: ModelInfo, req: openai.ChatRequest) -> Prepared:
-        """The prompt (tools offered the way the template expects), the grammar that holds the
-        model to a call when one is required, and how to read the reply."""
+        """The prompt (tools offered the way the template expects; message text marked so it
+        stays text), the grammar that holds the model to a format, and how to read the reply."""
         template = info.chat_template or ""
         fmt = replies.detect_format(template) if self.tool_format == "auto" else self.tool_format
         params = req.sampling()
-        offered, required = tools.pick(tools.validate_tools(req.tools or []), req.tool_choice)
+        protect = (chat_template.protector(info.control_texts) if self.protect_messages
+                   else (lambda value: value))
+        offered, required = tools.pick(
+            tools.validate_tools(req.tools or [], self.max_tools), req.tool_choice
+        )
         think = self.reasoning_format == "parsed" or (
             "<think>" in template and (self.reasoning_format == "auto" or bool(offered))
         )
+        formatted = grammar.for_response_format(req.response_format, self.limits)
+        if formatted is not None:
+            if params.grammar is not None:
+                raise BadRequest("grammar and a JSON response_format cannot be combined",
+                                 param="response_format")
+            params = replace(params, grammar=formatted[0], grammar_param=formatted[1])
         if offered and params.grammar is not None:
             raise BadRequest("tools cannot be combined with a JSON response_format or a grammar",
                              param="response_format")
         parallel = req.parallel_tool_calls and not isinstance(req.tool_choice, dict)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = protect(dict(req.chat_template_kwargs or {}))
         if fmt == "generic":
-            messages = tools.render_history(req.template_messages())
+            messages = tools.render_history(protect(req.template_messages()))
             if offered:  # the generic form: described in words, held to JSON by a grammar
                 think = False
                 schema = tools.reply_schema(offered, required, parallel)
-                params = replace(params, grammar=openai.schema_grammar(schema, "tools"))
-                messages = _with_system(messages, tools.system_prompt(offered, required))
+                params = replace(params, grammar=grammar.from_schema(schema, "tools", self.limits),
+                                 grammar_param="tools")
+                messages = _with_system(messages, protect(tools.system_prompt(offered, required)))
         else:
-            messages = tools.native_history(req.template_messages(), fmt)
+            messages = tools.native_history(protect(req.template_messages()), fmt)
             if offered:
-                extra["tools"] = tools.template_tools(offered)
+                extra["tools"] = protect(tools.template_tools(offered))
         prompt = chat_template.render(
             info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token,
             extra=extra,
@@ -117,14 +167,17 @@ class Service:
         if offered and fmt != "generic" and (required or not think):
             lead = ("open" if in_thought else "think" if think else "") if required else ""
             try:
-                grammar = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead, template=template)
+                call = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead,
+                                          template=template, limits=self.limits)
+                grammar.check(call, "tools", self.limits)
             except BadRequest:
                 if required:
                     raise
-                grammar = None  # auto: a schema the converter cannot hold is left to the model
+                call = None  # auto: a schema the gate refuses is left to the model
                 log.warning("tool schemas cannot be turned into a grammar: calls are not held to them")
-            if grammar is not None:  # auto: the grammar takes hold only once a call starts
-                params = replace(params, grammar=grammar, grammar_takes_injection=bool(lead),
+            if call is not None:  # auto: the grammar takes hold only once a call starts
+                params = replace(params, grammar=call, grammar_param="tools",
+                                 grammar_takes_injection=bool(lead),
                                  grammar_triggers=() if required else tools.TRIGGERS[fmt])
         spec = None
         if offered or think:
@@ -153,8 +206,12 @@ class Service:
         return handle, first.prompt_tokens
 
     # ---- non-streaming ----------------------------------------------------------------------
-    def complete(self, kind: vertex.Kind, body: Any) -> dict[str, Any]:
-        prep = self.prepare(kind, body)
+    def complete(
+        self, kind: vertex.Kind, body: Any, gone: Callable[[], bool] | None = None
+    ) -> dict[str, Any]:
+        """The whole answer. ``gone`` tells whether the client hung up: the generation is
+        cancelled then (checked every GONE_POLL seconds while it runs)."""
+        prep = self.prepare_off_hub(kind, body)
         created = int(time.time())
         handle, _ = self._start(prep)
         n = prep.generation.n
@@ -163,7 +220,7 @@ class Service:
         done = False
         guard = _ThoughtGuard(prep, handle)
         try:
-            for ev in handle:
+            for ev in _events(handle, gone):
                 if isinstance(ev, TextPiece):
                     parts[ev.index].append(ev.text)
                     guard.on_piece(ev)
@@ -203,7 +260,7 @@ class Service:
     ) -> Iterator[bytes]:
         """Checks everything that can fail before the first byte, then returns the SSE body."""
         policy = self.policy.with_done_header(done_header)
-        prep = self.prepare(kind, body)
+        prep = self.prepare_off_hub(kind, body)
         created = int(time.time())
         handle, prompt_tokens = self._start(prep)
         opts = prep.request.stream_options or openai.StreamOptions()
@@ -315,7 +372,7 @@ class Service:
 
     # ---- Vertex predict ---------------------------------------------------------------------
     def predict(
-        self, body: Any, done_header: str | None = None
+        self, body: Any, done_header: str | None = None, gone: Callable[[], bool] | None = None
     ) -> dict[str, Any] | Iterator[bytes]:
         """An envelope -> predictions; a raw OpenAI body -> what /v1 would answer."""
         if not isinstance(body, dict):
@@ -323,22 +380,32 @@ class Service:
         if not vertex.is_envelope(body):
             kind = vertex.kind_of(body)
             raw = vertex.strip_format(body)
-            if raw.get("stream"):
+            if openai.wants_stream(raw):
                 return self.stream(kind, raw, done_header)
-            return self.complete(kind, raw)
+            return self.complete(kind, raw, gone)
         items = vertex.parse_envelope(body, self.max_instances)
-        wants_stream = [i for i in items if isinstance(i, vertex.Instance) and i.body.get("stream")]
-        if wants_stream:
+        streams: list[vertex.Instance] = []
+        for i, item in enumerate(items):
+            if isinstance(item, vertex.Instance):
+                try:
+                    if openai.wants_stream(item.body):
+                        streams.append(item)
+                except ApiError as err:
+                    items[i] = err
+        if streams:
             if len(items) != 1:
                 raise BadRequest(
                     f"stream: true needs exactly one instance (got {len(items)}): a stream "
                     "carries one answer; send the instances as separate requests",
                     param="instances",
                 )
-            return self.stream(wants_stream[0].kind, wants_stream[0].body, done_header)
+            return self.stream(streams[0].kind, streams[0].body, done_header)
         self.info()  # 503 for the whole envelope while loading
+        # at most SLOTS_PER_REQUEST instances in the engine at once: one envelope cannot take
+        # every slot (the rest wait their turn here, not in the engine's queue)
+        pool = gevent.pool.Pool(self.slots_per_request)
         jobs = [
-            gevent.spawn(self._instance, item) if isinstance(item, vertex.Instance) else None
+            pool.spawn(self._instance, item, gone) if isinstance(item, vertex.Instance) else None
             for item in items
         ]
         gevent.joinall([j for j in jobs if j is not None])
@@ -347,11 +414,27 @@ class Service:
             results.append(item if job is None else job.value)  # type: ignore[arg-type]
         return vertex.predictions(results)
 
-    def _instance(self, item: vertex.Instance) -> dict[str, Any] | ApiError:
+    def _instance(self, item: vertex.Instance, gone: Callable[[], bool] | None) -> dict[str, Any] | ApiError:
         try:
-            return self.complete(item.kind, item.body)
+            if gone is not None and gone():
+                raise ClientGone("the client went away")
+            return self.complete(item.kind, item.body, gone)
         except Exception as exc:  # noqa: BLE001 - one instance's failure stays in its slot
             return as_api_error(exc)
+
+
+def _events(handle: Handle, gone: Callable[[], bool] | None) -> Iterator[Any]:
+    """A handle's events; when the client is gone, raises ClientGone (the caller cancels)."""
+    if gone is None:
+        yield from handle
+        return
+    while not handle.over:
+        try:
+            yield handle.next_event(GONE_POLL)
+        except TimeoutError:
+            if gone():
+                log.info("client went away: generation cancelled")
+                raise ClientGone("the client went away") from None
 
 
 def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

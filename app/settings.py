@@ -293,6 +293,157 @@ class Settings(BaseSettings):
         **_env("REQUEST_TIMEOUT"),
     )
 
+    # --- limits and safety (see README "Limits and safety") ------------------------------------
+    slots_per_request: int = Field(
+        0,
+        description="Most slots one request may hold: its `n` choices, or a Vertex envelope's "
+        "instances running at once (0: half of PARALLEL, at least 1), so one request never "
+        "takes every slot.",
+        ge=0,
+        le=256,
+        **_env("SLOTS_PER_REQUEST"),
+    )
+    max_prompt_bytes: int = Field(
+        0,
+        description="Prompts longer than this in UTF-8 bytes are refused before they are "
+        "tokenized (0: the context size times the longest token, which no prompt that fits "
+        "can exceed).",
+        ge=0,
+        le=1 << 31,
+        **_env("MAX_PROMPT_BYTES"),
+    )
+    max_tools: int = Field(
+        128,
+        description="Most tools in one request (OpenAI's own limit is 128).",
+        ge=1,
+        le=10_000,
+        **_env("MAX_TOOLS"),
+    )
+    max_json_depth: int = Field(
+        64,
+        description="Deepest nesting of arrays and objects in a request body; deeper is a 400.",
+        ge=8,
+        le=512,
+        **_env("MAX_JSON_DEPTH"),
+    )
+    body_timeout: float = Field(
+        60.0,
+        description="Seconds a client may take to send its request body; slower is a 408 "
+        "(a trickled body cannot hold a connection forever).",
+        gt=0,
+        le=3600,
+        **_env("BODY_TIMEOUT"),
+    )
+    client_timeout: float = Field(
+        120.0,
+        description="Seconds a client socket may stall a read or a write (a reader that stops "
+        "reading a stream); the connection is closed after it and its generation cancelled.",
+        gt=0,
+        le=86400,
+        **_env("CLIENT_TIMEOUT"),
+    )
+    prepare_timeout: float = Field(
+        30.0,
+        description="Seconds a request's preparation (validation, chat template, JSON Schema "
+        "conversion, grammar checks; run off the request loop) may take before a 503.",
+        gt=0,
+        le=3600,
+        **_env("PREPARE_TIMEOUT"),
+    )
+    watchdog_seconds: float = Field(
+        60.0,
+        description="Health answers 503 (so the platform restarts the container) when one "
+        "engine step, or one request's preparation, has run this long.",
+        gt=0,
+        le=86400,
+        **_env("WATCHDOG_SECONDS"),
+    )
+    special_tokens_in_messages: Literal["text", "parse"] = Field(
+        "text",
+        description="Control-token text inside messages (`<|im_start|>` written by a user, a "
+        "tool result or a document): text keeps it plain text, so nobody can forge a turn; "
+        "parse makes it control tokens (what llama-server and vLLM do).",
+        **_env("SPECIAL_TOKENS_IN_MESSAGES"),
+    )
+    grammar_max_bytes: int = Field(
+        256 * 1024,
+        description="Largest grammar text (GBNF, from `grammar`, a JSON schema or tools).",
+        ge=1024,
+        le=16 << 20,
+        **_env("GRAMMAR_MAX_BYTES"),
+    )
+    grammar_max_rules: int = Field(
+        10_000,
+        description="Most rules a grammar may expand to (groups and repetitions included).",
+        ge=16,
+        le=1_000_000,
+        **_env("GRAMMAR_MAX_RULES"),
+    )
+    grammar_max_symbols: int = Field(
+        200_000,
+        description="Most symbols a grammar may expand to (its size in memory).",
+        ge=256,
+        le=50_000_000,
+        **_env("GRAMMAR_MAX_SYMBOLS"),
+    )
+    grammar_max_depth: int = Field(
+        4096,
+        description="Deepest nesting of groups in a grammar (llama.cpp's parser recurses per "
+        "level).",
+        ge=8,
+        le=20_000,
+        **_env("GRAMMAR_MAX_DEPTH"),
+    )
+    grammar_max_repetition: int = Field(
+        2000,
+        description="Largest repetition bound ({m,n}; a schema's minLength / minItems): over "
+        "it, a 400; a schema's maxLength / maxItems over it is not enforced (as llama.cpp does "
+        "above 2000).",
+        ge=1,
+        le=2000,
+        **_env("GRAMMAR_MAX_REPETITION"),
+    )
+    grammar_max_alternatives: int = Field(
+        1000,
+        description="Most alternatives in one grammar rule (an enum's values, a union's "
+        "members).",
+        ge=2,
+        le=100_000,
+        **_env("GRAMMAR_MAX_ALTERNATIVES"),
+    )
+    grammar_max_optionals: int = Field(
+        32,
+        description="Most optional items in a row in a grammar (each can multiply the work "
+        "of a sampling step).",
+        ge=1,
+        le=10_000,
+        **_env("GRAMMAR_MAX_OPTIONALS"),
+    )
+    grammar_max_properties: int = Field(
+        5000,
+        description="Most properties in one JSON schema, all objects together (OpenAI's limit).",
+        ge=1,
+        le=1_000_000,
+        **_env("GRAMMAR_MAX_PROPERTIES"),
+    )
+    grammar_max_optional_properties: int = Field(
+        256,
+        description="Most optional properties in one object of a JSON schema (conversion is "
+        "quadratic in them).",
+        ge=1,
+        le=100_000,
+        **_env("GRAMMAR_MAX_OPTIONAL_PROPERTIES"),
+    )
+    grammar_max_step_ms: float = Field(
+        100.0,
+        description="Most engine time one sampling step under a grammar may take: a grammar "
+        "whose first step is slower is a 400; one slower later ends its request (the engine "
+        "thread is shared by every stream).",
+        gt=0,
+        le=60_000,
+        **_env("GRAMMAR_MAX_STEP_MS"),
+    )
+
     # --- Vertex AI identity (set by the platform; logged, never baked into the image) ---------
     aip_mode: str | None = Field(
         None,
@@ -373,3 +524,8 @@ def settings_table() -> str:
             f"{bounds_text(info)} | {info.description} |"
         )
     return "\n".join(rows)
+
+
+def slots_per_request(settings: Settings) -> int:
+    """SLOTS_PER_REQUEST, resolved (0 means half the slots)."""
+    return settings.slots_per_request or max(1, settings.parallel // 2)

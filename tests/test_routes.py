@@ -135,10 +135,26 @@ def test_body_that_is_not_an_object_is_400(client):
     assert_openai_error(client.post("/v1/chat/completions", json=[1, 2]), 400)
 
 
-def test_unknown_fields_are_ignored(client):
-    resp = client.post("/v1/chat/completions", json={**CHAT, "store": False, "metadata": {"a": 1},
-                       "stream_options": None, "parallel_tool_calls": True})
-    assert resp.status_code == 200
+def test_informational_fields_are_accepted_and_nulls_dropped(client):
+    resp = client.post("/v1/chat/completions", json={
+        **CHAT, "store": False, "metadata": {"a": "1"}, "user": "u-1", "service_tier": "auto",
+        "prompt_cache_key": "k", "safety_identifier": "s", "stream_options": None,
+        "parallel_tool_calls": True, "some_vendor_field": None, "reasoning_effort": None})
+    assert resp.status_code == 200, resp.get_json()
+
+
+@pytest.mark.parametrize("field,value,hint", [
+    ("functions", [], "tools"),
+    ("reasoning_effort", "low", "reasoning_budget"),
+    ("mirostat", 2, "not supported"),
+    ("some_vendor_field", 1, "list of request fields"),
+    ("store", True, ""),
+    ("top_logprobs", 2, ""),
+])
+def test_fields_this_server_does_not_do_are_400_not_ignored(client, field, value, hint):
+    resp = client.post("/v1/chat/completions", json={**CHAT, field: value})
+    assert_openai_error(resp, 400, field)
+    assert hint in resp.get_json()["error"]["message"]
 
 
 def test_unknown_route_and_method(client):
@@ -248,9 +264,13 @@ def test_envelope_chat_prompt_mixed_and_failing_instance(client):
 
 
 def test_envelope_request_format_selects_explicitly(client, fake_engine):
-    body = {"instances": [{"@requestFormat": "/v1/chat/completions", "messages": [{"role": "user", "content": "x"}], "prompt": "ignored"}]}
+    body = {"instances": [{"@requestFormat": "/v1/chat/completions", "messages": [{"role": "user", "content": "x"}]}]}
     pred = client.post("/predict", json=body).get_json()["predictions"][0]
     assert pred["object"] == "chat.completion"
+    # the format decides, not the keys: a completions instance with messages is refused, not guessed
+    body = {"instances": [{"@requestFormat": "completions", "prompt": "p", "messages": [{"role": "user", "content": "x"}]}]}
+    pred = client.post("/predict", json=body).get_json()["predictions"][0]
+    assert pred["error"]["param"] == "messages"
     pred = client.post("/predict", json={"instances": [{"@requestFormat": "embeddings", "input": "x"}]}).get_json()["predictions"][0]
     assert "@requestFormat" in pred["error"]["message"]
 

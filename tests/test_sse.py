@@ -158,7 +158,9 @@ def parse_stream(text: str) -> list:
 
 
 def test_chat_stream_follows_the_rules_over_http(client):
-    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True, "unknown": 1}})
+    bad = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True, "unknown": 1}})
+    assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "stream_options.unknown"
+    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
     assert resp.status_code == 200
     assert resp.headers["Content-Type"].startswith("text/event-stream")
     assert resp.headers["Cache-Control"] == "no-cache"

@@ -60,6 +60,7 @@ class FakeEngine:
         self.capacity = capacity
         self.state = LoadState()
         self.requests: list[GenerationRequest] = []
+        self.stall: str | None = None  # what stalled() reports (tests of the watchdog)
         self.handles: list[FakeHandle] = []
         self._lock = allocate_lock()
         self._running = 0
@@ -82,6 +83,12 @@ class FakeEngine:
 
     def queue_depth(self) -> int:
         return self._running
+
+    def stats(self) -> dict[str, object]:
+        return {"steps": 0, "batch_widths": {}}
+
+    def stalled(self, limit: float) -> str | None:
+        return self.stall
 
     def shutdown(self) -> None:
         pass

@@ -17,6 +17,11 @@ class ChannelHandle:
         self._over = False
         self._left = n
 
+    @property
+    def over(self) -> bool:
+        """Every event has been read."""
+        return self._over
+
     def next_event(self, timeout: float | None = None) -> Event:
         ev = self._channel.get(timeout)
         if isinstance(ev, Failed):

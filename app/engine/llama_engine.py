@@ -2,10 +2,16 @@
 
 Driven through llama-cpp-python's low-level API: every step builds one ``llama_batch`` with the
 next token of each generating sequence plus prompt chunks of sequences being admitted, calls
-``llama_decode`` once, and samples each sequence with its own sampler chain in C
-(``llama_sampler_sample``). Logits are requested only where a token is sampled. Nothing here
-runs on a greenlet: greenlets hand requests in through a lock-free deque and get events back
-through their sink (see app.bridge).
+``llama_decode`` once, and samples each sequence with its own sampler (app.engine.sampling).
+Logits are requested only where a token is sampled. Nothing here runs on a greenlet: greenlets
+hand requests in through a lock-free deque and get events back through their sink (see
+app.bridge).
+
+A request is prepared before the engine thread sees it, on one of a few prep threads (native,
+with a large stack): its prompt is tokenized (llama.cpp's tokenizer only reads the vocabulary, so
+it runs beside ``llama_decode``), checked against the context, and its grammar compiled and
+probed. The engine thread only admits, decodes and samples, so a 4 MB prompt or a costly grammar
+never stalls the streams already running.
 """
 
 from __future__ import annotations
@@ -14,16 +20,20 @@ import ctypes
 import logging
 import os
 import re
-import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
 from app.engine.handle import ChannelHandle
+from app.engine.sampling import GrammarSpec, GrammarTooSlow, Sampler, Vocab, compile_grammar
 from app.engine.text import TextAssembler
 from app.engine.types import (
+    PROTECT_CLOSE,
+    PROTECT_OPEN,
     Accepted,
     Event,
     Failed,
@@ -58,6 +68,9 @@ PRESERVED_TOKENS = (
 log = logging.getLogger(__name__)
 
 _FLASH = {"auto": -1, "off": 0, "on": 1}
+_PROTECTED = re.compile(f"{PROTECT_OPEN}(.*?){PROTECT_CLOSE}", re.DOTALL)
+PREP_THREADS = 2
+PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,8 @@ class EngineConfig:
     served_model_name: str | None = None
     chat_template: str | None = None
     verbose: bool = False
+    max_prompt_bytes: int = 0  # 0: the context times the longest token's bytes
+    grammar_max_step_ms: float = 100.0
 
 
 @dataclass(eq=False)
@@ -93,6 +108,7 @@ class _Job:
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
+    sampler: Sampler | None = None  # built on a prep thread; freed when the job is over
 
 
 @dataclass(eq=False)
@@ -105,7 +121,6 @@ class _Slot:
     n_past: int = 0  # tokens of this sequence already in the KV cache
     n_prompt_done: int = 0  # prompt tokens decoded so far
     last_token: int = -1
-    sampler: object | None = None
     i_batch: int = -1  # index in the current batch whose logits this slot samples
 
 
@@ -145,15 +160,23 @@ class LlamaEngine:
         self._resolve_model = resolve_model
         self._on_fatal = on_fatal
         self._info: ModelInfo | None = None
-        self._inbox: deque[_Job] = deque()
+        self._prep: deque[_Job] = deque()  # submitted, to be prepared on a prep thread
+        self._prep_wake = ThreadEvent()
+        self._prep_busy: dict[int, float] = {}  # prep thread -> when its current job started
+        self._inbox: deque[_Job] = deque()  # prepared, for the engine thread
         self._waiting: deque[_Job] = deque()
         self._wake = ThreadEvent()
         self._count_lock = allocate_lock()
+        self._handoff = allocate_lock()  # prep threads vs. the engine closing
+        self._closed = False
         self._in_flight = 0  # submitted and not finished: admitted + waiting
         self._last_queue_log = 0.0
         self._stopping = False
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
+        self._step_since: float | None = None  # when the step in progress began
+        self._steps = 0
+        self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
 
     # ---- greenlet side ---------------------------------------------------------------------
     @property
@@ -166,6 +189,19 @@ class LlamaEngine:
     def queue_depth(self) -> int:
         """Requests submitted but not yet admitted to a slot."""
         return max(0, self._in_flight - self.config.parallel)
+
+    def stats(self) -> dict[str, object]:
+        return {"steps": self._steps, "batch_widths": {str(k): v for k, v in sorted(self._widths.items())}}
+
+    def stalled(self, limit: float) -> str | None:
+        now = time.monotonic()
+        since = self._step_since
+        if since is not None and now - since > limit:
+            return f"one engine step has been running for {now - since:.0f} s"
+        for started in list(self._prep_busy.values()):
+            if now - started > limit:
+                return f"preparing one request has taken {now - started:.0f} s"
+        return None
 
     def submit(self, request: GenerationRequest) -> LlamaHandle:
         if self._stopping:
@@ -196,8 +232,8 @@ class LlamaEngine:
                     f"server is busy: {self.config.max_queue} requests already waiting"
                 )
             self._in_flight += n
-        self._inbox.append(job)
-        self._wake.set()
+        self._prep.append(job)
+        self._prep_wake.set()
         waiting = self.queue_depth()
         now = time.monotonic()
         if waiting and now - self._last_queue_log >= 1.0:
@@ -208,7 +244,45 @@ class LlamaEngine:
         """Stop after the jobs in flight; used at worker exit."""
         self._stopping = True
         self._wake.set()
+        self._prep_wake.set()
         self._stopped.wait(timeout)
+
+    # ---- prep threads ----------------------------------------------------------------------
+    def _prep_main(self, me: int) -> None:
+        while True:
+            job = self._prep.popleft() if self._prep else None
+            if job is None:
+                if self._closed or (self._stopping and not self._prep):
+                    return
+                self._prep_wake.wait(0.5)
+                continue
+            if self._prep:
+                self._prep_wake.set()  # more waiting: wake another prep thread
+            self._prep_busy[me] = time.monotonic()
+            try:
+                self._prepare_job(job)
+            finally:
+                self._prep_busy.pop(me, None)
+
+    def _prepare_job(self, job: _Job) -> None:
+        """Prepare ``job`` and hand it to the engine thread; a failure answers it here."""
+        if job.cancelled:
+            self._drop(job)
+            return
+        try:
+            self._prepare(job)
+        except Exception as exc:  # noqa: BLE001 - every job gets an answer
+            if not isinstance(exc, ApiError):
+                log.exception("could not prepare a request")
+            self._drop(job, as_api_error(exc))
+            return
+        with self._handoff:
+            if not self._closed:
+                job.sink(Accepted(prompt_tokens=len(job.tokens)))
+                self._inbox.append(job)
+                self._wake.set()
+                return
+        self._drop(job, ShuttingDown("server is shutting down"))
 
     # ---- engine thread ---------------------------------------------------------------------
     def _thread_main(self) -> None:
@@ -224,6 +298,8 @@ class LlamaEngine:
                 self._on_fatal(msg)
             self._stopped.set()
             return
+        for i in range(PREP_THREADS):
+            start_native_thread(lambda i=i: self._prep_main(i), stack_size=PREP_STACK_BYTES)
         self.state.set("ready", progress=1.0)
         log.info("model ready: %s (n_ctx=%d)", self._info.name, self._n_ctx)
         try:
@@ -236,6 +312,9 @@ class LlamaEngine:
             if self._on_fatal:  # the platform restarts the container rather than it hanging
                 self._on_fatal(self.state.error or "engine crashed")
         finally:
+            with self._handoff:
+                self._closed = True
+            self._prep_wake.set()
             self._fail_everything(ShuttingDown("server is shutting down"))  # late arrivals
             self._free()
             self._stopped.set()
@@ -300,14 +379,17 @@ class LlamaEngine:
             )
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx(ctx))
+        # what one sequence may hold: llama.cpp may round the total per sequence
+        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(ctx))
         self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel), 0, 1)
         self._piece_buf = ctypes.create_string_buffer(256)
-        self._tok_buf_len = 0
-        self._tok_buf = None
         self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
         self._bos = ll.llama_vocab_bos(self._vocab)
         self._add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
+        self._vocab_tables = Vocab(ll, self._vocab)
+        self._n_vocab = self._vocab_tables.n
+        # a prompt longer than this in bytes cannot fit: refused before it is tokenized
+        self._max_prompt_bytes = cfg.max_prompt_bytes or self._n_ctx * self._vocab_tables.longest_piece
         self._preserved = self._control_tokens(PRESERVED_TOKENS)
 
         template = cfg.chat_template
@@ -324,6 +406,8 @@ class LlamaEngine:
             bos_token=self._token_text(self._bos),
             eos_token=self._token_text(ll.llama_vocab_eos(self._vocab)),
             created=int(time.time()),
+            n_vocab=self._n_vocab,
+            control_texts=self._vocab_tables.control_texts,
         )
         log.info(
             "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, threads=%d",
@@ -336,24 +420,39 @@ class LlamaEngine:
         )
 
     def _warm_up(self) -> None:
-        """Generate one token through the normal path before declaring the model ready."""
+        """Before declaring the model ready, run what the first burst of requests will: a full
+        prefill chunk, then every slot generating in one batch (llama.cpp sizes its buffers and
+        the OS maps the KV cache's pages on first use, which the first burst paid for before)."""
         self.state.set("warming_up", progress=None)
         events: list[Event] = []
-        job = _Job(
-            request=GenerationRequest("Hello", SamplingParams(max_tokens=1, temperature=0.0)),
-            sink=events.append,
-        )
-        self._in_flight += 1
-        self._inbox.append(job)
-        for _ in range(100):
+        text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
+        long = self._tokenize(text, add_bos=self._add_bos)[: self.config.prefill_chunk]
+        jobs = []
+        for i in range(self.config.parallel):
+            prompt = tuple(long) if i == 0 else tuple(long[: 8 + i])
+            job = _Job(
+                request=GenerationRequest(prompt, SamplingParams(max_tokens=4, temperature=0.0),
+                                          cache_prompt=False),
+                sink=events.append,
+            )
+            self._prepare(job)
+            self._in_flight += 1
+            self._waiting.append(job)
+            jobs.append(job)
+        for _ in range(100 + 4 * len(jobs)):
             self._step_once()
-            if job.done:
+            if all(j.done for j in jobs):
                 break
-        last = events[-1] if events else None
-        if isinstance(last, Failed):
-            raise ModelLoadError(f"warm-up generation failed: {last.error.message}")
-        if not isinstance(last, Finished):
+        failed = [e for e in events if isinstance(e, Failed)]
+        if failed:
+            raise ModelLoadError(f"warm-up generation failed: {failed[0].error.message}")
+        if sum(isinstance(e, Finished) for e in events) != len(jobs):
             raise ModelLoadError("warm-up generation did not finish")
+        for slot in self._slots:  # the warm-up text is no prefix anyone will reuse
+            self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            slot.cached.clear()
+        self._steps = 0
+        self._widths.clear()
 
     def _loop(self) -> None:
         while True:
@@ -363,7 +462,8 @@ class LlamaEngine:
                 log.exception("engine step failed")
                 self._fail_active(EngineFailure("internal engine error"))
                 busy = True
-            if self._stopping and not busy and not self._inbox and not self._waiting:
+            if self._stopping and not busy and not (self._prep or self._prep_busy or self._inbox
+                                                    or self._waiting):
                 return
             if not busy:
                 self._wake.wait(0.5)
@@ -375,38 +475,47 @@ class LlamaEngine:
         self._admit()
         if not any(s.job for s in self._slots):
             return False
-        self._decode_step()
+        self._step_since = time.monotonic()
+        try:
+            self._decode_step()
+        finally:
+            self._step_since = None
         return True
 
     def _take_inbox(self) -> None:
+        """Prepared jobs join the admission queue, in the order they were prepared."""
         while self._inbox:
             job = self._inbox.popleft()
             if job.cancelled:
                 self._drop(job)
-                continue
-            try:
-                self._prepare(job)
-            except Exception as exc:  # noqa: BLE001 - every job gets an answer
-                if not isinstance(exc, ApiError):
-                    log.exception("could not prepare a request")
-                self._drop(job, as_api_error(exc))
-                continue
-            for f in job.followers:
-                f.tokens = job.tokens
-                f.max_new = job.max_new
-                f.assembler = TextAssembler(job.request.params.stop)
-            job.sink(Accepted(prompt_tokens=len(job.tokens)))
-            self._waiting.append(job)
+            else:
+                self._waiting.append(job)
 
     def _prepare(self, job: _Job) -> None:
+        """Tokenize, check against the context, build every choice's sampler (grammar compiled
+        and probed). Runs on a prep thread; touches nothing the engine thread owns."""
         req = job.request
+        params = req.params
         if isinstance(req.prompt, str):
-            job.tokens = self._tokenize(req.prompt, add_bos=req.add_bos and self._add_bos)
+            size = len(req.prompt.encode("utf-8", "surrogatepass"))
+            if size > self._max_prompt_bytes:
+                raise ContextOverflow(
+                    f"prompt is {size} bytes: over {self._max_prompt_bytes} bytes it cannot fit "
+                    f"the context of {self._n_ctx} tokens",
+                    param="messages",
+                )
+            job.tokens = self._tokenize_prompt(req.prompt, add_bos=req.add_bos and self._add_bos)
         else:
-            n_vocab = self._ll.llama_vocab_n_tokens(self._vocab)
-            bad = [t for t in req.prompt if not 0 <= t < n_vocab]
-            if bad:
-                raise BadRequest(f"prompt token id {bad[0]} is out of range", param="prompt")
+            if len(req.prompt) >= self._n_ctx:
+                raise ContextOverflow(
+                    f"prompt has {len(req.prompt)} tokens, but the context holds {self._n_ctx} "
+                    "tokens (and at least one must be left to generate)",
+                    param="prompt",
+                )
+            ids = np.asarray(req.prompt, dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= self._n_vocab)]
+            if len(bad):
+                raise BadRequest(f"prompt token id {int(bad[0])} is out of range", param="prompt")
             job.tokens = list(req.prompt)
         n_prompt = len(job.tokens)
         if n_prompt == 0:
@@ -417,21 +526,32 @@ class LlamaEngine:
                 "(and at least one must be left to generate)",
                 param="messages",
             )
-        max_tokens = req.params.max_tokens
+        max_tokens = params.max_tokens
         if max_tokens is not None and n_prompt + max_tokens > self._n_ctx:
             raise ContextOverflow(
                 f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the "
                 f"context of {self._n_ctx} tokens",
                 param="max_tokens",
             )
-        grammar = req.params.grammar
-        if grammar is not None:
-            probe = self._grammar_sampler(req.params)
-            if not probe:
-                raise BadRequest("the grammar does not parse", param="grammar")
-            self._ll.llama_sampler_free(probe)
+        bad_bias = [t for t, _ in params.logit_bias if not 0 <= t < self._n_vocab]
+        if bad_bias:
+            raise BadRequest(
+                f"logit_bias: token id {bad_bias[0]} is not in the vocabulary (0..{self._n_vocab - 1})",
+                param="logit_bias",
+            )
         job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
-        job.assembler = TextAssembler(req.params.stop)
+        try:
+            for j in (job, *job.followers):
+                j.tokens = job.tokens
+                j.max_new = job.max_new
+                j.assembler = TextAssembler(params.stop)
+                j.sampler = self._make_sampler(params, j.index, probe=j is job)
+        except BaseException:
+            for j in (job, *job.followers):
+                if j.sampler is not None:
+                    j.sampler.free()
+                    j.sampler = None
+            raise
 
     def _reap(self) -> None:
         """Drop cancelled jobs and fail the ones past their deadline, freeing their KV."""
@@ -464,8 +584,10 @@ class LlamaEngine:
             if len(free) < 1 + len(self._waiting[0].followers):
                 return  # FIFO: the next request waits for enough slots for all its choices
             job = self._waiting.popleft()
-            slot = max(free, key=lambda s: (_common_prefix(s.cached, job.tokens), -s.last_used))
-            n_common = min(_common_prefix(slot.cached, job.tokens), len(job.tokens) - 1)
+            prompt = np.asarray(job.tokens, dtype=np.int32)
+            shared = {id(s): _common_prefix(s.cached, prompt) for s in free}
+            slot = max(free, key=lambda s: (shared[id(s)], -s.last_used))
+            n_common = min(shared[id(slot)], len(job.tokens) - 1)
             if not job.request.cache_prompt:
                 n_common = 0
             if n_common < len(slot.cached) and not self._ll.llama_memory_seq_rm(
@@ -482,7 +604,6 @@ class LlamaEngine:
             slot.n_prompt_done = n_common
             slot.last_token = -1
             slot.last_used = time.monotonic()
-            slot.sampler = self._make_sampler(job.request.params)
             free.remove(slot)
             for follower in job.followers:
                 # each other choice gets a slot of its own; it takes a copy of the leader's prompt
@@ -496,7 +617,6 @@ class LlamaEngine:
                 fslot.n_past = fslot.n_prompt_done = 0
                 fslot.last_token = -1
                 fslot.last_used = time.monotonic()
-                fslot.sampler = self._make_sampler(job.request.params, follower.index)
 
     def _decode_step(self) -> None:
         ll = self._ll
@@ -561,10 +681,22 @@ class LlamaEngine:
                 slot.n_past = slot.n_prompt_done = leader.n_past
                 slot.i_batch = leader.i_batch
                 slot.follows = None
+        width = 0
         for slot in self._slots:
-            if slot.i_batch >= 0 and slot.job is not None:
-                tok = ll.llama_sampler_sample(slot.sampler, self._ctx, slot.i_batch)
+            job = slot.job
+            if slot.i_batch >= 0 and job is not None and job.sampler is not None:
+                width += 1
+                try:
+                    tok = job.sampler.sample(self._ctx, slot.i_batch)
+                except BadRequest as err:  # the grammar ended it: this sequence only
+                    if isinstance(err, GrammarTooSlow):
+                        log.warning("request ended: %s", err.message)
+                    self._fail_job(job, err)
+                    self._release(slot)
+                    continue
                 self._on_token(slot, tok)
+        self._steps += 1
+        self._widths[width] += 1
 
     def _take_injection(self, slot: _Slot, room: int) -> list[int]:
         """Tokens of text injected into this sequence (already sent to the client as text)."""
@@ -579,10 +711,9 @@ class LlamaEngine:
             return []  # the model got there first: injecting now would be wrong (or refused)
         data = text.encode()
         job.generated += data
-        params = job.request.params
-        if params.grammar is None or params.grammar_takes_injection:
-            for tok in toks:  # the sampler (grammar, penalties) moves past the injected text
-                self._ll.llama_sampler_accept(slot.sampler, tok)
+        assert job.sampler is not None
+        job.sampler.accept_injected(toks)  # penalties (and a grammar built for it) move past it
+        job.sampler.observe(job.generated)
         piece = job.assembler.feed(data) if job.assembler else text
         if piece:
             job.sink(TextPiece(piece, job.n_generated, job.index))
@@ -605,6 +736,8 @@ class LlamaEngine:
         job.n_generated += 1
         raw = self._piece(tok)
         job.generated += raw
+        assert job.sampler is not None
+        job.sampler.observe(job.generated)
         text = job.assembler.feed(raw)
         if job.assembler.stopped:
             if text:
@@ -642,9 +775,6 @@ class LlamaEngine:
         if not keep_cache:
             self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.cached.clear()
-        if slot.sampler is not None:
-            self._ll.llama_sampler_free(slot.sampler)
-            slot.sampler = None
         slot.job = None
         slot.follows = None
         slot.i_batch = -1
@@ -654,6 +784,9 @@ class LlamaEngine:
             self._job_over(job)
 
     def _job_over(self, job: _Job) -> None:
+        if job.sampler is not None:
+            job.sampler.free()
+            job.sampler = None
         if not job.done:
             job.done = True
             with self._count_lock:
@@ -678,30 +811,41 @@ class LlamaEngine:
                 self._release(slot)
 
     def _fail_everything(self, err: ApiError) -> None:
-        for slot in self._slots:
+        for slot in getattr(self, "_slots", []):
             if slot.job is not None:
-                self._fail_job(slot.job, err)
+                for job in (slot.job, *slot.job.followers):
+                    self._fail_job(job, err)
                 slot.job = None
-        for job in list(self._waiting) + list(self._inbox):
-            self._fail_job(job, err)
-        self._waiting.clear()
-        self._inbox.clear()
+        while self._prep or self._waiting or self._inbox:
+            queue = self._prep if self._prep else self._waiting if self._waiting else self._inbox
+            self._drop(queue.popleft(), err)
 
     # ---- llama.cpp helpers (engine thread only) ----------------------------------------------
-    def _tokenize(self, text: str, add_bos: bool) -> list[int]:
+    def _tokenize_prompt(self, text: str, add_bos: bool) -> list[int]:
+        """A prompt's tokens: control tokens parsed, except in protected spans (message text)."""
+        if PROTECT_OPEN not in text and PROTECT_CLOSE not in text:
+            return self._tokenize(text, add_bos)
+        parts = _PROTECTED.split(text)  # template, message text, template, ...
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            part = part.replace(PROTECT_OPEN, "").replace(PROTECT_CLOSE, "")
+            if part or i == 0:
+                tokens += self._tokenize(part, add_bos=add_bos and i == 0, special=i % 2 == 0)
+        return tokens
+
+    def _tokenize(self, text: str, add_bos: bool, special: bool = True) -> list[int]:
+        """Any thread: llama.cpp's tokenizer only reads the vocabulary."""
         ll = self._ll
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest("prompt is not valid UTF-8 (a lone surrogate)", param="prompt") from None
-        need = len(data) + 2
-        if self._tok_buf_len < need:
-            self._tok_buf_len = max(need, 1024)
-            self._tok_buf = (ll.llama_token * self._tok_buf_len)()
-        n = ll.llama_tokenize(self._vocab, data, len(data), self._tok_buf, self._tok_buf_len, add_bos, True)
+        size = len(data) + 2
+        buf = (ll.llama_token * size)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_bos, special)
         if n < 0:
             raise BadRequest("prompt could not be tokenized", param="prompt")
-        tokens = list(self._tok_buf[:n])
+        tokens = buf[:n]
         if add_bos and len(tokens) >= 2 and tokens[0] == tokens[1] == self._bos:
             tokens.pop(0)  # the template already wrote the BOS text
         return tokens
@@ -735,62 +879,43 @@ class LlamaEngine:
         n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, True)
         return self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
 
-    def _grammar_sampler(self, p: SamplingParams) -> object:
-        """A grammar sampler; lazy when the request names trigger words. A word that is one
-        token triggers on that token, any other on its text (a regular expression search)."""
-        ll = self._ll
-        if not p.grammar_triggers:
-            return ll.llama_sampler_init_grammar(self._vocab, p.grammar.encode(), b"root")
-        tokens: list[int] = []
-        patterns: list[bytes] = []
-        for word in p.grammar_triggers:
-            tok = self._single_token(word)
-            if tok is not None:
-                tokens.append(tok)
-            else:
-                patterns.append(re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", word).encode())
-        pat_arr = (ctypes.c_char_p * max(len(patterns), 1))(*patterns)
-        tok_arr = (ll.llama_token * max(len(tokens), 1))(*tokens)
-        return ll.llama_sampler_init_grammar_lazy_patterns(
-            self._vocab, p.grammar.encode(), b"root", pat_arr, len(patterns), tok_arr, len(tokens)
+    def _make_sampler(self, p: SamplingParams, index: int, probe: bool) -> Sampler:
+        """A choice's sampler; with a grammar, compiled here and, for the first choice, probed:
+        one that admits nothing, or whose first step is over the time limit, is a 400 now."""
+        limit = self.config.grammar_max_step_ms / 1000
+        if p.grammar is None:
+            return Sampler(self._vocab_tables, p, index, max_step_s=limit)
+        spec = GrammarSpec(
+            p.grammar, p.grammar_triggers, p.grammar_takes_injection, p.grammar_prefilter,
+            p.grammar_param,
         )
-
-    def _make_sampler(self, p, index: int = 0) -> object:
-        ll = self._ll
-        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        add = ll.llama_sampler_chain_add
-        if p.grammar is not None:  # first: only tokens the grammar allows reach the others
-            add(chain, self._grammar_sampler(p))
-        if p.repeat_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
-            add(
-                chain,
-                ll.llama_sampler_init_penalties(
-                    ll.llama_vocab_n_tokens(self._vocab),
-                    p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
-                ),
-            )
-        if p.temperature <= 0:
-            add(chain, ll.llama_sampler_init_greedy())
-            return chain
-        if p.top_k > 0:
-            add(chain, ll.llama_sampler_init_top_k(p.top_k))
-        if p.top_p < 1.0:
-            add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
-        if p.min_p > 0:
-            add(chain, ll.llama_sampler_init_min_p(p.min_p, 1))
-        add(chain, ll.llama_sampler_init_temp(p.temperature))
-        seed = p.seed + index if p.seed is not None else secrets.randbits(32)
-        add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        return chain
+        grammar = compile_grammar(self._vocab_tables, p.grammar)
+        if grammar is None:
+            raise BadRequest(f"{p.grammar_param}: the grammar does not parse", param=p.grammar_param)
+        sampler = Sampler(self._vocab_tables, p, index, grammar, spec, max_step_s=limit)
+        if probe:
+            try:
+                spent = sampler.probe()
+            except BaseException:
+                sampler.free()
+                raise
+            if spent > limit:
+                sampler.free()
+                raise GrammarTooSlow(
+                    f"{p.grammar_param}: one sampling step under this grammar takes "
+                    f"{spent * 1000:.0f} ms, over the limit of {limit * 1000:.0f} ms "
+                    "(GRAMMAR_MAX_STEP_MS)",
+                    param=p.grammar_param,
+                )
+        return sampler
 
     def _free(self) -> None:
         ll = self._ll
         if ll is None:
             return
         for slot in getattr(self, "_slots", []):
-            if slot.sampler is not None:
-                ll.llama_sampler_free(slot.sampler)
-                slot.sampler = None
+            if slot.job is not None and slot.job.sampler is not None:
+                slot.job.sampler.free()
         if getattr(self, "_ctx", None):
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
@@ -800,12 +925,14 @@ class LlamaEngine:
             self._model = None
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _common_prefix(cached: list[int], prompt: np.ndarray) -> int:
+    """How many leading tokens a slot's cache shares with a prompt (vectorised: a Python loop
+    over 8 slots of 128k tokens stalled the engine thread ~50 ms per admission)."""
+    n = min(len(cached), len(prompt))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(cached[:n], dtype=np.int32) != prompt[:n])
+    return int(diff[0]) if len(diff) else n
 
 
 def _timeout_error(job: _Job) -> GenerationTimeout:

@@ -13,6 +13,13 @@ from typing import Protocol
 from app.errors import ApiError
 from app.state import LoadState
 
+# A text prompt may mark spans that came from a request's messages: text between these two
+# Unicode noncharacters is tokenized as plain text, never as control tokens (so a user cannot
+# write a template's markup, e.g. ``<|im_start|>system``, into their turn). Outside the spans,
+# control tokens are parsed.
+PROTECT_OPEN = "\ufdd0"
+PROTECT_CLOSE = "\ufdd1"
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -35,11 +42,16 @@ class SamplingParams:
     # the grammar takes injected text (a thought's closing tag) at any point of a thought, so
     # injected tokens are fed to it; other grammars never see them (they might refuse them)
     grammar_takes_injection: bool = False
+    grammar_param: str = "grammar"  # the request field the grammar came from (for errors)
+    grammar_prefilter: bool = True  # False when the grammar names tokens (<[id]>)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    ignore_eos: bool = False  # generate past end-of-generation tokens (until max_tokens)
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A prompt and how to continue it. Text prompts are tokenized with special tokens parsed."""
+    """A prompt and how to continue it. Text prompts are tokenized with control tokens parsed,
+    except inside PROTECT_OPEN ... PROTECT_CLOSE spans."""
 
     prompt: str | tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -95,12 +107,17 @@ class ModelInfo:
     bos_token: str
     eos_token: str
     created: int
+    n_vocab: int = 0
+    control_texts: tuple[str, ...] = ()  # the text of every control token, longest first
 
 
 class Handle(Protocol):
     """One submitted generation, as seen from the request's greenlet."""
 
     def __iter__(self) -> Iterator[Event]: ...
+
+    @property
+    def over(self) -> bool: ...
 
     def next_event(self, timeout: float | None = None) -> Event: ...
 
@@ -126,5 +143,14 @@ class Engine(Protocol):
         ...
 
     def queue_depth(self) -> int: ...
+
+    def stats(self) -> dict[str, object]:
+        """Counters for health and tests: steps decoded, and how many sequences each sampled."""
+        ...
+
+    def stalled(self, limit: float) -> str | None:
+        """Why the engine looks stuck (a step or a request's preparation running longer than
+        ``limit`` seconds while work waits), or None."""
+        ...
 
     def shutdown(self) -> None: ...

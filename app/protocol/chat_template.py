@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.engine.types import PROTECT_CLOSE, PROTECT_OPEN
 from app.errors import BadRequest
 
 # What llama.cpp falls back to when a GGUF carries no template.
@@ -102,3 +105,69 @@ def render(
         raise TemplateError(f"chat template failed: {exc}") from exc
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise TemplateError(f"chat template failed: {exc}") from exc
+
+
+# ---- message text stays text -------------------------------------------------------------------
+
+
+def _trie_pattern(words: list[str]) -> str:
+    """One regular expression matching any of ``words``, longest first, built as a trie (an
+    alternation of thousands of literals, as Gemma's control tokens are, is slow in ``re``)."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = True
+
+    def build(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + build(sub) for ch, sub in sorted(node.items()) if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return build(trie)
+
+
+@lru_cache(maxsize=4)
+def protector(control_texts: tuple[str, ...]) -> Callable[[Any], Any]:
+    """A function that copies a request's data (strings, lists, dicts), marking every control
+    token's text inside its strings so the engine tokenizes it as plain text. Noncharacters the
+    markers use are replaced in the data, so a client cannot forge a marker."""
+    words = [t for t in control_texts if len(t) >= 2]
+    pattern = re.compile(_trie_pattern(words)) if words else None
+    firsts = frozenset(t[0] for t in words)
+    forged = re.compile(f"[{PROTECT_OPEN}{PROTECT_CLOSE}]")
+
+    def text(s: str) -> str:
+        if PROTECT_OPEN in s or PROTECT_CLOSE in s:
+            s = forged.sub("\ufffd", s)
+        if pattern is None or not any(c in s for c in firsts):
+            return s
+        return pattern.sub(lambda m: PROTECT_OPEN + m.group(0) + PROTECT_CLOSE, s)
+
+    def protect(value: Any) -> Any:
+        # iterative: request bodies are depth-limited, but no recursion is needed either
+        root: list[Any] = [None]
+        todo: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+        while todo:
+            node, parent, key = todo.pop()
+            if isinstance(node, str):
+                parent[key] = text(node)
+            elif isinstance(node, dict):
+                copy: dict[Any, Any] = {}
+                for k, v in node.items():
+                    k2 = text(k) if isinstance(k, str) else k
+                    copy[k2] = None
+                    todo.append((v, copy, k2))
+                parent[key] = copy
+            elif isinstance(node, list):
+                items: list[Any] = [None] * len(node)
+                todo.extend((v, items, i) for i, v in enumerate(node))
+                parent[key] = items
+            else:
+                parent[key] = node
+        return root[0]
+
+    return protect

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.engine.types import ModelInfo, SamplingParams
 from app.errors import BadRequest
@@ -16,32 +15,53 @@ SYSTEM_FINGERPRINT = "vertex-gguf"
 
 
 class StreamOptions(BaseModel):
-    """Unknown keys are ignored, not rejected (clients send vendor extensions)."""
-
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk
+    # OpenAI pads chunks against length side channels; this server does not: only false
+    include_obfuscation: Literal[False] | None = None
+
+
+MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS = 1024
+MAX_PROMPT_TOKEN_LISTS = 1  # one prompt per completions request
+_INT64 = 2**63
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Fields common to chat and completions. Strict: a field of the wrong type is a 400, not
+    coerced (``"stream": "yes"`` does not stream), and an unknown field is a 400 (see
+    :func:`parse`), never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, lt=2**31)
+    # llama.cpp's name for max_tokens (-1: no limit)
+    n_predict: int | None = Field(None, ge=-1, lt=2**31)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, lt=2**31)
     min_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-_INT64, lt=2 * _INT64)
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repeat_penalty: float | None = Field(None, gt=0, le=10)
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
-    user: str | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=0)
+    # informational: recorded nowhere, change nothing (see the README's field list)
+    user: str | None = Field(None, max_length=256)
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    store: Literal[False] | None = None
+    prompt_cache_key: str | None = Field(None, max_length=256)
+    safety_identifier: str | None = Field(None, max_length=256)
     # llama.cpp's extension: false decodes the whole prompt even when a slot has its prefix
     cache_prompt: bool = True
     # llama.cpp's extension: a GBNF grammar the output must follow
@@ -50,8 +70,11 @@ class _Sampling(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 16:
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > 16:
             raise ValueError("at most 16 stop sequences")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
         return v
 
     @field_validator("logprobs")
@@ -61,10 +84,36 @@ class _Sampling(BaseModel):
             raise ValueError("logprobs are not supported by this server")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} entries")
+        for key, bias in v.items():
+            if not key.isascii() or not key.isdigit() or len(key) > 10:
+                raise ValueError(f"keys are token ids (non-negative integers), not {key[:20]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"token {key}: a bias must be between -100 and 100")
+        return v
+
+    @model_validator(mode="after")
+    def _one_max(self) -> _Sampling:
+        both = self.n_predict is not None and self.max_tokens is not None
+        if both and self.n_predict != self.max_tokens:
+            raise ValueError("n_predict and max_tokens are the same setting: send one")
+        return self
+
+    def limit(self) -> int | None:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return None if self.n_predict in (None, -1) else self.n_predict
+
     def sampling(self) -> SamplingParams:
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
         return SamplingParams(
-            max_tokens=self.max_tokens,
+            max_tokens=self.limit(),
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
@@ -75,11 +124,14 @@ class _Sampling(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             repeat_penalty=1.0 if self.repeat_penalty is None else self.repeat_penalty,
             grammar=self.grammar,
+            logit_bias=tuple((int(k), float(b)) for k, b in (self.logit_bias or {}).items()),
+            ignore_eos=self.ignore_eos,
         )
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # extra fields (tool_calls, tool_call_id, reasoning_content, ...) go to the template as data
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -87,7 +139,7 @@ class Message(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, lt=2**31)
     tools: list[Any] | None = None
     tool_choice: Any = None
     # llama.cpp's reasoning control: end a thought on request, or after this many tokens
@@ -95,6 +147,9 @@ class ChatRequest(_Sampling):
     reasoning_budget: int | None = Field(None, ge=0)
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    # extra variables for the chat template (vLLM's and llama.cpp's; e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
+    modalities: list[Literal["text"]] | None = None
 
     @field_validator("response_format")
     @classmethod
@@ -106,15 +161,22 @@ class ChatRequest(_Sampling):
             )
         return v
 
-    def sampling(self) -> SamplingParams:
-        params = super().sampling()
-        changes: dict[str, Any] = {}
-        if self.max_tokens is None and self.max_completion_tokens is not None:
-            changes["max_tokens"] = self.max_completion_tokens
-        grammar = response_grammar(self.response_format)
-        if grammar is not None:
-            changes["grammar"] = grammar
-        return SamplingParams(**{**params.__dict__, **changes}) if changes else params
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+        for key in v or {}:
+            if key in reserved or not key.isidentifier():
+                raise ValueError(f"{key!r} cannot be set through chat_template_kwargs")
+        return v
+
+    def limit(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise BadRequest("max_tokens and max_completion_tokens differ: send one",
+                                 param="max_completion_tokens")
+            return self.max_completion_tokens
+        return super().limit()
 
     def template_messages(self) -> list[dict[str, Any]]:
         out = []
@@ -128,7 +190,9 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # a string, token ids, or a list of exactly one of either (checked by hand: pydantic's union
+    # of list types builds one error per element of a 500k-token prompt before it settles)
+    prompt: Any
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
@@ -140,6 +204,21 @@ class CompletionRequest(_Sampling):
             raise ValueError("suffix (fill-in-the-middle) is not supported")
         return v
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError("prompt must be a string, a list of token ids, or a list of one of those")
+        if v and all(type(x) is str for x in v):
+            return v
+        if all(type(x) is int for x in v):
+            return v
+        if all(type(x) is list and all(type(t) is int for t in x) for x in v):
+            return v
+        raise ValueError("prompt must be a string, a list of token ids, or a list of one of those")
+
     def single_prompt(self) -> str | tuple[int, ...]:
         p = self.prompt
         if isinstance(p, str):
@@ -147,7 +226,7 @@ class CompletionRequest(_Sampling):
         if len(p) == 0:
             raise BadRequest("prompt is empty", param="prompt")
         if all(isinstance(x, int) for x in p):
-            return tuple(p)  # type: ignore[arg-type]
+            return tuple(p)
         if len(p) != 1:
             raise BadRequest(
                 "a list of several prompts is not supported: send one prompt per request "
@@ -158,38 +237,34 @@ class CompletionRequest(_Sampling):
         return only if isinstance(only, str) else tuple(only)
 
 
-def response_grammar(fmt: dict[str, Any] | None) -> str | None:
-    """The GBNF grammar that constrains output to ``response_format`` (None for plain text)."""
-    if not fmt or fmt.get("type", "text") == "text":
-        return None
-    from llama_cpp.llama_grammar import JSON_GBNF
-
-    if fmt["type"] == "json_object":
-        return JSON_GBNF
-    spec = fmt.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        raise BadRequest(
-            "response_format.json_schema.schema must be a JSON Schema object",
-            param="response_format.json_schema.schema",
-        )
-    return schema_grammar(schema, "response_format.json_schema.schema")
-
-
-def schema_grammar(schema: dict[str, Any], param: str) -> str:
-    """A JSON Schema as a llama.cpp grammar; a schema the converter rejects is a 400."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # noqa: BLE001 - the converter raises assorted errors
-        raise BadRequest(f"{param} cannot be enforced: {exc}", param=param) from None
+# Fields some clients send that this server does not do, with what to use instead.
+_UNSUPPORTED = {
+    "functions": "use 'tools'",
+    "function_call": "use 'tool_choice'",
+    "reasoning_effort": "use 'reasoning_budget' (a token count)",
+    "audio": "this server generates text only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "this server has no web search",
+    "verbosity": "not supported",
+    "typical_p": "not supported",
+    "mirostat": "not supported",
+    "n_probs": "logprobs are not supported",
+}
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
-    """Validate a request body; the 400 names the first offending field."""
+    """Validate a request body; the 400 names the first offending field. An unknown field set
+    to null is dropped (it asks for nothing); any other unknown field is refused."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    known = model.model_fields
+    unknown = [k for k in body if k not in known]
+    if unknown:
+        body = {k: v for k, v in body.items() if k in known or v is not None}
+        for k in unknown:
+            if k in body:
+                hint = _UNSUPPORTED.get(k, "see the README's list of request fields")
+                raise BadRequest(f"{k}: this server does not support this field ({hint})", param=k)
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -198,7 +273,19 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         msg = first["msg"]
         if first["type"] == "missing":
             msg = "field required"
+        elif first["type"] == "extra_forbidden":
+            msg = "this server does not support this field"
         raise BadRequest(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+
+
+def wants_stream(body: Any) -> bool:
+    """Whether an OpenAI body asks to stream: ``stream`` must be a boolean (or absent)."""
+    if not isinstance(body, dict):
+        return False
+    value = body.get("stream")
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise BadRequest("stream: must be true or false", param="stream")
 
 
 def new_id(prefix: str) -> str:

@@ -20,8 +20,8 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from app import grammar
 from app.errors import BadRequest
-from app.protocol import openai
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # used with fullmatch
 
@@ -33,8 +33,10 @@ class Tool:
     parameters: dict[str, Any]
 
 
-def validate_tools(tools: list[Any]) -> list[Tool]:
+def validate_tools(tools: list[Any], max_tools: int = 128) -> list[Tool]:
     """Each tool must be a function with a valid name and a JSON Schema object; 400 naming it."""
+    if len(tools) > max_tools:
+        raise BadRequest(f"tools: at most {max_tools} tools (MAX_TOOLS)", param="tools")
     out: list[Tool] = []
     for i, t in enumerate(tools):
         where = f"tools.{i}"
@@ -268,10 +270,10 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _schema_rules(schema: dict[str, Any], prefix: str) -> str:
+def _schema_rules(schema: dict[str, Any], prefix: str, limits: grammar.Limits) -> str:
     """A JSON Schema's grammar with every rule renamed ``prefix + name`` (so several can live
     in one grammar); its start rule is ``prefix + "root"``."""
-    gbnf = openai.schema_grammar(schema, "tools")
+    gbnf = grammar.from_schema(schema, "tools", limits)
     return _GBNF_TOKEN.sub(lambda m: prefix + m.group(1) if m.group(1) else m.group(0), gbnf)
 
 
@@ -293,10 +295,11 @@ def _until(name: str, tag: str) -> str:
 
 
 def call_grammar(tool_format: str, tools: list[Tool], *, parallel: bool, lead: str = "",
-                 template: str = "") -> str:
+                 template: str = "", limits: grammar.Limits | None = None) -> str:
     """GBNF forcing one call (several when ``parallel``) in a native format. ``lead``: "" (the
     call comes first), "think" (an optional thought first) or "open" (the template opened a
     thought: it must close first)."""
+    limits = limits or grammar.Limits.defaults()
     rules: list[str] = []
     if tool_format == "qwen3_coder":
         fns = []
@@ -314,7 +317,7 @@ def call_grammar(tool_format: str, tools: list[Tool], *, parallel: bool, lead: s
     elif tool_format == "mistral" and "[ARGS]" in template:  # [TOOL_CALLS]name[ARGS]{...}
         alts = []
         for i, t in enumerate(tools):
-            rules.append(_schema_rules(t.parameters, f"a{i}-"))
+            rules.append(_schema_rules(t.parameters, f"a{i}-", limits))
             alts.append(f'{_lit(t.name)} "[ARGS]" a{i}-root')
         one = '"[TOOL_CALLS]" ( ' + " | ".join(alts) + " )"
         calls = f"( {one} )+" if parallel else one
@@ -325,13 +328,13 @@ def call_grammar(tool_format: str, tools: list[Tool], *, parallel: bool, lead: s
             many = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
             if defs:
                 many["$defs"] = defs
-            rules.append(_schema_rules(many, "c-"))
+            rules.append(_schema_rules(many, "c-", limits))
             calls = '"[TOOL_CALLS]" c-root'
         elif tool_format == "llama3":
-            rules.append(_schema_rules(call, "c-"))
+            rules.append(_schema_rules(call, "c-", limits))
             calls = '( "<|python_tag|>" )? c-root'
         else:
-            rules.append(_schema_rules(call, "c-"))
+            rules.append(_schema_rules(call, "c-", limits))
             one = '"<tool_call>\\n" c-root "\\n</tool_call>"'
             calls = f'{one} ( "\\n" {one} )*' if parallel else one
     rules.append(f"calls ::= {calls}")

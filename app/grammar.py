@@ -1,0 +1,593 @@
+"""The grammar gate: every grammar the engine sees is built and checked here.
+
+Grammars come from four places (a request's ``grammar`` field, ``response_format`` json_object /
+json_schema, tool schemas for required calls, lazy tool grammars) and all of them pass
+:func:`check` before llama.cpp sees them. llama.cpp's GBNF parser recurses once per nested group
+and once per rule in a leftmost chain, with no limit (a deep grammar overflows the C stack and
+kills the process), expands ``x{0,2000}`` into 2000 rules with no global budget (memory), and
+costs O(stacks x vocabulary) per sampled token (time). So the gate parses the grammar the way
+llama.cpp does, in Python and without recursion, and refuses, with a 400 naming the field and
+the limit, any grammar over one of :class:`Limits`: text size, rules after expansion, symbols
+after expansion, nesting depth, a repetition bound, alternatives in one rule, optional items in
+a row. What limits cannot prove (the cost of one sampling step) the engine measures: see
+``app.engine.sampling``.
+
+JSON Schemas become GBNF through llama-cpp-python's converter, with two changes: its rule
+naming is O(1) per rule instead of O(rules) (3000 property names that escape to the same rule
+name took seconds), and the schema is checked before conversion (only local ``$ref``, bounded
+property counts, and length / item bounds over ``max_repetition``: a minimum is refused, a
+maximum is not enforced, as llama.cpp itself does for ``{m,n}`` above 2000).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from typing import Any
+
+from app.bridge import allocate_lock
+from app.errors import BadRequest
+
+# llama.cpp's own cap on the rules one repetition may create (MAX_REPETITION_THRESHOLD).
+LLAMA_REPETITION_THRESHOLD = 2000
+
+
+class GrammarError(BadRequest):
+    """A grammar that does not parse, or that is over a limit."""
+
+    code = "invalid_grammar"
+
+
+class GrammarTooComplex(GrammarError):
+    code = "grammar_too_complex"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a grammar may cost. Each field is the setting ``grammar_<field>`` (its default,
+    bounds and description live in app.settings)."""
+
+    max_bytes: int
+    max_rules: int
+    max_symbols: int
+    max_depth: int
+    max_repetition: int
+    max_alternatives: int
+    max_optionals: int
+    max_step_ms: float
+    max_properties: int
+    max_optional_properties: int
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Limits:
+        return cls(**{f.name: getattr(settings, f"grammar_{f.name}") for f in fields(cls)})
+
+    @classmethod
+    def defaults(cls) -> Limits:
+        from app.settings import Settings
+
+        return cls(**{f.name: Settings.model_fields[f"grammar_{f.name}"].default for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What a grammar costs llama.cpp's parser (counted as it expands the grammar)."""
+
+    rules: int
+    symbols: int
+    depth: int
+    alternatives: int
+    optionals: int
+    repetition: int
+    has_tokens: bool  # <[id]> / <text> token items (the engine's byte prefilter cannot apply)
+
+
+# ---- GBNF, parsed the way llama.cpp parses it ---------------------------------------------------
+
+_WORD = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+_HEX = {"x": 2, "u": 4, "U": 8}
+_SIMPLE_ESCAPES = frozenset('trn\\"[]-')
+
+
+class _Syntax(Exception):
+    pass
+
+
+class _Over(Exception):
+    """A limit crossed while parsing: the message and the setting that sets the limit."""
+
+    def __init__(self, message: str, setting: str):
+        super().__init__(message)
+        self.setting = setting
+
+
+class _Frame:
+    """One alternates (a rule's body or a group) being parsed."""
+
+    __slots__ = (
+        "nested", "alts", "size", "last_start", "n_prev_rules", "run", "optional",
+        "generated_before",
+    )
+
+    def __init__(self, nested: bool, generated_before: int = 0) -> None:
+        self.nested = nested
+        self.alts = 1
+        self.generated_before = generated_before  # rules generated before this group opened
+        self.new_sequence()
+
+    def new_sequence(self) -> None:
+        self.size = 0  # symbols in the current sequence
+        self.last_start = -1  # where the last item starts (-1: no item yet)
+        self.n_prev_rules = 1  # rules the last item stands for (llama.cpp's repetition check)
+        self.run = 0  # optional items in a row, up to the last one
+        self.optional = False  # whether the last item is optional
+
+
+class _Parser:
+    """Walks GBNF with llama.cpp's grammar and counts what its parser would build."""
+
+    def __init__(self, text: str, limits: Limits):
+        self.s = text
+        self.n = len(text)
+        self.limits = limits
+        self.names: set[str] = set()
+        self.defined: set[str] = set()
+        self.generated = 0
+        self.symbols = 0
+        self.depth = 1
+        self.alternatives = 1
+        self.optionals = 0
+        self.repetition = 0
+        self.has_tokens = False
+
+    # -- lexing, as llama-grammar.cpp does it
+    def space(self, pos: int, newline_ok: bool) -> int:
+        s, n = self.s, self.n
+        while pos < n:
+            c = s[pos]
+            if c == "#":
+                while pos < n and s[pos] not in "\r\n":
+                    pos += 1
+            elif c in " \t" or (newline_ok and c in "\r\n"):
+                pos += 1
+            else:
+                break
+        return pos
+
+    def name(self, pos: int) -> int:
+        end = pos
+        while end < self.n and self.s[end] in _WORD:
+            end += 1
+        if end == pos:
+            raise _Syntax(f"expecting a rule name at offset {pos}")
+        return end
+
+    def integer(self, pos: int) -> tuple[int, int]:
+        end = pos
+        while end < self.n and "0" <= self.s[end] <= "9":
+            end += 1
+        if end == pos:
+            raise _Syntax(f"expecting an integer at offset {pos}")
+        if end - pos > 9:
+            raise _Over(f"a repetition bound of {end - pos} digits", "GRAMMAR_MAX_REPETITION")
+        return int(self.s[pos:end]), end
+
+    def char(self, pos: int) -> int:
+        """Position after one (possibly escaped) character."""
+        s = self.s
+        if pos >= self.n:
+            raise _Syntax("unexpected end of grammar")
+        if s[pos] != "\\":
+            return pos + 1
+        esc = s[pos + 1] if pos + 1 < self.n else ""
+        if esc in _HEX:
+            digits = s[pos + 2 : pos + 2 + _HEX[esc]]
+            if len(digits) != _HEX[esc] or any(c not in "0123456789abcdefABCDEF" for c in digits):
+                raise _Syntax(f"expecting {_HEX[esc]} hex digits at offset {pos + 2}")
+            return pos + 2 + _HEX[esc]
+        if esc and esc in _SIMPLE_ESCAPES:
+            return pos + 2
+        raise _Syntax(f"unknown escape at offset {pos}")
+
+    # -- the grammar
+    def parse(self) -> None:
+        pos = self.space(0, True)
+        while pos < self.n:
+            end = self.name(pos)
+            rule = self.s[pos:end]
+            self.names.add(rule)
+            self.defined.add(rule)
+            pos = self.space(end, False)
+            if self.s[pos : pos + 3] != "::=":
+                raise _Syntax(f"expecting ::= at offset {pos}")
+            pos = self.alternates(self.space(pos + 3, True))
+            if pos < self.n:
+                if self.s[pos] == "\r":
+                    pos += 2 if self.s[pos + 1 : pos + 2] == "\n" else 1
+                elif self.s[pos] == "\n":
+                    pos += 1
+                else:
+                    raise _Syntax(f"expecting a newline or the end at offset {pos}")
+            pos = self.space(pos, True)
+        undefined = sorted(self.names - self.defined)
+        if undefined:
+            raise _Syntax(f"undefined rule {undefined[0]!r}")
+        if "root" not in self.defined:
+            raise _Syntax("no 'root' rule")
+
+    def alternates(self, pos: int) -> int:
+        """One rule's body, groups included, with an explicit stack instead of recursion."""
+        s, n, lim = self.s, self.n, self.limits
+        frames = [_Frame(nested=False)]
+        while True:
+            f = frames[-1]
+            c = s[pos] if pos < n else ""
+            if c == '"':
+                start, before, pos = pos, f.size, pos + 1
+                while pos >= n or s[pos] != '"':
+                    if pos >= n:
+                        raise _Syntax(f"unterminated literal at offset {start}")
+                    pos = self.char(pos)
+                    self.grow(f, 1)
+                self.added(f, before)
+                pos = self.space(pos + 1, f.nested)
+            elif c == "[":
+                start, before, pos = pos, f.size, pos + 1
+                if pos < n and s[pos] == "^":
+                    pos += 1
+                while pos >= n or s[pos] != "]":
+                    if pos >= n:
+                        raise _Syntax(f"unterminated character class at offset {start}")
+                    pos = self.char(pos)
+                    self.grow(f, 1)
+                    if s[pos : pos + 1] == "-" and s[pos + 1 : pos + 2] not in ("]", ""):
+                        pos = self.char(pos + 1)
+                        self.grow(f, 1)
+                self.added(f, before)
+                pos = self.space(pos + 1, f.nested)
+            elif c in ("<", "!"):
+                self.has_tokens = True
+                pos += 1 if c == "!" else 0
+                if s[pos : pos + 1] != "<":
+                    raise _Syntax(f"expecting '<' at offset {pos}")
+                end = s.find(">", pos)
+                if end == -1:
+                    raise _Syntax(f"expecting '>' after offset {pos}")
+                self.grow(f, 1)
+                self.added(f, f.size - 1)
+                pos = self.space(end + 1, f.nested)
+            elif c in _WORD:
+                end = self.name(pos)
+                self.names.add(s[pos:end])
+                self.grow(f, 1)
+                self.added(f, f.size - 1)
+                pos = self.space(end, f.nested)
+            elif c == "(":
+                if len(frames) >= lim.max_depth:
+                    raise _Over(f"groups nested deeper than {lim.max_depth}", "GRAMMAR_MAX_DEPTH")
+                frames.append(_Frame(nested=True, generated_before=self.generated))
+                self.generated += 1
+                self.depth = max(self.depth, len(frames))
+                pos = self.space(pos + 1, True)
+            elif c == ".":
+                self.grow(f, 1)
+                self.added(f, f.size - 1)
+                pos = self.space(pos + 1, f.nested)
+            elif c in ("*", "+", "?"):
+                pos = self.space(pos + 1, f.nested)
+                self.repeat(f, 1 if c == "+" else 0, 1 if c == "?" else None)
+            elif c == "{":
+                pos = self.space(pos + 1, f.nested)
+                lo, pos = self.integer(pos)
+                pos = self.space(pos, f.nested)
+                hi: int | None = lo
+                if s[pos : pos + 1] == ",":
+                    pos = self.space(pos + 1, f.nested)
+                    hi = None
+                    if pos < n and "0" <= s[pos] <= "9":
+                        hi, pos = self.integer(pos)
+                        pos = self.space(pos, f.nested)
+                elif s[pos : pos + 1] != "}":
+                    raise _Syntax(f"expecting ',' or '}}' at offset {pos}")
+                if s[pos : pos + 1] != "}":
+                    raise _Syntax(f"expecting '}}' at offset {pos}")
+                pos = self.space(pos + 1, f.nested)
+                if hi is not None and hi < lo:
+                    raise _Syntax(f"repetition {{{lo},{hi}}} has its maximum below its minimum")
+                bound = max(lo, hi or 0)
+                if bound > lim.max_repetition:
+                    raise _Over(
+                        f"a repetition bound of {bound}, over the limit of {lim.max_repetition}",
+                        "GRAMMAR_MAX_REPETITION",
+                    )
+                self.repetition = max(self.repetition, bound)
+                self.repeat(f, lo, hi)
+            elif c == "|":
+                f.alts += 1
+                self.symbols += 1
+                self.alternatives = max(self.alternatives, f.alts)
+                if f.alts > lim.max_alternatives:
+                    raise _Over(
+                        f"a rule with more than {lim.max_alternatives} alternatives",
+                        "GRAMMAR_MAX_ALTERNATIVES",
+                    )
+                f.new_sequence()
+                pos = self.space(pos + 1, True)
+            else:  # the end of these alternates: a group closes, or the rule ends
+                self.symbols += 1
+                frames.pop()
+                if not f.nested:
+                    return pos
+                if c != ")":
+                    raise _Syntax(f"expecting ')' at offset {pos}")
+                parent = frames[-1]
+                self.grow(parent, 1)
+                self.added(parent, parent.size - 1)
+                parent.n_prev_rules = max(1, self.generated - f.generated_before)
+                pos = self.space(pos + 1, parent.nested)
+            self.budget()
+
+    def grow(self, f: _Frame, k: int) -> None:
+        f.size += k
+        self.symbols += k
+
+    @staticmethod
+    def added(f: _Frame, start: int) -> None:
+        """An item now spans ``start..f.size`` of the current sequence."""
+        f.last_start = start
+        f.n_prev_rules = 1
+        if not f.optional:
+            f.run = 0
+        f.optional = False
+
+    def repeat(self, f: _Frame, lo: int, hi: int | None) -> None:
+        """``x{lo,hi}`` as llama.cpp rewrites it: x copied lo times, then hi - lo rules (one
+        when unbounded) of the shape ``x' ::= x x'' |``."""
+        if f.last_start < 0:
+            raise _Syntax("a repetition operator with nothing before it")
+        prev = f.size - f.last_start
+        total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
+        if f.n_prev_rules * total > LLAMA_REPETITION_THRESHOLD:
+            raise _Over(
+                f"nested repetitions that expand to over {LLAMA_REPETITION_THRESHOLD} rules",
+                "GRAMMAR_MAX_REPETITION",
+            )
+        self.grow(f, -prev if lo == 0 else (lo - 1) * prev)
+        n_opt = 1 if hi is None else hi - lo
+        self.generated += n_opt
+        self.symbols += n_opt * (prev + 3)
+        if n_opt > 0:
+            self.grow(f, 1)
+        f.n_prev_rules *= total
+        if lo > 0:
+            f.optional, f.run = False, 0
+        elif not f.optional:
+            f.optional, f.run = True, f.run + 1
+            self.optionals = max(self.optionals, f.run)
+            if f.run > self.limits.max_optionals:
+                raise _Over(
+                    f"more than {self.limits.max_optionals} optional items in a row",
+                    "GRAMMAR_MAX_OPTIONALS",
+                )
+
+    def budget(self) -> None:
+        lim = self.limits
+        if len(self.names) + self.generated > lim.max_rules:
+            raise _Over(f"more than {lim.max_rules} rules once expanded", "GRAMMAR_MAX_RULES")
+        if self.symbols > lim.max_symbols:
+            raise _Over(f"more than {lim.max_symbols} symbols once expanded", "GRAMMAR_MAX_SYMBOLS")
+
+    def stats(self) -> Stats:
+        return Stats(
+            rules=len(self.names) + self.generated,
+            symbols=self.symbols,
+            depth=self.depth,
+            alternatives=self.alternatives,
+            optionals=self.optionals,
+            repetition=self.repetition,
+            has_tokens=self.has_tokens,
+        )
+
+
+def check(text: str, param: str, limits: Limits) -> Stats:
+    """Parse ``text`` as llama.cpp would and enforce ``limits``; a 400 naming ``param``."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise GrammarTooComplex(
+            f"{param}: the grammar is {size} bytes, over the limit of {limits.max_bytes} "
+            "(GRAMMAR_MAX_BYTES)",
+            param=param,
+        )
+    if "\x00" in text:
+        raise GrammarError(f"{param}: the grammar contains a NUL character", param=param)
+    parser = _Parser(text, limits)
+    try:
+        parser.parse()
+        parser.budget()
+    except _Over as exc:
+        raise GrammarTooComplex(
+            f"{param}: the grammar is too complex: {exc} ({exc.setting})", param=param
+        ) from None
+    except _Syntax as exc:
+        raise GrammarError(f"{param}: the grammar does not parse: {exc}", param=param) from None
+    return parser.stats()
+
+
+# ---- JSON Schema -> GBNF ---------------------------------------------------------------------
+
+_BOUNDS_MIN = ("minLength", "minItems")
+_BOUNDS_MAX = ("maxLength", "maxItems")
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _prepare_schema(schema: Any, param: str, limits: Limits) -> Any:
+    """A copy of ``schema`` the converter can take cheaply, or a 400 saying why not."""
+    properties = 0
+    root: Any = None
+    # iterative copy: (source, parent container, key in parent)
+    todo: list[tuple[Any, Any, Any]] = [(schema, None, None)]
+    while todo:
+        node, parent, key = todo.pop()
+        if isinstance(node, dict):
+            copy: Any = {}
+            ref = node.get("$ref")
+            if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
+                raise BadRequest(
+                    f"{param}: only local $ref ('#/...') is supported, not {str(ref)[:100]!r}",
+                    param=param,
+                )
+            props = node.get("properties")
+            if isinstance(props, dict):
+                properties += len(props)
+                required = node.get("required")
+                n_required = len({r for r in required if r in props}) if isinstance(required, list) else 0
+                if len(props) - n_required > limits.max_optional_properties:
+                    raise GrammarTooComplex(
+                        f"{param}: an object with {len(props) - n_required} optional properties, "
+                        f"over the limit of {limits.max_optional_properties} "
+                        "(GRAMMAR_MAX_OPTIONAL_PROPERTIES)",
+                        param=param,
+                    )
+            enum = node.get("enum")
+            if isinstance(enum, list) and len(enum) > limits.max_alternatives:
+                raise GrammarTooComplex(
+                    f"{param}: an enum of {len(enum)} values, over the limit of "
+                    f"{limits.max_alternatives} (GRAMMAR_MAX_ALTERNATIVES)",
+                    param=param,
+                )
+            for k, v in node.items():
+                if k in _BOUNDS_MIN and isinstance(v, int) and v > limits.max_repetition:
+                    raise GrammarTooComplex(
+                        f"{param}: {k} {v} is over the limit of {limits.max_repetition} "
+                        "(GRAMMAR_MAX_REPETITION)",
+                        param=param,
+                    )
+                if k in _BOUNDS_MAX and isinstance(v, int) and v > limits.max_repetition:
+                    continue  # not enforced, as llama.cpp does with {m,n} over its threshold
+                if k == "pattern" and isinstance(v, str):
+                    _check_pattern(v, param, limits)
+                copy[k] = None  # the slot, in order; filled when the value is copied
+                todo.append((v, copy, k))
+        elif isinstance(node, list):
+            copy = [None] * len(node)
+            todo.extend((v, copy, i) for i, v in enumerate(node))
+        else:
+            copy = node
+        if parent is None:
+            root = copy
+        else:
+            parent[key] = copy
+        if properties > limits.max_properties:
+            raise GrammarTooComplex(
+                f"{param}: more than {limits.max_properties} properties "
+                "(GRAMMAR_MAX_PROPERTIES)",
+                param=param,
+            )
+    return root
+
+
+def _check_pattern(pattern: str, param: str, limits: Limits) -> None:
+    for m in _QUANTIFIER.finditer(pattern):
+        bound = max(int(m.group(1)), int(m.group(2) or 0))
+        if bound > limits.max_repetition:
+            raise GrammarTooComplex(
+                f"{param}: the pattern repeats {bound} times, over the limit of "
+                f"{limits.max_repetition} (GRAMMAR_MAX_REPETITION)",
+                param=param,
+            )
+
+
+def _converter_class() -> type:
+    from llama_cpp import llama_grammar as lg
+
+    class Converter(lg.SchemaConverter):
+        """llama-cpp-python's converter, with rule naming in O(1): the library probes
+        ``name0, name1, ...`` from 0 on every collision (quadratic in colliding names)."""
+
+        def __init__(self) -> None:
+            super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+            self._key_of: dict[tuple[str, str], str] = {}
+            self._next: dict[str, int] = {}
+
+        def _add_rule(self, name: str, rule: str) -> str:
+            esc = lg.INVALID_RULE_CHARS_RE.sub("-", name)
+            if esc not in self._rules or self._rules[esc] == rule:
+                key = esc
+            else:
+                found = self._key_of.get((esc, rule))
+                if found is None:
+                    i = self._next.get(esc, 0)
+                    while f"{esc}{i}" in self._rules and self._rules[f"{esc}{i}"] != rule:
+                        i += 1
+                    found = f"{esc}{i}"
+                    self._next[esc] = i + 1
+                key = found
+            self._rules[key] = rule
+            self._key_of[(esc, rule)] = key
+            return key
+
+    return Converter
+
+
+_CONVERTER: type | None = None
+_CACHE: OrderedDict[str, str] = OrderedDict()
+_CACHE_SIZE = 256
+_CACHE_LOCK = allocate_lock()  # conversions run on several worker threads
+
+
+def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
+    """A JSON Schema as GBNF; a schema over the limits or the converter rejects is a 400.
+
+    Pure Python and CPU-bound: callers run it off the request hub (see app.bridge.offload).
+    Converted grammars are cached by the schema's text (agents send the same schemas again).
+    """
+    global _CONVERTER
+    try:
+        key = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadRequest(f"{param} is not a JSON Schema: {exc}", param=param) from None
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+        if cached is not None:
+            _CACHE.move_to_end(key)
+            return cached
+    prepared = _prepare_schema(schema, param, limits)
+    if _CONVERTER is None:
+        _CONVERTER = _converter_class()
+    try:
+        conv = _CONVERTER()
+        resolved = conv.resolve_refs(prepared, "input")
+        conv.visit(resolved, "")
+        gbnf = conv.format_grammar()
+    except RecursionError:
+        raise GrammarTooComplex(f"{param}: the schema nests too deeply to convert", param=param) from None
+    except Exception as exc:  # noqa: BLE001 - the converter raises assorted errors (asserts too)
+        raise BadRequest(f"{param} cannot be enforced: {exc}", param=param) from None
+    with _CACHE_LOCK:
+        _CACHE[key] = gbnf
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return gbnf
+
+
+def json_object() -> str:
+    """The grammar of any JSON object (``response_format: json_object``)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
+
+
+def for_response_format(fmt: dict[str, Any] | None, limits: Limits) -> tuple[str, str] | None:
+    """(grammar, the field it comes from) for a chat ``response_format``; None for text."""
+    if not fmt or fmt.get("type", "text") == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return json_object(), "response_format"
+    param = "response_format.json_schema.schema"
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise BadRequest(f"{param} must be a JSON Schema object", param=param)
+    return from_schema(schema, param, limits), param
