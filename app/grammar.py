@@ -15,8 +15,10 @@ a row. What limits cannot prove (the cost of one sampling step) the engine measu
 JSON Schemas become GBNF through llama-cpp-python's converter, with two changes: its rule
 naming is O(1) per rule instead of O(rules) (3000 property names that escape to the same rule
 name took seconds), and the schema is checked before conversion (only local ``$ref``, bounded
-property counts, and length / item bounds over ``max_repetition``: a minimum is refused, a
-maximum is not enforced, as llama.cpp itself does for ``{m,n}`` above 2000).
+property counts; a ``minLength`` / ``minItems`` over ``max_repetition`` is refused, and a
+``maxLength`` / ``maxItems`` allowing more than half of it is not enforced, as llama.cpp itself
+does for ``{m,n}`` above 2000: the converter nests two rules per optional repetition, and
+llama.cpp refuses a group of over 2000 rules).
 """
 
 from __future__ import annotations
@@ -108,13 +110,15 @@ class _Frame:
 
     __slots__ = (
         "nested", "alts", "size", "last_start", "n_prev_rules", "run", "optional",
-        "generated_before",
+        "generated_before", "rule", "items",
     )
 
-    def __init__(self, nested: bool, generated_before: int = 0) -> None:
+    def __init__(self, nested: bool, rule: str, generated_before: int = 0) -> None:
         self.nested = nested
+        self.rule = rule
         self.alts = 1
         self.generated_before = generated_before  # rules generated before this group opened
+        self.items: list[list[Any]] = []  # the current alternative: [ref or None, optional]
         self.new_sequence()
 
     def new_sequence(self) -> None:
@@ -141,6 +145,10 @@ class _Parser:
         self.optionals = 0
         self.repetition = 0
         self.has_tokens = False
+        self.fanout = 1
+        self.run_through = 0
+        # rule -> its alternatives, each a list of items [ref (None: a terminal), optional]
+        self.structure: dict[str, list[list[list[Any]]]] = {}
 
     # -- lexing, as llama-grammar.cpp does it
     def space(self, pos: int, newline_ok: bool) -> int:
@@ -202,7 +210,7 @@ class _Parser:
             pos = self.space(end, False)
             if self.s[pos : pos + 3] != "::=":
                 raise _Syntax(f"expecting ::= at offset {pos}")
-            pos = self.alternates(self.space(pos + 3, True))
+            pos = self.alternates(self.space(pos + 3, True), rule)
             if pos < self.n:
                 if self.s[pos] == "\r":
                     pos += 2 if self.s[pos + 1 : pos + 2] == "\n" else 1
@@ -216,11 +224,13 @@ class _Parser:
             raise _Syntax(f"undefined rule {undefined[0]!r}")
         if "root" not in self.defined:
             raise _Syntax("no 'root' rule")
+        self.shape()
 
-    def alternates(self, pos: int) -> int:
+    def alternates(self, pos: int, rule: str) -> int:
         """One rule's body, groups included, with an explicit stack instead of recursion."""
         s, n, lim = self.s, self.n, self.limits
-        frames = [_Frame(nested=False)]
+        frames = [_Frame(nested=False, rule=rule)]
+        self.structure[rule] = []
         while True:
             f = frames[-1]
             c = s[pos] if pos < n else ""
@@ -231,7 +241,7 @@ class _Parser:
                         raise _Syntax(f"unterminated literal at offset {start}")
                     pos = self.char(pos)
                     self.grow(f, 1)
-                self.added(f, before)
+                self.added(f, before, None if f.size > before else "")
                 pos = self.space(pos + 1, f.nested)
             elif c == "[":
                 start, before, pos = pos, f.size, pos + 1
@@ -245,7 +255,7 @@ class _Parser:
                     if s[pos : pos + 1] == "-" and s[pos + 1 : pos + 2] not in ("]", ""):
                         pos = self.char(pos + 1)
                         self.grow(f, 1)
-                self.added(f, before)
+                self.added(f, before, None)
                 pos = self.space(pos + 1, f.nested)
             elif c in ("<", "!"):
                 self.has_tokens = True
@@ -256,24 +266,26 @@ class _Parser:
                 if end == -1:
                     raise _Syntax(f"expecting '>' after offset {pos}")
                 self.grow(f, 1)
-                self.added(f, f.size - 1)
+                self.added(f, f.size - 1, None)
                 pos = self.space(end + 1, f.nested)
             elif c in _WORD:
                 end = self.name(pos)
                 self.names.add(s[pos:end])
                 self.grow(f, 1)
-                self.added(f, f.size - 1)
+                self.added(f, f.size - 1, s[pos:end])
                 pos = self.space(end, f.nested)
             elif c == "(":
                 if len(frames) >= lim.max_depth:
                     raise _Over(f"groups nested deeper than {lim.max_depth}", "GRAMMAR_MAX_DEPTH")
-                frames.append(_Frame(nested=True, generated_before=self.generated))
+                group = f"({self.generated})"
+                frames.append(_Frame(nested=True, rule=group, generated_before=self.generated))
+                self.structure[group] = []
                 self.generated += 1
                 self.depth = max(self.depth, len(frames))
                 pos = self.space(pos + 1, True)
             elif c == ".":
                 self.grow(f, 1)
-                self.added(f, f.size - 1)
+                self.added(f, f.size - 1, None)
                 pos = self.space(pos + 1, f.nested)
             elif c in ("*", "+", "?"):
                 pos = self.space(pos + 1, f.nested)
@@ -313,18 +325,21 @@ class _Parser:
                         f"a rule with more than {lim.max_alternatives} alternatives",
                         "GRAMMAR_MAX_ALTERNATIVES",
                     )
+                self.structure[f.rule].append(f.items)
+                f.items = []
                 f.new_sequence()
                 pos = self.space(pos + 1, True)
             else:  # the end of these alternates: a group closes, or the rule ends
                 self.symbols += 1
                 frames.pop()
+                self.structure[f.rule].append(f.items)
                 if not f.nested:
                     return pos
                 if c != ")":
                     raise _Syntax(f"expecting ')' at offset {pos}")
                 parent = frames[-1]
                 self.grow(parent, 1)
-                self.added(parent, parent.size - 1)
+                self.added(parent, parent.size - 1, f.rule)
                 parent.n_prev_rules = max(1, self.generated - f.generated_before)
                 pos = self.space(pos + 1, parent.nested)
             self.budget()
@@ -334,8 +349,11 @@ class _Parser:
         self.symbols += k
 
     @staticmethod
-    def added(f: _Frame, start: int) -> None:
-        """An item now spans ``start..f.size`` of the current sequence."""
+    def added(f: _Frame, start: int, ref: str | None) -> None:
+        """An item now spans ``start..f.size`` of the current sequence: a reference to rule
+        ``ref``, a terminal (None), or nothing at all (an empty literal, "")."""
+        if ref != "":
+            f.items.append([ref, False])
         f.last_start = start
         f.n_prev_rules = 1
         if not f.optional:
@@ -345,7 +363,7 @@ class _Parser:
     def repeat(self, f: _Frame, lo: int, hi: int | None) -> None:
         """``x{lo,hi}`` as llama.cpp rewrites it: x copied lo times, then hi - lo rules (one
         when unbounded) of the shape ``x' ::= x x'' |``."""
-        if f.last_start < 0:
+        if f.last_start < 0 or f.last_start == f.size:  # nothing, or an empty literal
             raise _Syntax("a repetition operator with nothing before it")
         prev = f.size - f.last_start
         total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
@@ -361,6 +379,8 @@ class _Parser:
         if n_opt > 0:
             self.grow(f, 1)
         f.n_prev_rules *= total
+        if lo == 0 and f.items:
+            f.items[-1][1] = True
         if lo > 0:
             f.optional, f.run = False, 0
         elif not f.optional:
@@ -371,6 +391,89 @@ class _Parser:
                     f"more than {self.limits.max_optionals} optional items in a row",
                     "GRAMMAR_MAX_OPTIONALS",
                 )
+
+    def shape(self) -> None:
+        """What a sampling step may face, from the rules' structure, in linear time: the most
+        grammar positions one point can fan out to (llama.cpp keeps one stack per position and
+        deduplicates them in quadratic time) and the most optional items a leftmost path passes
+        in a row, through rule references (``r1 ::= "a"? r2``, ``r2 ::= "a"? r3``, ...: a chain
+        of 4000 hangs llama.cpp's grammar set-up)."""
+        rules = self.structure
+        nullable: set[str] = set()
+        need: dict[tuple[str, int], int] = {}
+        users: dict[str, list[tuple[str, int]]] = {}
+        for rule, alts in rules.items():
+            for i, items in enumerate(alts):
+                required = [ref for ref, opt in items if not opt]
+                if any(ref is None for ref in required):
+                    continue  # a required terminal: this alternative is never empty
+                need[(rule, i)] = len(required)
+                for ref in required:
+                    users.setdefault(ref, []).append((rule, i))
+                if not required:
+                    nullable.add(rule)
+        todo = list(nullable)
+        while todo:
+            for owner, i in users.get(todo.pop(), ()):
+                need[(owner, i)] -= 1
+                if need[(owner, i)] == 0 and owner not in nullable:
+                    nullable.add(owner)
+                    todo.append(owner)
+
+        fan: dict[str, int] = {}
+        run: dict[str, int] = {}
+        state: dict[str, int] = {}  # 1: in progress, 2: done
+
+        def leftmost(items: list[list[Any]]) -> list[tuple[int, list[Any]]]:
+            out = []
+            for k, item in enumerate(items):
+                out.append((k, item))
+                if not (item[1] or (item[0] is not None and item[0] in nullable)):
+                    break
+            return out
+
+        for start in rules:
+            if start in state:
+                continue
+            stack = [start]
+            while stack:
+                rule = stack[-1]
+                if state.get(rule) == 2:
+                    stack.pop()
+                    continue
+                pending = [item[0] for alt in rules.get(rule, ()) for _, item in leftmost(alt)
+                           if item[0] is not None and state.get(item[0]) != 2]
+                if state.get(rule) == 1 or not pending:
+                    if pending:  # a leftmost reference back into a rule being expanded
+                        raise _Syntax(f"left recursion through rule {rule!r}")
+                    total, longest = 0, 0
+                    for alt in rules.get(rule, ()):
+                        passed = 0
+                        for _, (ref, opt) in leftmost(alt):
+                            total += 1 if ref is None else fan[ref]
+                            inner = 0 if ref is None else run[ref]
+                            longest = max(longest, passed + inner + (1 if opt else 0))
+                            passed += 1 if opt else inner
+                    fan[rule], run[rule] = total, longest
+                    state[rule] = 2
+                    stack.pop()
+                    if total > self.limits.max_alternatives:
+                        raise _Over(
+                            f"one point of the grammar fans out to over "
+                            f"{self.limits.max_alternatives} alternatives",
+                            "GRAMMAR_MAX_ALTERNATIVES",
+                        )
+                    if longest > self.limits.max_optionals:
+                        raise _Over(
+                            f"more than {self.limits.max_optionals} optional items in a row "
+                            "(counted through rule references)",
+                            "GRAMMAR_MAX_OPTIONALS",
+                        )
+                    self.fanout = max(self.fanout, total)
+                    self.run_through = max(self.run_through, longest)
+                else:
+                    state[rule] = 1
+                    stack.extend(pending)
 
     def budget(self) -> None:
         lim = self.limits
@@ -384,8 +487,8 @@ class _Parser:
             rules=len(self.names) + self.generated,
             symbols=self.symbols,
             depth=self.depth,
-            alternatives=self.alternatives,
-            optionals=self.optionals,
+            alternatives=max(self.alternatives, self.fanout),
+            optionals=max(self.optionals, self.run_through),
             repetition=self.repetition,
             has_tokens=self.has_tokens,
         )
@@ -425,6 +528,9 @@ _QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 def _prepare_schema(schema: Any, param: str, limits: Limits) -> Any:
     """A copy of ``schema`` the converter can take cheaply, or a 400 saying why not."""
     properties = 0
+    # the converter nests two rules per optional repetition, and llama.cpp refuses a group
+    # holding over 2000 rules: a span (max - min) above half the limit is not enforced
+    enforce_up_to = limits.max_repetition // 2
     root: Any = None
     # iterative copy: (source, parent container, key in parent)
     todo: list[tuple[Any, Any, Any]] = [(schema, None, None)]
@@ -464,8 +570,10 @@ def _prepare_schema(schema: Any, param: str, limits: Limits) -> Any:
                         "(GRAMMAR_MAX_REPETITION)",
                         param=param,
                     )
-                if k in _BOUNDS_MAX and isinstance(v, int) and v > limits.max_repetition:
-                    continue  # not enforced, as llama.cpp does with {m,n} over its threshold
+                low = node.get("minLength" if k == "maxLength" else "minItems", 0)
+                low = low if isinstance(low, int) else 0
+                if k in _BOUNDS_MAX and isinstance(v, int) and v - low > enforce_up_to:
+                    continue  # not enforced (as llama.cpp does with {m,n} over its threshold)
                 if k == "pattern" and isinstance(v, str):
                     _check_pattern(v, param, limits)
                 copy[k] = None  # the slot, in order; filled when the value is copied

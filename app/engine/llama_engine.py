@@ -891,7 +891,8 @@ class LlamaEngine:
         )
         grammar = compile_grammar(self._vocab_tables, p.grammar)
         if grammar is None:
-            raise BadRequest(f"{p.grammar_param}: the grammar does not parse", param=p.grammar_param)
+            raise BadRequest(f"{p.grammar_param}: the grammar does not parse", param=p.grammar_param,
+                             code="invalid_grammar")
         sampler = Sampler(self._vocab_tables, p, index, grammar, spec, max_step_s=limit)
         if probe:
             try:
