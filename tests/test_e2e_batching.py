@@ -102,25 +102,32 @@ def test_chunked_prefill_keeps_running_streams_fluent(server_factory):
         t1 = time.perf_counter()
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 1500
         fut.result(300)
-    during = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False) if t0 <= a and b <= t1]
-    prefill = t1 - t0
-    assert len(during) >= 5, "the running stream must keep producing tokens during the prefill"
-    assert max(during) < 0.5 * prefill, (max(during), prefill)
+    # structural, not timed: ~1800 prompt tokens in chunks of 64 are ~28 engine steps, and the
+    # running stream gets a token in (nearly) every one of them, not one token after all of them
+    during = [a for a in arrivals if t0 <= a <= t1]
+    assert len(during) >= 20, f"the running stream got {len(during)} tokens during a ~28-step prefill"
+
+
+def widths(srv: ServerProcess) -> dict[int, int]:
+    """Engine steps so far, by how many sequences each sampled (from /health)."""
+    body = requests.get(srv.url("/health"), timeout=10).json()
+    return {int(k): v for k, v in body["engine"]["batch_widths"].items()}
 
 
 def test_envelope_instances_run_through_the_batch(server8):
-    instances = [{**b, "max_tokens": 48, "stop": None} for b in REQUESTS]
-    t0 = time.perf_counter()
-    for inst in instances:  # one after another
-        requests.post(server8.url("/predict"), json={"instances": [inst]}, timeout=300).raise_for_status()
-    sequential = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    """Structural, not timed: the engine reports how many sequences shared each step."""
+    instances = [{**b, "max_tokens": 48, "stop": None, "ignore_eos": True} for b in REQUESTS]
+    before = widths(server8)
     r = requests.post(server8.url("/predict"), json={"instances": instances}, timeout=300)
-    together = time.perf_counter() - t0
     preds = r.json()["predictions"]
     assert all(p["object"] == "text_completion" and p["choices"][0]["text"] for p in preds), preds
-    # the eight instances were decoded together, not one after another
-    assert together < 0.6 * sequential, (together, sequential)
+    after = widths(server8)
+    ran = {w: after.get(w, 0) - before.get(w, 0) for w in after}
+    # SLOTS_PER_REQUEST (half of PARALLEL=8): at most 4 instances in the engine at once, and
+    # they did share steps: 8 x 48 tokens in ~2 x 48 steps of 4, not 8 x 48 steps of 1
+    assert max(w for w, n in ran.items() if n) == 4, ran
+    assert ran.get(4, 0) >= 80, ran
+    assert sum(ran.values()) < 8 * 48 / 2, ran
 
 
 def test_n_choices_share_the_prompt_kv(server8):

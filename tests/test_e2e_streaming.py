@@ -52,8 +52,6 @@ def test_each_chunk_leaves_when_its_token_is_generated(server):
     n_events = text.count('"content":"') - 1
     # one network read per content event on the whole: nothing buffers the stream
     assert len(arrivals) >= 0.8 * n_events > 50, (len(arrivals), n_events)
-    first, last = arrivals[0], arrivals[-1]
-    assert first < 0.2 * last, (first, last)
 
 
 @pytest.mark.parametrize("profile", ["openai", "strict", "llama.cpp"])
