@@ -428,13 +428,19 @@ def _events(handle: Handle, gone: Callable[[], bool] | None) -> Iterator[Any]:
     if gone is None:
         yield from handle
         return
+    checked = time.monotonic()
     while not handle.over:
         try:
-            yield handle.next_event(GONE_POLL)
+            ev = handle.next_event(GONE_POLL)
         except TimeoutError:
+            ev = None
+        if ev is not None:
+            yield ev
+        if time.monotonic() - checked >= GONE_POLL:
+            checked = time.monotonic()
             if gone():
                 log.info("client went away: generation cancelled")
-                raise ClientGone("the client went away") from None
+                raise ClientGone("the client went away")
 
 
 def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

@@ -85,7 +85,7 @@ class FakeEngine:
         return self._running
 
     def stats(self) -> dict[str, object]:
-        return {"steps": 0, "batch_widths": {}}
+        return {"running": self._running, "waiting": 0, "steps": 0, "batch_widths": {}}
 
     def stalled(self, limit: float) -> str | None:
         return self.stall

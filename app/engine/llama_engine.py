@@ -191,7 +191,13 @@ class LlamaEngine:
         return max(0, self._in_flight - self.config.parallel)
 
     def stats(self) -> dict[str, object]:
-        return {"steps": self._steps, "batch_widths": {str(k): v for k, v in sorted(self._widths.items())}}
+        slots = getattr(self, "_slots", [])
+        return {
+            "running": sum(1 for s in slots if s.job is not None),
+            "waiting": len(self._waiting) + len(self._inbox) + len(self._prep),
+            "steps": self._steps,
+            "batch_widths": {str(k): v for k, v in sorted(self._widths.items())},
+        }
 
     def stalled(self, limit: float) -> str | None:
         now = time.monotonic()

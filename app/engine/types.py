@@ -145,7 +145,8 @@ class Engine(Protocol):
     def queue_depth(self) -> int: ...
 
     def stats(self) -> dict[str, object]:
-        """Counters for health and tests: steps decoded, and how many sequences each sampled."""
+        """For health and tests: slots running, requests waiting, steps decoded, and how many
+        sequences each step sampled."""
         ...
 
     def stalled(self, limit: float) -> str | None:
