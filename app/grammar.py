@@ -118,7 +118,8 @@ class _Frame:
         self.rule = rule
         self.alts = 1
         self.generated_before = generated_before  # rules generated before this group opened
-        self.items: list[list[Any]] = []  # the current alternative: [ref or None, optional]
+        # the current alternative: [ref (None: a terminal), optional, unbounded, span] per item
+        self.items: list[list[Any]] = []
         self.new_sequence()
 
     def new_sequence(self) -> None:
@@ -147,7 +148,8 @@ class _Parser:
         self.has_tokens = False
         self.fanout = 1
         self.run_through = 0
-        # rule -> its alternatives, each a list of items [ref (None: a terminal), optional]
+        # rule -> its alternatives, each a list of items [ref (None: a terminal), optional,
+        # unbounded, span (how many copies in a row it expands to)]
         self.structure: dict[str, list[list[list[Any]]]] = {}
 
     # -- lexing, as llama-grammar.cpp does it
@@ -353,7 +355,7 @@ class _Parser:
         """An item now spans ``start..f.size`` of the current sequence: a reference to rule
         ``ref``, a terminal (None), or nothing at all (an empty literal, "")."""
         if ref != "":
-            f.items.append([ref, False])
+            f.items.append([ref, False, False, 1])
         f.last_start = start
         f.n_prev_rules = 1
         if not f.optional:
@@ -379,8 +381,16 @@ class _Parser:
         if n_opt > 0:
             self.grow(f, 1)
         f.n_prev_rules *= total
-        if lo == 0 and f.items:
-            f.items[-1][1] = True
+        if f.items:
+            item = f.items[-1]
+            if hi is None and item[1]:
+                raise _Syntax("left recursion: an unbounded repetition (*, +, {m,}) of an "
+                              "optional item, which can be empty")
+            if lo == 0:
+                item[1] = True  # optional
+            if hi is None:
+                item[2] = True  # unbounded: llama.cpp writes x* as S ::= x S |
+            item[3] *= max(lo, hi or 1)  # how many x in a row it can stand for
         if lo > 0:
             f.optional, f.run = False, 0
         elif not f.optional:
@@ -395,16 +405,102 @@ class _Parser:
     def shape(self) -> None:
         """What a sampling step may face, from the rules' structure, in linear time: the most
         grammar positions one point can fan out to (llama.cpp keeps one stack per position and
-        deduplicates them in quadratic time) and the most optional items a leftmost path passes
-        in a row, through rule references (``r1 ::= "a"? r2``, ``r2 ::= "a"? r3``, ...: a chain
-        of 4000 hangs llama.cpp's grammar set-up)."""
+        deduplicates them in quadratic time) and the most items that can be skipped (optional,
+        or rules that can be empty) a leftmost path passes in a row, through rule references
+        (``r1 ::= "a"? r2``, ``r2 ::= "a"? r3``, ...: a chain of 4000 hangs llama.cpp's grammar
+        set-up; ``x{47}`` of an x that can be empty makes each character's work explode). Left recursion is refused as llama.cpp
+        refuses it (it only sees through rules with a literally empty alternative, and rewrites
+        ``x*`` as ``S ::= x S |``); the cost measures see through anything that can be empty."""
         rules = self.structure
+        # llama.cpp's "may be empty": an alternative with no items at all
+        shallow = {r for r, alts in rules.items() if any(not items for items in alts)}
+        deep = self._nullable()
+
+        def see_through(item: list[Any], nullable: set[str]) -> bool:
+            ref, optional = item[0], item[1]
+            return optional or (ref is not None and ref in nullable)
+
+        for alts in rules.values():
+            for items in alts:
+                for item in items:
+                    if item[2] and item[0] in shallow:
+                        what = "a group" if item[0].startswith("(") else repr(item[0])
+                        raise _Syntax(
+                            f"left recursion: an unbounded repetition (*, +, {{m,}}) of {what}, "
+                            "which can be empty"
+                        )
+        self._walk(lambda alt: self._leftmost(alt, shallow, see_through), on_cycle="refuse")
+        fan: dict[str, int] = {}
+        run: dict[str, int] = {}
+
+        def cost(rule: str) -> None:
+            """From the rule's start (for its callers) and from every position inside it: the
+            positions one point reaches, and the skippable items passed in a row."""
+            start_fan, start_run = 0, 0
+            for alt in rules.get(rule, ()):
+                fans = [0] * (len(alt) + 1)  # from position i on, right to left
+                runs = [0] * (len(alt) + 1)
+                reach = [0] * (len(alt) + 1)  # skippable items from i on, in a row
+                for i in range(len(alt) - 1, -1, -1):
+                    item = alt[i]
+                    ref, span = item[0], item[3]
+                    copies = span if ref is not None and ref in deep else 1
+                    item_fan = (1 if ref is None else fan.get(ref, 1)) * copies
+                    inner = 0 if ref is None else run.get(ref, 0)
+                    if see_through(item, deep):
+                        fans[i] = item_fan + fans[i + 1]
+                        # x{n} / x{0,n} of an x that can be empty: n skippable items in a row;
+                        # of an x that cannot, one optional chain (llama.cpp keeps it linear)
+                        reach[i] = copies * max(inner, 1) + reach[i + 1]
+                    else:
+                        fans[i] = item_fan
+                        reach[i] = inner
+                    runs[i] = max(reach[i], inner)
+                    if max(fans[i], 0) > self.limits.max_alternatives:
+                        raise _Over(
+                            f"one point of the grammar fans out to over "
+                            f"{self.limits.max_alternatives} alternatives",
+                            "GRAMMAR_MAX_ALTERNATIVES",
+                        )
+                    if runs[i] > self.limits.max_optionals:
+                        raise _Over(
+                            f"more than {self.limits.max_optionals} optional items in a row "
+                            "(counted through rule references and repetitions)",
+                            "GRAMMAR_MAX_OPTIONALS",
+                        )
+                    self.fanout = max(self.fanout, fans[i])
+                    self.run_through = max(self.run_through, runs[i])
+                start_fan += fans[0] if alt else 0
+                start_run = max(start_run, runs[0] if alt else 0)
+            fan[rule], run[rule] = max(start_fan, 1), start_run
+            if start_fan > self.limits.max_alternatives:
+                raise _Over(
+                    f"one point of the grammar fans out to over {self.limits.max_alternatives} "
+                    "alternatives",
+                    "GRAMMAR_MAX_ALTERNATIVES",
+                )
+            self.fanout = max(self.fanout, start_fan)
+
+        self._walk(lambda alt: self._leftmost(alt, deep, see_through), on_cycle="skip", visit=cost)
+
+    @staticmethod
+    def _leftmost(items: list[list[Any]], nullable: set[str], see_through: Any) -> list[list[Any]]:
+        """The items a leftmost expansion of one alternative reaches."""
+        out = []
+        for item in items:
+            out.append(item)
+            if not see_through(item, nullable):
+                break
+        return out
+
+    def _nullable(self) -> set[str]:
+        """Rules that can match the empty text (a worklist over reverse references: linear)."""
         nullable: set[str] = set()
         need: dict[tuple[str, int], int] = {}
         users: dict[str, list[tuple[str, int]]] = {}
-        for rule, alts in rules.items():
+        for rule, alts in self.structure.items():
             for i, items in enumerate(alts):
-                required = [ref for ref, opt in items if not opt]
+                required = [ref for ref, opt, _, _ in items if not opt]
                 if any(ref is None for ref in required):
                     continue  # a required terminal: this alternative is never empty
                 need[(rule, i)] = len(required)
@@ -419,61 +515,36 @@ class _Parser:
                 if need[(owner, i)] == 0 and owner not in nullable:
                     nullable.add(owner)
                     todo.append(owner)
+        return nullable
 
-        fan: dict[str, int] = {}
-        run: dict[str, int] = {}
+    def _walk(self, reach: Any, on_cycle: str, visit: Any = None) -> None:
+        """Post-order over leftmost references, iteratively: ``visit`` each rule after the
+        rules it starts with; a cycle is left recursion (refused) or, for the cost measures,
+        an edge not followed."""
+        rules = self.structure
         state: dict[str, int] = {}  # 1: in progress, 2: done
-
-        def leftmost(items: list[list[Any]]) -> list[tuple[int, list[Any]]]:
-            out = []
-            for k, item in enumerate(items):
-                out.append((k, item))
-                if not (item[1] or (item[0] is not None and item[0] in nullable)):
-                    break
-            return out
-
         for start in rules:
             if start in state:
                 continue
-            stack = [start]
+            state[start] = 1
+            stack = [(start, iter([item[0] for alt in rules[start] for item in reach(alt)]))]
             while stack:
-                rule = stack[-1]
-                if state.get(rule) == 2:
-                    stack.pop()
-                    continue
-                pending = [item[0] for alt in rules.get(rule, ()) for _, item in leftmost(alt)
-                           if item[0] is not None and state.get(item[0]) != 2]
-                if state.get(rule) == 1 or not pending:
-                    if pending:  # a leftmost reference back into a rule being expanded
-                        raise _Syntax(f"left recursion through rule {rule!r}")
-                    total, longest = 0, 0
-                    for alt in rules.get(rule, ()):
-                        passed = 0
-                        for _, (ref, opt) in leftmost(alt):
-                            total += 1 if ref is None else fan[ref]
-                            inner = 0 if ref is None else run[ref]
-                            longest = max(longest, passed + inner + (1 if opt else 0))
-                            passed += 1 if opt else inner
-                    fan[rule], run[rule] = total, longest
-                    state[rule] = 2
-                    stack.pop()
-                    if total > self.limits.max_alternatives:
-                        raise _Over(
-                            f"one point of the grammar fans out to over "
-                            f"{self.limits.max_alternatives} alternatives",
-                            "GRAMMAR_MAX_ALTERNATIVES",
-                        )
-                    if longest > self.limits.max_optionals:
-                        raise _Over(
-                            f"more than {self.limits.max_optionals} optional items in a row "
-                            "(counted through rule references)",
-                            "GRAMMAR_MAX_OPTIONALS",
-                        )
-                    self.fanout = max(self.fanout, total)
-                    self.run_through = max(self.run_through, longest)
+                rule, refs = stack[-1]
+                for ref in refs:
+                    if ref is None or ref not in rules or state.get(ref) == 2:
+                        continue
+                    if state.get(ref) == 1:
+                        if on_cycle == "refuse":
+                            raise _Syntax(f"left recursion through rule {ref!r}")
+                        continue
+                    state[ref] = 1
+                    stack.append((ref, iter([item[0] for alt in rules[ref] for item in reach(alt)])))
+                    break
                 else:
-                    state[rule] = 1
-                    stack.extend(pending)
+                    stack.pop()
+                    state[rule] = 2
+                    if visit is not None:
+                        visit(rule)
 
     def budget(self) -> None:
         lim = self.limits

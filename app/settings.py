@@ -412,7 +412,7 @@ class Settings(BaseSettings):
         **_env("GRAMMAR_MAX_ALTERNATIVES"),
     )
     grammar_max_optionals: int = Field(
-        32,
+        16,
         description="Most optional items in a row in a grammar (each can multiply the work "
         "of a sampling step).",
         ge=1,
