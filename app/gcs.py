@@ -16,11 +16,14 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import fnmatch
+import glob
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +50,7 @@ class GcsObject:
     size: int
     generation: int
     crc32c: str  # base64 of the big-endian CRC32C, as GCS reports it
+    md5: str = ""  # base64 MD5, when GCS has one (not for composite objects)
 
     @property
     def uri(self) -> str:
@@ -122,7 +126,8 @@ def _describe(uri: str, exc: BaseException) -> str:
 
 
 def _to_object(blob) -> GcsObject:
-    return GcsObject(blob.bucket.name, blob.name, int(blob.size), int(blob.generation), blob.crc32c or "")
+    return GcsObject(blob.bucket.name, blob.name, int(blob.size), int(blob.generation),
+                     blob.crc32c or "", blob.md5_hash or "")
 
 
 def list_models(client, uri: str, model_file: str | None) -> list[GcsObject]:
@@ -208,7 +213,22 @@ def pick_model(objects: list[GcsObject], model_file: str | None, uri: str) -> li
 
 
 def cache_path(cache_dir: Path, obj: GcsObject) -> Path:
-    return Path(cache_dir) / "gcs" / obj.bucket / obj.name
+    """Where an object is cached. Object names are arbitrary bytes in Cloud Storage: a name
+    with a ``..`` or empty segment, a leading ``/``, a backslash or a NUL would step outside
+    the cache (or onto another object's file), so it is refused."""
+    name = obj.name
+    segments = name.split("/")
+    if (not name or "\\" in name or "\x00" in name or name.startswith("/")
+            or any(seg in ("", ".", "..") for seg in segments)):
+        raise GcsError(
+            f"model {obj.uri}: the object name cannot be a cache path (no '..', '.', empty or "
+            "leading '/' segments, backslashes or NUL)"
+        )
+    root = (Path(cache_dir) / "gcs").resolve()
+    path = root / obj.bucket / name
+    if not path.resolve().is_relative_to(root):
+        raise GcsError(f"model {obj.uri}: the object's cache path leaves the cache directory")
+    return path
 
 
 def _meta_path(path: Path) -> Path:
@@ -226,6 +246,22 @@ def is_cached(cache_dir: Path, obj: GcsObject) -> bool:
         )
     except (OSError, ValueError):
         return False
+
+
+def _cached_and_intact(cache_dir: Path, obj: GcsObject) -> bool:
+    """A cache hit whose file still matches its checksum (re-hashed: crc32c runs at GB/s, and a
+    file changed or truncated behind the cache's back must not reach llama.cpp's loader)."""
+    if not is_cached(cache_dir, obj):
+        return False
+    path = cache_path(cache_dir, obj)
+    try:
+        verify(obj, path)
+    except GcsError as exc:
+        log.warning("%s; downloading it again", exc)
+        path.unlink(missing_ok=True)
+        _meta_path(path).unlink(missing_ok=True)
+        return False
+    return True
 
 
 def _write_meta(path: Path, obj: GcsObject) -> None:
@@ -335,12 +371,65 @@ def crc32c_of(path: Path) -> str:
     return base64.b64encode(crc.digest()).decode()
 
 
+PART_STALE_SECONDS = 24 * 3600  # a partial download untouched this long was abandoned
+
+
+def _remove_stale_parts(dest: Path) -> None:
+    """Delete partial downloads of ``dest`` left by dead processes, never a live one's: a part
+    is ``.NAME.part-HOST-PID``; this host's with a dead pid, or anyone's untouched for a day,
+    is stale (a cache volume may be shared by several containers)."""
+    host = socket.gethostname()
+    for part in dest.parent.glob(f".{glob.escape(dest.name)}.part-*"):
+        owner = part.name.rsplit(".part-", 1)[1]
+        who, _, pid = owner.rpartition("-")
+        try:
+            old = time.time() - part.stat().st_mtime > PART_STALE_SECONDS
+        except OSError:
+            continue
+        if old or (who == host and pid.isdigit() and not _alive(int(pid))):
+            part.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def md5_of(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            h.update(block)
+    return base64.b64encode(h.digest()).decode()
+
+
+def verify(obj: GcsObject, path: Path) -> None:
+    """The file against the object's crc32c, else its md5; with neither (emulators, some
+    proxies; real Cloud Storage always has a crc32c), loaded with a warning in the log."""
+    if obj.crc32c:
+        kind, expected, actual = "crc32c", obj.crc32c, crc32c_of(path)
+    elif obj.md5:
+        kind, expected, actual = "md5", obj.md5, md5_of(path)
+    else:
+        log.warning("model %s: the object has no crc32c or md5: the download is not verified", obj.uri)
+        return
+    if actual != expected:
+        raise GcsError(
+            f"model {obj.uri}: {kind} mismatch (expected {expected}, got {actual}): "
+            "the file is corrupt and was deleted"
+        )
+
+
 def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, progress: Progress) -> None:
-    """Fetch one object to ``dest`` (via a temporary name), verified against its crc32c."""
+    """Fetch one object to ``dest`` (via a temporary name), verified against its checksum."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f".{dest.name}.part-*"):  # left by a killed process
-        stale.unlink(missing_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    _remove_stale_parts(dest)
+    tmp = dest.with_name(f".{dest.name}.part-{socket.gethostname()}-{os.getpid()}")
     blob = client.bucket(obj.bucket).blob(obj.name, generation=obj.generation)
     done_before = progress.done
     try:
@@ -370,12 +459,7 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
                 _download_range(blob, fd, 0, obj.size - 1, progress, obj.uri, threading.Event())
         finally:
             os.close(fd)
-        actual = crc32c_of(tmp)
-        if obj.crc32c and actual != obj.crc32c:
-            raise GcsError(
-                f"model {obj.uri}: crc32c mismatch (expected {obj.crc32c}, got {actual}): "
-                "the download is corrupt and was deleted"
-            )
+        verify(obj, tmp)
         os.replace(tmp, dest)
         _write_meta(dest, obj)
     except BaseException as exc:
@@ -395,7 +479,7 @@ def fetch_model(
     client = make_client(opts.emulator_host)
     objects = list_models(client, uri, opts.model_file)
     paths = [cache_path(opts.cache_dir, o) for o in objects]
-    missing = [o for o in objects if not is_cached(opts.cache_dir, o)]
+    missing = [o for o in objects if not _cached_and_intact(opts.cache_dir, o)]
     if not missing:
         log.info("model %s: cache hit (%s)", uri, paths[0])
         return paths[0]

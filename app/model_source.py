@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app import gcs
-from app.default_model import default_model_path
+from app.default_model import SHA256, default_model_path, sha256_of
 from app.errors import ModelLoadError
 from app.settings import Settings
 from app.state import LoadState
@@ -20,6 +20,11 @@ def resolve(settings: Settings, state: LoadState) -> str:
             raise ModelLoadError(
                 f"no model configured (MODEL, --model or AIP_STORAGE_URI) and the default model "
                 f"is not cached at {path}: run `vertex-gguf fetch-default-model` first"
+            )
+        if sha256_of(path) != SHA256:  # the cache is a plain directory: check what is served
+            raise ModelLoadError(
+                f"the default model at {path} does not match its sha256: delete it and run "
+                "`vertex-gguf fetch-default-model` again"
             )
         return str(path)
     if source.startswith("gs://"):

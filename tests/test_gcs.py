@@ -214,3 +214,62 @@ def test_server_exits_non_zero_when_the_model_cannot_be_fetched(server_factory, 
     assert srv.proc.wait(60) != 0
     lines = [ln for ln in srv.logs().splitlines() if "model load failed" in ln]
     assert len(lines) == 1 and uri in lines[0], srv.logs()
+
+
+# ---- hostile names, shared caches, missing checksums (security review L4) ------------------
+
+
+@pytest.mark.parametrize("name", ["a/../../etc/x.gguf", "/etc/x.gguf", "a//b.gguf", "a\\b.gguf", "./x.gguf", "a\x00.gguf"])
+def test_object_names_that_leave_the_cache_are_refused(tmp_path, name):
+    obj = gcs.GcsObject("models", name, 1, 1, "")
+    with pytest.raises(gcs.GcsError, match="cache path"):
+        gcs.cache_path(tmp_path, obj)
+
+
+def test_a_live_process_s_partial_download_is_left_alone(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    dest = tmp_path / "gcs" / "models" / "m[1].gguf"
+    dest.parent.mkdir(parents=True)
+    host = socket.gethostname()
+    live = dest.with_name(f".{dest.name}.part-{host}-{os.getpid()}")
+    other_host = dest.with_name(f".{dest.name}.part-another-host-1")
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    dead = dest.with_name(f".{dest.name}.part-{host}-{dead_pid}")
+    abandoned = dest.with_name(f".{dest.name}.part-another-host-2")
+    for part in (live, other_host, dead, abandoned):
+        part.write_bytes(b"x")
+    old = time.time() - gcs.PART_STALE_SECONDS - 60
+    os.utime(abandoned, (old, old))
+    gcs._remove_stale_parts(dest)
+    assert live.exists() and other_host.exists()
+    assert not dead.exists() and not abandoned.exists()
+
+
+def test_an_object_without_crc32c_is_checked_by_md5_or_loaded_with_a_warning(tmp_path, caplog):
+    import base64
+
+    data = b"GGUF bytes"
+    path = tmp_path / "m.gguf"
+    path.write_bytes(data)
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    gcs.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", md5), path)
+    with pytest.raises(gcs.GcsError, match="md5 mismatch"):
+        gcs.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", md5.swapcase()), path)
+    with caplog.at_level("WARNING"):
+        gcs.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", ""), path)
+    assert "not verified" in caplog.text
+
+
+def test_a_cached_file_changed_behind_the_cache_s_back_is_fetched_again(gcs_proxy, tmp_path):
+    uri = "gs://models/dir-many/"
+    path = gcs.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
+    path.write_bytes(b"GGUF model X")  # same size, other bytes: the meta still matches
+    before = gcs_proxy.faults.media_requests
+    again = gcs.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
+    assert again.read_bytes() == b"GGUF model a"
+    assert gcs_proxy.faults.media_requests == before + 1
