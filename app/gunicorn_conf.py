@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+import gevent
 from gunicorn.workers.ggevent import GeventWorker
 
 from app.settings import Settings
@@ -22,6 +23,9 @@ from app.settings import Settings
 # gunicorn's arbiter halts the whole server (exit code 4) when a worker exits with this code:
 # a model that cannot load must fail the deployment, not leave it answering 503 for ever.
 APP_LOAD_ERROR = 4
+# seconds before the graceful timeout ends at which requests still running are ended with an
+# error (their streams get an error event), so the worker exits before it is killed
+GRACE_MARGIN = 1.5
 
 
 class DrainingGeventWorker(GeventWorker):
@@ -49,6 +53,14 @@ class DrainingGeventWorker(GeventWorker):
 
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
+        service = _service(self)
+        if service is not None:
+            # new requests on kept-alive connections get a 503 the load balancer retries
+            # elsewhere; whatever still runs near the end of the graceful timeout is ended with
+            # an error event, not cut mid-stream by the worker's exit
+            service.engine.drain()
+            grace = max(0.0, self.cfg.graceful_timeout - GRACE_MARGIN)
+            gevent.spawn_later(grace, service.engine.abort, "server is shutting down")
         if self.in_flight == 0:
             self._quit()
 
@@ -64,10 +76,14 @@ def bind_address(settings: Settings) -> str:
     return f"{host}:{settings.port}"
 
 
+def _service(worker: Any) -> Any:
+    app = getattr(worker, "wsgi", None)
+    return getattr(app, "extensions", {}).get("vertex_gguf") if app else None
+
+
 def worker_exit(server: Any, worker: Any) -> None:
     """Stop the engine thread and free the model before the worker process ends."""
-    app = getattr(worker, "wsgi", None)
-    service = getattr(app, "extensions", {}).get("vertex_gguf") if app else None
+    service = _service(worker)
     if service is not None:
         service.engine.shutdown()
 

@@ -341,6 +341,31 @@ def test_sigterm_drains_in_flight_requests(server_factory):
         requests.get(srv.url("/health"), timeout=2)
 
 
+def test_sigterm_ends_a_stream_longer_than_the_grace_with_an_error_event(server_factory):
+    srv = server_factory({"GRACEFUL_TIMEOUT": "4", "PARALLEL": "2"})
+    srv.wait_ready()
+    body = {"prompt": "Count:", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    resp = requests.post(srv.url("/v1/completions"), json=body, stream=True, timeout=60)
+    lines = resp.iter_lines()
+    assert next(lines).startswith(b"data: ")
+    with requests.Session() as keep:  # a kept-alive connection, as a load balancer holds
+        assert keep.get(srv.url("/health"), timeout=5).status_code == 200
+        srv.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        late = None
+        while time.monotonic() < deadline:
+            late = keep.post(srv.url("/v1/completions"), json={"prompt": "hi", "max_tokens": 1}, timeout=5)
+            if late.status_code == 503:
+                break
+            time.sleep(0.1)
+        assert late is not None and late.status_code == 503, late.text if late else None
+        assert late.json()["error"]["code"] == "shutting_down"
+    rest = [ln for ln in lines if ln]
+    error = json.loads(rest[-2][6:]) if rest[-1] == b"data: [DONE]" else json.loads(rest[-1][6:])
+    assert error["error"]["code"] == "shutting_down", rest[-3:]
+    assert srv.proc.wait(30) == 0, srv.logs()
+
+
 def test_probe_command_follows_health(vertex_server):
     import subprocess
     import sys

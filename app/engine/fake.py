@@ -28,6 +28,7 @@ from app.errors import (
     GenerationTimeout,
     ModelNotReady,
     QueueFull,
+    ShuttingDown,
 )
 from app.state import LoadState
 
@@ -61,6 +62,7 @@ class FakeEngine:
         self.state = LoadState()
         self.requests: list[GenerationRequest] = []
         self.stall: str | None = None  # what stalled() reports (tests of the watchdog)
+        self.draining = False
         self.handles: list[FakeHandle] = []
         self._lock = allocate_lock()
         self._running = 0
@@ -93,7 +95,16 @@ class FakeEngine:
     def shutdown(self) -> None:
         pass
 
+    def drain(self) -> None:
+        self.draining = True
+
+    def abort(self, message: str) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
     def submit(self, request: GenerationRequest) -> FakeHandle:
+        if self.draining:
+            raise ShuttingDown("server is shutting down")
         if not self.state.ready:
             raise ModelNotReady(f"model is {self.state.stage}")
         with self._lock:

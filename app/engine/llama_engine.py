@@ -174,6 +174,7 @@ class LlamaEngine:
         self._stopping = False
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
+        self._abort: ApiError | None = None  # set by abort(), acted on by the engine thread
         self._step_since: float | None = None  # when the step in progress began
         self._steps = 0
         self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
@@ -245,6 +246,17 @@ class LlamaEngine:
         if waiting and now - self._last_queue_log >= 1.0:
             self._last_queue_log = now
             log.info("all %d slots busy: %d request(s) waiting", self.config.parallel, waiting)
+
+    def drain(self) -> None:
+        """Refuse new requests (503 shutting_down); the ones in flight go on (SIGTERM)."""
+        self._stopping = True
+        self._wake.set()
+
+    def abort(self, message: str) -> None:
+        """End every request now with a shutting_down error (a stream gets an error event
+        rather than a cut connection): the end of the graceful timeout."""
+        self._abort = ShuttingDown(message)
+        self._wake.set()
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop after the jobs in flight; used at worker exit."""
@@ -476,6 +488,15 @@ class LlamaEngine:
 
     def _step_once(self) -> bool:
         """Take new jobs, admit waiting ones, decode one batch. False when there was no work."""
+        if self._abort is not None:
+            err, self._abort = self._abort, None
+            for slot in self._slots:
+                if slot.job is not None:
+                    for job in (slot.job, *slot.job.followers):
+                        self._fail_job(job, err)
+                    self._release(slot)
+            while self._waiting or self._inbox:
+                self._drop((self._waiting or self._inbox).popleft(), err)
         self._take_inbox()
         self._reap()
         self._admit()
