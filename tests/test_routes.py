@@ -358,3 +358,21 @@ def test_n_choices_streaming_with_per_choice_indexes(client):
     chat = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "stream": True}).get_data(as_text=True)
     roles = [json.loads(b[6:])["choices"][0]["index"] for b in chat.split("\n\n") if '"role"' in b]
     assert roles == [0, 1]
+
+
+def test_health_is_503_when_the_engine_is_stuck(client, fake_engine):
+    body = client.get("/health").get_json()
+    assert body["status"] == "ok" and "engine" in body
+    fake_engine.stall = "one engine step has been running for 75 s"
+    resp = client.get("/health")
+    assert resp.status_code == 503
+    assert resp.get_json()["status"] == "stalled" and "75 s" in resp.get_json()["reason"]
+    fake_engine.stall = None
+    assert client.get("/health").status_code == 200
+
+
+def test_shutdown_drain_refuses_new_work_with_503(client, fake_engine):
+    fake_engine.drain()
+    resp = client.post("/v1/chat/completions", json=CHAT)
+    assert_openai_error(resp, 503)
+    assert resp.get_json()["error"]["code"] == "shutting_down"
