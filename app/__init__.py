@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
+import gevent
 from flask import Flask
 
 from app.settings import Settings
@@ -96,6 +97,8 @@ def create_app(
         protect_messages=settings.special_tokens_in_messages == "text",
         prepare_timeout=settings.prepare_timeout,
     )
+    grammar.warm()
+    gevent.spawn(app.extensions["vertex_gguf"].warm)
     app.extensions["vertex_gguf_http"] = routes.HttpLimits(
         max_json_depth=settings.max_json_depth,
         body_timeout=settings.body_timeout,

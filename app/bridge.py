@@ -21,6 +21,7 @@ from gevent.monkey import get_original
 from app.errors import Overloaded, RequestTimeout
 
 _start_new_thread = get_original("_thread", "start_new_thread")
+original_sleep: Callable[[float], None] = get_original("time", "sleep")  # for native threads
 _stack_size = get_original("_thread", "stack_size")
 _stack_lock = get_original("_thread", "allocate_lock")()
 allocate_lock: Callable[[], Any] = get_original("_thread", "allocate_lock")

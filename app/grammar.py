@@ -29,8 +29,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any
 
-from app.bridge import allocate_lock
+from app.bridge import allocate_lock, original_sleep
 from app.errors import BadRequest
+
+
+def _yield_gil() -> None:
+    original_sleep(0)
 
 # llama.cpp's own cap on the rules one repetition may create (MAX_REPETITION_THRESHOLD).
 LLAMA_REPETITION_THRESHOLD = 2000
@@ -85,6 +89,9 @@ class Stats:
     repetition: int
     has_tokens: bool  # <[id]> / <text> token items (the engine's byte prefilter cannot apply)
 
+
+_CACHE_SIZE = 256
+_CACHE_LOCK = allocate_lock()  # the gate runs on several worker threads
 
 # ---- GBNF, parsed the way llama.cpp parses it ---------------------------------------------------
 
@@ -148,6 +155,7 @@ class _Parser:
         self.has_tokens = False
         self.fanout = 1
         self.run_through = 0
+        self.steps = 0
         # rule -> its alternatives, each a list of items [ref (None: a terminal), optional,
         # unbounded, span (how many copies in a row it expands to)]
         self.structure: dict[str, list[list[list[Any]]]] = {}
@@ -547,6 +555,9 @@ class _Parser:
                         visit(rule)
 
     def budget(self) -> None:
+        self.steps += 1
+        if self.steps % 2048 == 0:
+            _yield_gil()  # a long parse on a worker thread must not starve the engine thread
         lim = self.limits
         if len(self.names) + self.generated > lim.max_rules:
             raise _Over(f"more than {lim.max_rules} rules once expanded", "GRAMMAR_MAX_RULES")
@@ -565,8 +576,32 @@ class _Parser:
         )
 
 
+_VERDICTS: OrderedDict[tuple[str, Limits], Stats | GrammarError] = OrderedDict()
+
+
 def check(text: str, param: str, limits: Limits) -> Stats:
-    """Parse ``text`` as llama.cpp would and enforce ``limits``; a 400 naming ``param``."""
+    """Parse ``text`` as llama.cpp would and enforce ``limits``; a 400 naming ``param``.
+    Verdicts are cached by text (clients send the same schemas and tools again and again)."""
+    key = (text, limits)
+    with _CACHE_LOCK:
+        verdict = _VERDICTS.get(key)
+        if verdict is not None:
+            _VERDICTS.move_to_end(key)
+    if verdict is None:
+        try:
+            verdict = _check(text, "{param}", limits)
+        except GrammarError as exc:
+            verdict = exc
+        with _CACHE_LOCK:
+            _VERDICTS[key] = verdict
+            while len(_VERDICTS) > _CACHE_SIZE:
+                _VERDICTS.popitem(last=False)
+    if isinstance(verdict, GrammarError):
+        raise type(verdict)(verdict.message.replace("{param}", param), param=param)
+    return verdict
+
+
+def _check(text: str, param: str, limits: Limits) -> Stats:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limits.max_bytes:
         raise GrammarTooComplex(
@@ -712,8 +747,14 @@ def _converter_class() -> type:
 
 _CONVERTER: type | None = None
 _CACHE: OrderedDict[str, str] = OrderedDict()
-_CACHE_SIZE = 256
-_CACHE_LOCK = allocate_lock()  # conversions run on several worker threads
+
+
+def warm() -> None:
+    """Import and build the converter now (the first grammar request paid ~100 ms for it,
+    holding the interpreter while a stream ran beside it)."""
+    global _CONVERTER
+    if _CONVERTER is None:
+        _CONVERTER = _converter_class()
 
 
 def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
@@ -722,7 +763,6 @@ def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
     Pure Python and CPU-bound: callers run it off the request hub (see app.bridge.offload).
     Converted grammars are cached by the schema's text (agents send the same schemas again).
     """
-    global _CONVERTER
     try:
         key = json.dumps(schema, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -733,8 +773,8 @@ def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
             _CACHE.move_to_end(key)
             return cached
     prepared = _prepare_schema(schema, param, limits)
-    if _CONVERTER is None:
-        _CONVERTER = _converter_class()
+    warm()
+    assert _CONVERTER is not None
     try:
         conv = _CONVERTER()
         resolved = conv.resolve_refs(prepared, "input")

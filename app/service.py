@@ -75,6 +75,22 @@ class Service:
         self.max_instances = max_instances
         self.timeout = request_timeout or None
 
+    def warm(self, poll: float = 0.1, limit: float = 3600.0) -> None:
+        """Once the model is ready, prepare one chat off the hub: the chat template's first
+        compile and the first pass through validation cost ~100 ms of interpreter time, which
+        the first chat request would otherwise take from the streams running beside it."""
+        deadline = time.monotonic() + limit
+        while self.engine.info is None and self.engine.state.stage != "failed":
+            if time.monotonic() > deadline:
+                return
+            gevent.sleep(poll)
+        if self.engine.info is None:
+            return
+        try:
+            self.prepare_off_hub("chat", {"messages": [{"role": "user", "content": "hi"}]})
+        except Exception:  # noqa: BLE001 - a template that fails here fails its requests clearly
+            log.warning("warming the chat path failed", exc_info=True)
+
     def info(self) -> ModelInfo:
         info = self.engine.info
         if info is None:
@@ -169,7 +185,7 @@ class Service:
             try:
                 call = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead,
                                           template=template, limits=self.limits)
-                grammar.check(call, "tools", self.limits)
+                grammar.check(call, "tools", self.limits)  # cached: prepare() checks it again
             except BadRequest:
                 if required:
                     raise

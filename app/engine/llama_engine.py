@@ -448,9 +448,13 @@ class LlamaEngine:
         jobs = []
         for i in range(self.config.parallel):
             prompt = tuple(long) if i == 0 else tuple(long[: 8 + i])
+            # the last slot samples under a grammar, through its slow path: the first grammar
+            # request after ready then pays no first-use cost (imports, buffers) of its own
+            grammar = '"zq" [a-z]*' if i == self.config.parallel - 1 else None
+            params = SamplingParams(max_tokens=4, temperature=0.0,
+                                    grammar=f"root ::= {grammar}" if grammar else None)
             job = _Job(
-                request=GenerationRequest(prompt, SamplingParams(max_tokens=4, temperature=0.0),
-                                          cache_prompt=False),
+                request=GenerationRequest(prompt, params, cache_prompt=False),
                 sink=events.append,
             )
             self._prepare(job)

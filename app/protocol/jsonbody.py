@@ -17,7 +17,8 @@ import numpy as np
 
 from app.errors import BadRequest
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# unrolled: [^"\\]* consumes a run at C speed (the plain alternation took 400 ms on 4 MB)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 # backslash pairs first, so an escaped backslash before "u" is not taken for an escape
 _ESCAPE = re.compile(r"\\\\|\\u[dD]([89abAB]|[c-fC-F])[0-9a-fA-F]{2}")
 _DEPTH = np.zeros(256, dtype=np.int8)
@@ -77,7 +78,8 @@ def parse(raw: bytes, max_depth: int) -> Any:
         raise BadRequest(f"request body nests too deeply; at most {max_depth} levels (MAX_JSON_DEPTH)") from None
     except ValueError as exc:  # e.g. an integer of over 4300 digits
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    nesting = depth(raw)
+    # too few brackets to nest deeper than the limit (most bodies): no scan needed
+    nesting = 0 if raw.count(b"[") + raw.count(b"{") <= max_depth else depth(raw)
     if nesting > max_depth:
         raise BadRequest(
             f"request body nests {nesting} levels deep; at most {max_depth} (MAX_JSON_DEPTH)"
