@@ -175,6 +175,7 @@ class LlamaEngine:
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
         self._abort: ApiError | None = None  # set by abort(), acted on by the engine thread
+        self._warming = False
         self._step_since: float | None = None  # when the step in progress began
         self._steps = 0
         self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
@@ -442,6 +443,7 @@ class LlamaEngine:
         prefill chunk, then every slot generating in one batch (llama.cpp sizes its buffers and
         the OS maps the KV cache's pages on first use, which the first burst paid for before)."""
         self.state.set("warming_up", progress=None)
+        self._warming = True
         events: list[Event] = []
         text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
         long = self._tokenize(text, add_bos=self._add_bos)[: self.config.prefill_chunk]
@@ -470,6 +472,7 @@ class LlamaEngine:
             raise ModelLoadError(f"warm-up generation failed: {failed[0].error.message}")
         if sum(isinstance(e, Finished) for e in events) != len(jobs):
             raise ModelLoadError("warm-up generation did not finish")
+        self._warming = False
         for slot in self._slots:  # the warm-up text is no prefix anyone will reuse
             self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.cached.clear()
@@ -913,7 +916,9 @@ class LlamaEngine:
     def _make_sampler(self, p: SamplingParams, index: int, probe: bool) -> Sampler:
         """A choice's sampler; with a grammar, compiled here and, for the first choice, probed:
         one that admits nothing, or whose first step is over the time limit, is a 400 now."""
-        limit = self.config.grammar_max_step_ms / 1000
+        # the warm-up's own grammar is not a request's: no step limit (a tiny one must not fail
+        # the model's load)
+        limit = float("inf") if self._warming else self.config.grammar_max_step_ms / 1000
         if p.grammar is None:
             return Sampler(self._vocab_tables, p, index, max_step_s=limit)
         spec = GrammarSpec(
