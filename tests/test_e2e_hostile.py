@@ -386,3 +386,4 @@ def test_a_reader_that_stops_reading_does_not_hold_the_engine(srv):
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         # never read: the stream beside it must still end normally (checked by hostile())
+

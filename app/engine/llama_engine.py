@@ -102,6 +102,7 @@ class _Job:
     cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
     index: int = 0  # the choice (n > 1)
     followers: list[_Job] = field(default_factory=list)  # the other choices, led by this job
+    leader: _Job | None = None  # for a follower, the job that leads it
     inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
     inject_unless: bytes = b""  # ... dropped if the generated text already has this
     generated: bytearray = field(default_factory=bytearray)  # the raw text, for inject_unless
@@ -226,7 +227,7 @@ class LlamaEngine:
         deadline = time.monotonic() + request.timeout if request.timeout else None
         job = _Job(request=request, sink=channel.put, deadline=deadline)
         job.followers = [
-            _Job(request=request, sink=channel.put, deadline=deadline, index=i)
+            _Job(request=request, sink=channel.put, deadline=deadline, index=i, leader=job)
             for i in range(1, request.n)
         ]
         self._enqueue(job)
@@ -722,9 +723,12 @@ class LlamaEngine:
                 width += 1
                 try:
                     tok = job.sampler.sample(self._ctx, slot.i_batch)
-                except BadRequest as err:  # the grammar ended it: this sequence only
+                except BadRequest as err:  # the grammar ended this request; the others go on
                     if isinstance(err, GrammarTooSlow):
                         log.warning("request ended: %s", err.message)
+                    lead = job.leader or job
+                    for choice in (lead, *lead.followers):  # its other choices stop at the next
+                        choice.cancelled = True             # step: nobody reads them any more
                     self._fail_job(job, err)
                     self._release(slot)
                     continue
