@@ -25,7 +25,6 @@ import concurrent.futures as cf
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,17 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+from common import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPICS = ["the sea", "a robot", "the moon", "a city at night", "autumn", "a lighthouse", "trains",
           "a library", "mountains", "a garden", "winter", "the desert", "a violin", "rain",
           "a market", "bridges"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -117,20 +111,6 @@ def run_level(base: str, health: str, c: int, max_tokens: int) -> Result:
     stop.set()
     poller.join(15)
     return res
-
-
-def wait_ready(base: str, path: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if requests.get(base + path, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("server not ready")
 
 
 def servers(args) -> list[tuple[str, list[str], dict, str]]:

@@ -15,23 +15,14 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import requests
+from common import serve
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ttft(base: str, i: int, burst: int) -> float:
@@ -47,34 +38,15 @@ def ttft(base: str, i: int, burst: int) -> float:
 
 
 def run(repo: Path, parallel: int, bursts: int) -> list[dict]:
-    port = free_port()
-    env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "PARALLEL": str(parallel),
-           "STREAM_HEARTBEAT_SECONDS": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        else:
-            raise SystemExit(f"{repo}: server not ready")
-        out = []
+    out = []
+    with serve(repo, {"PARALLEL": str(parallel), "STREAM_HEARTBEAT_SECONDS": "0"}) as base:
         for b in range(bursts):
             with cf.ThreadPoolExecutor(parallel) as pool:
                 times = list(pool.map(lambda i, b=b: ttft(base, i, b), range(parallel)))
             out.append({"repo": str(repo), "burst": b + 1, "ttft_p50_ms": round(statistics.median(times) * 1000, 1),
                         "ttft_max_ms": round(max(times) * 1000, 1)})
             time.sleep(0.5)
-        return out
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    return out
 
 
 def main() -> None:

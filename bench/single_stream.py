@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,16 +24,11 @@ import time
 from pathlib import Path
 
 import requests
+from common import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PROMPT = "List the numbers from 1 to 1000, separated by commas:"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_run(base: str, tokens: int) -> tuple[float, float, int]:

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import requests
+from common import serve
 
 ROOT = Path(__file__).resolve().parent.parent
 PROPS = {chr(0x4E00 + i): {"type": "string"} for i in range(3000)}
@@ -47,29 +44,9 @@ CASES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(repo: Path) -> dict[str, tuple[float, float, int]]:
-    port = free_port()
-    env = {**os.environ, "HOST": "127.0.0.1", "PORT": str(port), "PARALLEL": "2",
-           "STREAM_HEARTBEAT_SECONDS": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=repo, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
     out = {}
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
+    with serve(repo, {"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"}) as base:
         for name, (path, body) in CASES.items():
             arrivals: list[float] = []
             data = json.dumps(body).encode()  # before the stream starts: the client's own work
@@ -95,10 +72,7 @@ def run(repo: Path) -> dict[str, tuple[float, float, int]]:
             gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
             during = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False) if b >= t0 and a <= t1]
             out[name] = (statistics.median(gaps) * 1000, max(during, default=0) * 1000, r.status_code)
-        return out
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    return out
 
 
 def main() -> None:
