@@ -97,7 +97,6 @@ def create_app(
         protect_messages=settings.special_tokens_in_messages == "text",
         prepare_timeout=settings.prepare_timeout,
     )
-    grammar.warm()
     gevent.spawn(app.extensions["vertex_gguf"].warm)
     app.extensions["vertex_gguf_http"] = routes.HttpLimits(
         max_json_depth=settings.max_json_depth,

@@ -589,7 +589,7 @@ def check(text: str, param: str, limits: Limits) -> Stats:
             _VERDICTS.move_to_end(key)
     if verdict is None:
         try:
-            verdict = _check(text, "{param}", limits)
+            verdict = _check(text, limits)
         except GrammarError as exc:
             verdict = exc
         with _CACHE_LOCK:
@@ -597,30 +597,27 @@ def check(text: str, param: str, limits: Limits) -> Stats:
             while len(_VERDICTS) > _CACHE_SIZE:
                 _VERDICTS.popitem(last=False)
     if isinstance(verdict, GrammarError):
-        raise type(verdict)(verdict.message.replace("{param}", param), param=param)
+        raise type(verdict)(f"{param}: {verdict.message}", param=param)
     return verdict
 
 
-def _check(text: str, param: str, limits: Limits) -> Stats:
+def _check(text: str, limits: Limits) -> Stats:
+    """The verdict on a grammar, whichever field it came from (``check`` names the field)."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limits.max_bytes:
         raise GrammarTooComplex(
-            f"{param}: the grammar is {size} bytes, over the limit of {limits.max_bytes} "
-            "(GRAMMAR_MAX_BYTES)",
-            param=param,
+            f"the grammar is {size} bytes, over the limit of {limits.max_bytes} (GRAMMAR_MAX_BYTES)"
         )
     if "\x00" in text:
-        raise GrammarError(f"{param}: the grammar contains a NUL character", param=param)
+        raise GrammarError("the grammar contains a NUL character")
     parser = _Parser(text, limits)
     try:
         parser.parse()
         parser.budget()
     except _Over as exc:
-        raise GrammarTooComplex(
-            f"{param}: the grammar is too complex: {exc} ({exc.setting})", param=param
-        ) from None
+        raise GrammarTooComplex(f"the grammar is too complex: {exc} ({exc.setting})") from None
     except _Syntax as exc:
-        raise GrammarError(f"{param}: the grammar does not parse: {exc}", param=param) from None
+        raise GrammarError(f"the grammar does not parse: {exc}") from None
     return parser.stats()
 
 
@@ -749,12 +746,11 @@ _CONVERTER: type | None = None
 _CACHE: OrderedDict[str, str] = OrderedDict()
 
 
-def warm() -> None:
-    """Import and build the converter now (the first grammar request paid ~100 ms for it,
-    holding the interpreter while a stream ran beside it)."""
+def _converter() -> Any:
     global _CONVERTER
     if _CONVERTER is None:
         _CONVERTER = _converter_class()
+    return _CONVERTER()
 
 
 def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
@@ -773,10 +769,8 @@ def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
             _CACHE.move_to_end(key)
             return cached
     prepared = _prepare_schema(schema, param, limits)
-    warm()
-    assert _CONVERTER is not None
     try:
-        conv = _CONVERTER()
+        conv = _converter()
         resolved = conv.resolve_refs(prepared, "input")
         conv.visit(resolved, "")
         gbnf = conv.format_grammar()

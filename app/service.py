@@ -76,9 +76,10 @@ class Service:
         self.timeout = request_timeout or None
 
     def warm(self, poll: float = 0.1, limit: float = 3600.0) -> None:
-        """Once the model is ready, prepare one chat off the hub: the chat template's first
-        compile and the first pass through validation cost ~100 ms of interpreter time, which
-        the first chat request would otherwise take from the streams running beside it."""
+        """Once the model is ready, prepare one chat with a JSON schema off the hub: the chat
+        template's first compile, the schema converter's import and the first pass through
+        validation cost ~100 ms of interpreter time, which the first such request would
+        otherwise take from the streams running beside it."""
         deadline = time.monotonic() + limit
         while self.engine.info is None and self.engine.state.stage != "failed":
             if time.monotonic() > deadline:
@@ -87,7 +88,11 @@ class Service:
         if self.engine.info is None:
             return
         try:
-            self.prepare_off_hub("chat", {"messages": [{"role": "user", "content": "hi"}]})
+            self.prepare_off_hub("chat", {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "warm", "schema": {"type": "object"}}},
+            })
         except Exception:  # noqa: BLE001 - a template that fails here fails its requests clearly
             log.warning("warming the chat path failed", exc_info=True)
 

@@ -176,7 +176,6 @@ class LlamaEngine:
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
         self._abort: ApiError | None = None  # set by abort(), acted on by the engine thread
-        self._warming = False
         self._step_since: float | None = None  # when the step in progress began
         self._steps = 0
         self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
@@ -444,7 +443,6 @@ class LlamaEngine:
         prefill chunk, then every slot generating in one batch (llama.cpp sizes its buffers and
         the OS maps the KV cache's pages on first use, which the first burst paid for before)."""
         self.state.set("warming_up", progress=None)
-        self._warming = True
         events: list[Event] = []
         text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
         long = self._tokenize(text, add_bos=self._add_bos)[: self.config.prefill_chunk]
@@ -473,7 +471,6 @@ class LlamaEngine:
             raise ModelLoadError(f"warm-up generation failed: {failed[0].error.message}")
         if sum(isinstance(e, Finished) for e in events) != len(jobs):
             raise ModelLoadError("warm-up generation did not finish")
-        self._warming = False
         for slot in self._slots:  # the warm-up text is no prefix anyone will reuse
             self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.cached.clear()
@@ -498,13 +495,7 @@ class LlamaEngine:
         """Take new jobs, admit waiting ones, decode one batch. False when there was no work."""
         if self._abort is not None:
             err, self._abort = self._abort, None
-            for slot in self._slots:
-                if slot.job is not None:
-                    for job in (slot.job, *slot.job.followers):
-                        self._fail_job(job, err)
-                    self._release(slot)
-            while self._waiting or self._inbox:
-                self._drop((self._waiting or self._inbox).popleft(), err)
+            self._fail_everything(err)
         self._take_inbox()
         self._reap()
         self._admit()
@@ -843,17 +834,14 @@ class LlamaEngine:
         self._job_over(job)
 
     def _fail_active(self, err: ApiError) -> None:
-        for slot in self._slots:
+        for slot in getattr(self, "_slots", []):
             if slot.job is not None:
                 self._fail_job(slot.job, err)
                 self._release(slot)
 
     def _fail_everything(self, err: ApiError) -> None:
-        for slot in getattr(self, "_slots", []):
-            if slot.job is not None:
-                for job in (slot.job, *slot.job.followers):
-                    self._fail_job(job, err)
-                slot.job = None
+        """Every request: those in slots, admitted and waiting, prepared, and to be prepared."""
+        self._fail_active(err)
         while self._prep or self._waiting or self._inbox:
             queue = self._prep if self._prep else self._waiting if self._waiting else self._inbox
             self._drop(queue.popleft(), err)
@@ -918,11 +906,12 @@ class LlamaEngine:
         return self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
 
     def _make_sampler(self, p: SamplingParams, index: int, probe: bool) -> Sampler:
-        """A choice's sampler; with a grammar, compiled here and, for the first choice, probed:
-        one that admits nothing, or whose first step is over the time limit, is a 400 now."""
+        """A choice's sampler; with a grammar, compiled here and, for the first choice, probed
+        (see Sampler.probe)."""
         # the warm-up's own grammar is not a request's: no step limit (a tiny one must not fail
         # the model's load)
-        limit = float("inf") if self._warming else self.config.grammar_max_step_ms / 1000
+        warming = self.state.stage == "warming_up"
+        limit = float("inf") if warming else self.config.grammar_max_step_ms / 1000
         if p.grammar is None:
             return Sampler(self._vocab_tables, p, index, max_step_s=limit)
         spec = GrammarSpec(
@@ -936,18 +925,10 @@ class LlamaEngine:
         sampler = Sampler(self._vocab_tables, p, index, grammar, spec, max_step_s=limit)
         if probe:
             try:
-                spent = sampler.probe()
+                sampler.probe()
             except BaseException:
                 sampler.free()
                 raise
-            if spent > limit:
-                sampler.free()
-                raise GrammarTooSlow(
-                    f"{p.grammar_param}: one sampling step under this grammar takes "
-                    f"{spent * 1000:.0f} ms, over the limit of {limit * 1000:.0f} ms "
-                    "(GRAMMAR_MAX_STEP_MS)",
-                    param=p.grammar_param,
-                )
         return sampler
 
     def _free(self) -> None:

@@ -217,13 +217,21 @@ class Sampler:
         ll.llama_sampler_apply(self.grammar, ctypes.byref(_as_array(cand, ll)))
         return cand[np.isfinite(cand["logit"])].copy()
 
-    def probe(self) -> float:
-        """Check, before admission, that the grammar allows something at its start; the time
-        one full step took (seconds)."""
+    def probe(self) -> None:
+        """Before admission: a grammar that admits nothing at its start, or whose first full
+        step is over the time limit, is refused now (a 400, not an error mid-stream)."""
         t0 = time.perf_counter()
         if len(self.allowed(None)) == 0:
             raise GrammarDeadEnd(f"{self._param}: the grammar admits no output at all", param=self._param)
-        return time.perf_counter() - t0
+        self._check_time(time.perf_counter() - t0)
+
+    def _check_time(self, spent: float) -> None:
+        if spent > self.max_step_s:
+            raise GrammarTooSlow(
+                f"{self._param}: one sampling step under this grammar took {spent * 1000:.0f} ms, "
+                f"over the limit of {self.max_step_s * 1000:.0f} ms (GRAMMAR_MAX_STEP_MS)",
+                param=self._param,
+            )
 
     def feed(self, data: bytes) -> bool:
         """Move the grammar over ``data``, one byte token at a time, each checked first; False
@@ -267,12 +275,7 @@ class Sampler:
         ll.llama_sampler_accept(self.chain, tok)
         spent = time.perf_counter() - t0
         self.grammar_seconds += spent
-        if spent > self.max_step_s:
-            raise GrammarTooSlow(
-                f"{self._param}: one sampling step under this grammar took {spent * 1000:.0f} ms, "
-                f"over the limit of {self.max_step_s * 1000:.0f} ms (GRAMMAR_MAX_STEP_MS)",
-                param=self._param,
-            )
+        self._check_time(spent)
         return tok
 
     def accept_injected(self, tokens: list[int]) -> None:
