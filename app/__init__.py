@@ -54,9 +54,9 @@ def create_app(
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm)."""
-    from app import errors, grammar, routes
-    from app.protocol.sse import policy_from
-    from app.service import Service
+    from app import api, grammar, routes
+    from app.core.plan import PlanOptions
+    from app.core.service import Service
     from app.settings import slots_per_request
 
     if engine is None:
@@ -75,34 +75,18 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    policy = policy_from(
-        settings.stream_profile,
-        send_done=settings.stream_done,
-        done_after_error=settings.stream_done_after_error,
-        role_content=settings.stream_role_content,
-        always_usage=settings.stream_always_usage,
-        heartbeat_seconds=settings.stream_heartbeat_seconds,
-    )
-    app.extensions["vertex_gguf"] = Service(
-        engine,
-        policy,
-        settings.max_instances,
-        request_timeout=settings.request_timeout,
+    options = PlanOptions(
         reasoning_format=settings.reasoning_format,
-        reasoning_field=settings.reasoning_field,
         tool_format=settings.tool_format,
         limits=grammar.Limits.from_settings(settings),
-        max_tools=settings.max_tools,
-        slots_per_request=slots_per_request(settings),
         protect_messages=settings.special_tokens_in_messages == "text",
-        prepare_timeout=settings.prepare_timeout,
+        timeout=settings.request_timeout or None,
+        slots_per_request=slots_per_request(settings),
     )
-    gevent.spawn(app.extensions["vertex_gguf"].warm)
-    app.extensions["vertex_gguf_http"] = routes.HttpLimits(
-        max_json_depth=settings.max_json_depth,
-        body_timeout=settings.body_timeout,
-        watchdog_seconds=settings.watchdog_seconds,
-    )
-    routes.register(app, settings.health_route, settings.predict_route)
-    errors.register(app)
+    service = Service(engine, options, prepare_timeout=settings.prepare_timeout)
+    app.extensions["vertex_gguf"] = service
+    app.extensions["vertex_gguf_settings"] = settings
+    gevent.spawn(service.warm)
+    api.register(app, settings, service)
+    routes.register(app, settings.health_route)
     return app

@@ -1,18 +1,15 @@
-"""One error hierarchy, and the one place that turns errors into status codes and bodies.
+"""One error hierarchy for everything a client can be told went wrong, free of any wire format.
 
-Every error a client can see is an :class:`ApiError`. Routes raise them; the Flask error
-handlers (``register``) and the predict envelope's per-instance slots both render them with
-:func:`error_body`, so the OpenAI shape ``{"error": {"message", "type", "param", "code"}}`` is
-written in exactly one place.
+These are domain errors: what happened (a bad request, a full queue, a context overflow, a
+timeout), a neutral ``code`` and the request field at fault. They carry no HTTP status and no
+API's vocabulary: each API module (app.api) maps them to its own status, type names and body
+shape, the way TGI maps its ``InferError`` at the edge. The engine raises them too, so the
+engine package imports nothing of Flask or HTTP.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from flask import Flask, Response, jsonify
-from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger(__name__)
 
@@ -20,17 +17,16 @@ log = logging.getLogger(__name__)
 class ModelLoadError(Exception):
     """The model could not be fetched or loaded; the message names the model and the cause.
 
-    Not an API error: it ends the process (see app.gunicorn_conf), so the platform reports a
+    Not a request error: it ends the process (see app.gunicorn_conf), so the platform reports a
     failed deployment.
     """
 
 
-class ApiError(Exception):
-    """An error with an HTTP status and an OpenAI-style type/code."""
+class ServiceError(Exception):
+    """Something a client is told: a message, a neutral code, and the field at fault."""
 
-    status = 500
-    type = "internal_error"
     code: str | None = None
+    retry_after: int | None = None  # seconds a client should wait before trying again
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -39,149 +35,84 @@ class ApiError(Exception):
         if code is not None:
             self.code = code
 
-    def headers(self) -> dict[str, str]:
-        return {}
+
+class Internal(ServiceError):
+    """An unexpected failure; the message carries no internals."""
 
 
-class BadRequest(ApiError):
-    status = 400
-    type = "invalid_request_error"
+class BadRequest(ServiceError):
+    """The request is malformed or asks for something this server refuses."""
 
 
 class ContextOverflow(BadRequest):
     code = "context_length_exceeded"
 
 
-class NotFound(ApiError):
-    status = 404
-    type = "not_found_error"
+class NotFound(ServiceError):
     code = "not_found"
 
 
-class MethodNotAllowed(ApiError):
-    status = 405
-    type = "invalid_request_error"
+class MethodNotAllowed(BadRequest):
     code = "method_not_allowed"
 
 
-class RequestTimeout(ApiError):
-    status = 408
-    type = "invalid_request_error"
+class RequestTimeout(BadRequest):
+    """The client took too long to send its request body."""
+
     code = "request_timeout"
 
 
-class UnsupportedMediaType(ApiError):
-    status = 415
-    type = "invalid_request_error"
+class UnsupportedMediaType(BadRequest):
     code = "unsupported_media_type"
 
 
-class ClientGone(ApiError):
-    """The client hung up before its answer was ready (nobody reads this one)."""
-
-    status = 499
-    type = "client_closed_request"
-    code = "client_gone"
-
-
-class PayloadTooLarge(ApiError):
-    status = 413
-    type = "invalid_request_error"
+class PayloadTooLarge(BadRequest):
     code = "payload_too_large"
 
 
-class QueueFull(ApiError):
-    status = 429
-    type = "rate_limit_error"
+class ClientGone(ServiceError):
+    """The client hung up before its answer was ready (nobody reads this one)."""
+
+    code = "client_gone"
+
+
+class QueueFull(ServiceError):
     code = "queue_full"
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
+    retry_after = 1
 
 
-class ModelNotReady(ApiError):
-    status = 503
-    type = "service_unavailable"
+class Unavailable(ServiceError):
+    """The server cannot take this request now; another replica (or a retry) can."""
+
+    code = "unavailable"
+    retry_after = 1
+
+
+class ModelNotReady(Unavailable):
     code = "model_loading"
-
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "5"}
+    retry_after = 5
 
 
-class Overloaded(ApiError):
-    status = 503
-    type = "service_unavailable"
+class Overloaded(Unavailable):
     code = "overloaded"
 
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
 
-
-class ShuttingDown(ApiError):
-    status = 503
-    type = "service_unavailable"
+class ShuttingDown(Unavailable):
     code = "shutting_down"
+    retry_after = None
 
 
-class GenerationTimeout(ApiError):
-    status = 504
-    type = "timeout"
+class GenerationTimeout(ServiceError):
     code = "generation_timeout"
 
 
-class EngineFailure(ApiError):
-    status = 500
-    type = "internal_error"
+class EngineFailure(Internal):
     code = "engine_error"
 
 
-def error_body(err: ApiError) -> dict[str, Any]:
-    """The OpenAI error object for ``err``."""
-    return {
-        "error": {
-            "message": err.message,
-            "type": err.type,
-            "param": err.param,
-            "code": err.code if err.code is not None else err.status,
-        }
-    }
-
-
-def as_api_error(exc: BaseException) -> ApiError:
-    """Any exception as an ApiError; unexpected ones become a 500 without internals."""
-    if isinstance(exc, ApiError):
+def as_service_error(exc: BaseException) -> ServiceError:
+    """Any exception as a ServiceError; unexpected ones become Internal without internals."""
+    if isinstance(exc, ServiceError):
         return exc
-    if isinstance(exc, HTTPException):
-        return _from_http(exc)
     log.exception("unexpected error", exc_info=exc)
-    return ApiError("internal server error")
-
-
-def _from_http(exc: HTTPException) -> ApiError:
-    status = exc.code or 500
-    if status == 404:
-        return NotFound("no such route")
-    if status == 405:
-        return MethodNotAllowed("method not allowed on this route")
-    if status == 413:
-        return PayloadTooLarge("request body is larger than the server accepts")
-    if 400 <= status < 500:
-        err: ApiError = BadRequest(exc.description or "bad request")
-        err.status = status
-        return err
-    return ApiError(exc.description or "internal server error")
-
-
-def error_response(exc: BaseException) -> Response:
-    err = as_api_error(exc)
-    resp = jsonify(error_body(err))
-    resp.status_code = err.status
-    resp.headers.update(err.headers())
-    return resp
-
-
-def register(app: Flask) -> None:
-    """Route every error through :func:`error_response`."""
-    app.register_error_handler(ApiError, error_response)
-    app.register_error_handler(HTTPException, error_response)
-    app.register_error_handler(Exception, error_response)
+    return Internal("internal server error")

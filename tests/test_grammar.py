@@ -9,6 +9,7 @@ from llama_cpp import llama_grammar as lg
 
 from app import grammar
 from app.errors import BadRequest
+from app.protocol.http_status import status_of
 from app.settings import Settings
 
 LIMITS = grammar.Limits.from_settings(Settings())
@@ -17,7 +18,7 @@ LIMITS = grammar.Limits.from_settings(Settings())
 def refused(text: str) -> str:
     with pytest.raises(grammar.GrammarError) as info:
         grammar.check(text, "grammar", LIMITS)
-    assert info.value.param == "grammar" and info.value.status == 400
+    assert info.value.param == "grammar" and status_of(info.value) == 400
     return info.value.message
 
 

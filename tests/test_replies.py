@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.protocol.replies import ReplySpec, ReplyStream, detect_format, message, parse_reply
+from app.api.openai import chat_delta, chat_message
+from app.core.events import Answer, Call, ChoiceEnd, Usage, fold
+from app.protocol.replies import Reply, ReplySpec, ReplyStream, detect_format, parse_reply
 
 TEMPLATES = Path(__file__).parent / "templates"
 MARKUP = ("<tool_call", "</tool_call", "<function", "<parameter", "[TOOL_CALLS", "[ARGS", "python_tag",
@@ -63,6 +65,21 @@ CASES = [
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 
 
+def message(reply: Reply) -> tuple[dict, bool]:
+    """The OpenAI message of a whole parse (complete calls only), and whether it made calls."""
+    calls = [Call(c.id, c.name, c.arguments) for c in reply.calls if c.complete]
+    return chat_message(Answer(reasoning=reply.reasoning, text=reply.content, calls=calls)), bool(calls)
+
+
+def feed(rs: ReplyStream, text: str) -> list[dict]:
+    """The OpenAI deltas of the events a piece of text produces."""
+    return [d for ev in rs.feed(text) if (d := chat_delta(ev)) is not None]
+
+
+def finish(rs: ReplyStream) -> list[dict]:
+    return [d for ev in rs.finish() if (d := chat_delta(ev)) is not None]
+
+
 def accumulate(deltas):
     out = {"reasoning": "", "content": "", "names": {}, "args": {}}
     for d in deltas:
@@ -96,14 +113,14 @@ def test_streamed_deltas_equal_the_whole_parse_at_every_cut(fmt, extra, reply, c
     whole, _ = message(parse_reply(reply, spec, [], final=True))
     for cut in range(len(reply) + 1):
         rs = ReplyStream(spec)
-        got = accumulate(rs.feed(reply[:cut]) + rs.feed(reply[cut:]) + rs.finish())
+        got = accumulate(feed(rs, reply[:cut]) + feed(rs, reply[cut:]) + finish(rs))
         assert got["content"] == (whole["content"] or "")
         assert got["reasoning"] == (whole.get("reasoning_content") or "")
         assert got["names"] == {i: c["function"]["name"] for i, c in enumerate(whole.get("tool_calls", []))}
         assert got["args"] == {i: c["function"]["arguments"] for i, c in enumerate(whole.get("tool_calls", []))}
     # one character at a time: names only ever complete, content never shows markup
     rs = ReplyStream(spec)
-    deltas = [d for ch in reply for d in rs.feed(ch)] + rs.finish()
+    deltas = [d for ch in reply for d in feed(rs, ch)] + finish(rs)
     names = {n for n, _ in calls}
     for d in deltas:
         for tc in d.get("tool_calls", []):
@@ -208,3 +225,20 @@ def test_random_replies_only_ever_grow(fmt):
             assert len(b.calls) >= len(a.calls), text
             for x, y in zip(a.calls, b.calls, strict=False):
                 assert x.name == y.name and y.arguments.startswith(x.arguments), text
+
+
+@pytest.mark.parametrize("fmt, extra, reply, content, calls, reasoning", CASES, ids=IDS)
+def test_the_fold_of_the_events_is_the_whole_parse_at_every_cut(fmt, extra, reply, content, calls, reasoning):
+    """What a non-streamed answer holds (the fold) is what the final parse says, wherever the
+    text was cut into pieces."""
+    spec = ReplySpec(fmt, **extra)
+    whole, _ = message(parse_reply(reply, spec, [], final=True))
+    for cut in range(0, len(reply) + 1, 3):
+        rs = ReplyStream(spec)
+        events = rs.feed(reply[:cut]) + rs.feed(reply[cut:]) + rs.finish()
+        events += [ChoiceEnd("stop", 1, cut_calls=rs.cut_calls()), Usage(1, 1)]
+        got = chat_message(fold(events, 1).answers[0])
+        for msg in (got, whole):  # ids are drawn at random per parse
+            for call in msg.get("tool_calls", []):
+                call["id"] = "x"
+        assert got == whole

@@ -83,6 +83,12 @@ class FakeEngine:
     def info(self) -> ModelInfo | None:
         return self._info if self.state.ready else None
 
+    def count_tokens(self, request: GenerationRequest) -> int:
+        if not self.state.ready:
+            raise ModelNotReady(f"model is {self.state.stage}")
+        prompt = request.prompt
+        return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
     def queue_depth(self) -> int:
         return self._running
 
@@ -164,7 +170,7 @@ class FakeEngine:
             if asm.stopped:
                 if piece:
                     channel.put(TextPiece(piece, n, index))
-                channel.put(Finished("stop", n_prompt, n, 0, index))
+                channel.put(Finished("stop", n_prompt, n, 0, index, asm.stopped_by))
                 return True
             if piece:
                 channel.put(TextPiece(piece, n, index))

@@ -45,7 +45,6 @@ from app.engine.types import (
     TextPiece,
 )
 from app.errors import (
-    ApiError,
     BadRequest,
     ContextOverflow,
     EngineFailure,
@@ -53,8 +52,9 @@ from app.errors import (
     ModelLoadError,
     ModelNotReady,
     QueueFull,
+    ServiceError,
     ShuttingDown,
-    as_api_error,
+    as_service_error,
 )
 from app.state import LoadState
 
@@ -175,7 +175,7 @@ class LlamaEngine:
         self._stopping = False
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
-        self._abort: ApiError | None = None  # set by abort(), acted on by the engine thread
+        self._abort: ServiceError | None = None  # set by abort(), acted on by the engine thread
         self._step_since: float | None = None  # when the step in progress began
         self._steps = 0
         self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
@@ -187,6 +187,11 @@ class LlamaEngine:
 
     def start(self) -> None:
         start_native_thread(self._thread_main)
+
+    def count_tokens(self, request: GenerationRequest) -> int:
+        if self.info is None:
+            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        return len(self._prompt_tokens(request))
 
     def queue_depth(self) -> int:
         """Requests submitted but not yet admitted to a slot."""
@@ -291,9 +296,9 @@ class LlamaEngine:
         try:
             self._prepare(job)
         except Exception as exc:  # noqa: BLE001 - every job gets an answer
-            if not isinstance(exc, ApiError):
+            if not isinstance(exc, ServiceError):
                 log.exception("could not prepare a request")
-            self._drop(job, as_api_error(exc))
+            self._drop(job, as_service_error(exc))
             return
         with self._handoff:
             if not self._closed:
@@ -517,11 +522,8 @@ class LlamaEngine:
             else:
                 self._waiting.append(job)
 
-    def _prepare(self, job: _Job) -> None:
-        """Tokenize, check against the context, build every choice's sampler (grammar compiled
-        and probed). Runs on a prep thread; touches nothing the engine thread owns."""
-        req = job.request
-        params = req.params
+    def _prompt_tokens(self, req: GenerationRequest) -> list[int]:
+        """The prompt's tokens, refused (ContextOverflow, BadRequest) if it cannot be one."""
         if isinstance(req.prompt, str):
             size = len(req.prompt.encode("utf-8", "surrogatepass"))
             if size > self._max_prompt_bytes:
@@ -530,7 +532,7 @@ class LlamaEngine:
                     f"the context of {self._n_ctx} tokens",
                     param="messages",
                 )
-            job.tokens = self._tokenize_prompt(req.prompt, add_bos=req.add_bos and self._add_bos)
+            return self._tokenize_prompt(req.prompt, add_bos=req.add_bos and self._add_bos)
         else:
             if len(req.prompt) >= self._n_ctx:
                 raise ContextOverflow(
@@ -542,7 +544,14 @@ class LlamaEngine:
             bad = ids[(ids < 0) | (ids >= self._n_vocab)]
             if len(bad):
                 raise BadRequest(f"prompt token id {int(bad[0])} is out of range", param="prompt")
-            job.tokens = list(req.prompt)
+            return list(req.prompt)
+
+    def _prepare(self, job: _Job) -> None:
+        """Tokenize, check against the context, build every choice's sampler (grammar compiled
+        and probed). Runs on a prep thread; touches nothing the engine thread owns."""
+        req = job.request
+        params = req.params
+        job.tokens = self._prompt_tokens(req)
         n_prompt = len(job.tokens)
         if n_prompt == 0:
             raise BadRequest("prompt is empty", param="prompt")
@@ -789,7 +798,8 @@ class LlamaEngine:
         tail = job.assembler.flush()
         if tail:
             job.sink(TextPiece(tail, job.n_generated, job.index))
-        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index))
+        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
+                          job.assembler.stopped_by))
         self._release(slot, keep_cache=True)
 
     def _release(self, slot: _Slot, keep_cache: bool = False) -> None:
@@ -821,25 +831,25 @@ class LlamaEngine:
             with self._count_lock:
                 self._in_flight -= 1
 
-    def _drop(self, job: _Job, err: ApiError | None = None) -> None:
+    def _drop(self, job: _Job, err: ServiceError | None = None) -> None:
         """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
         if err is not None:
             self._fail_job(job, err)
         for j in (job, *job.followers):
             self._job_over(j)
 
-    def _fail_job(self, job: _Job, err: ApiError) -> None:
+    def _fail_job(self, job: _Job, err: ServiceError) -> None:
         if not job.done:
             job.sink(Failed(err))
         self._job_over(job)
 
-    def _fail_active(self, err: ApiError) -> None:
+    def _fail_active(self, err: ServiceError) -> None:
         for slot in getattr(self, "_slots", []):
             if slot.job is not None:
                 self._fail_job(slot.job, err)
                 self._release(slot)
 
-    def _fail_everything(self, err: ApiError) -> None:
+    def _fail_everything(self, err: ServiceError) -> None:
         """Every request: those in slots, admitted and waiting, prepared, and to be prepared."""
         self._fail_active(err)
         while self._prep or self._waiting or self._inbox:

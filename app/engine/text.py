@@ -29,6 +29,7 @@ class TextAssembler:
         self._stops = tuple(s for s in stops if s)
         self._pending = ""
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the text
 
     def feed(self, data: bytes) -> str:
         """Add bytes; return what can be emitted now. Sets ``stopped`` on a stop string."""
@@ -42,7 +43,7 @@ class TextAssembler:
         for stop in self._stops:
             i = self._pending.find(stop)
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, self.stopped_by = i, stop
         if cut != -1:
             out = self._pending[:cut]
             self._pending = ""

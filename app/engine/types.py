@@ -1,6 +1,6 @@
 """The engine interface: what HTTP-side code may ask of the model, and what comes back.
 
-The engine knows nothing of HTTP, Vertex or OpenAI. It takes a prompt (text or token ids) and
+The engine knows nothing of HTTP or of any API. It takes a prompt (text or token ids) and
 sampling parameters and emits events; the protocol layer turns those into API objects.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.errors import ApiError
+from app.errors import ServiceError
 from app.state import LoadState
 
 # A text prompt may mark spans that came from a request's messages: text between these two
@@ -84,11 +84,12 @@ class Finished:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not decoded again
     index: int = 0  # the choice; a request is over when every choice has finished
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 @dataclass(frozen=True)
 class Failed:
-    error: ApiError
+    error: ServiceError
 
 
 Event = Accepted | TextPiece | Finished | Failed
@@ -140,6 +141,11 @@ class Engine(Protocol):
 
     def submit(self, request: GenerationRequest) -> Handle:
         """Queue a generation; raises QueueFull or ModelNotReady at once."""
+        ...
+
+    def count_tokens(self, request: GenerationRequest) -> int:
+        """How many tokens the request's prompt is, tokenized exactly as ``submit`` would.
+        Any thread; raises the errors ``submit`` would for a prompt that cannot fit."""
         ...
 
     def queue_depth(self) -> int: ...

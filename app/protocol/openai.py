@@ -8,8 +8,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.engine.types import ModelInfo, SamplingParams
-from app.errors import BadRequest
+from app.errors import (
+    BadRequest,
+    ClientGone,
+    GenerationTimeout,
+    Internal,
+    NotFound,
+    QueueFull,
+    ServiceError,
+    Unavailable,
+)
 from app.protocol.chat_template import flatten_content
+from app.protocol.http_status import lookup, status_of
 
 SYSTEM_FINGERPRINT = "vertex-gguf"
 
@@ -361,4 +371,29 @@ def model_card(info: ModelInfo) -> dict[str, Any]:
         "created": info.created,
         "owned_by": "vertex-gguf",
         "meta": {"n_ctx": info.n_ctx, "n_ctx_train": info.n_ctx_train},
+    }
+
+
+# OpenAI's error type names, by domain error (the nearest class wins).
+ERROR_TYPES: dict[type[ServiceError], str] = {
+    BadRequest: "invalid_request_error",
+    NotFound: "not_found_error",
+    ClientGone: "client_closed_request",
+    QueueFull: "rate_limit_error",
+    Unavailable: "service_unavailable",
+    GenerationTimeout: "timeout",
+    Internal: "internal_error",
+}
+
+
+def error_body(err: ServiceError) -> dict[str, Any]:
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` (code: the
+    error's code, or its HTTP status when it has none)."""
+    return {
+        "error": {
+            "message": err.message,
+            "type": lookup(ERROR_TYPES, err, "internal_error"),
+            "param": err.param,
+            "code": err.code if err.code is not None else status_of(err),
+        }
     }

@@ -3,7 +3,7 @@
 ``parse_reply`` is a pure function of the whole text generated so far. Called after every piece,
 it only ever extends what it said before: reasoning and content grow, calls are appended, a
 call's name appears once and complete, its arguments grow. ``ReplyStream`` turns the growth into
-OpenAI deltas, so streamed deltas accumulate to exactly the non-streamed message. Text that may
+neutral events (app.core.events), so streamed events add up to exactly the non-streamed reply. Text that may
 still become markup (``<tool_`` at the end, a reply that so far reads ``{"na``) is held back, and
 text inside a thought never becomes a tool call.
 
@@ -27,8 +27,8 @@ import secrets
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from app.core.events import CallArgs, CallStarted, Event, Text, Thinking
 from app.engine.text import held_suffix
 from app.protocol.reasoning import CLOSE, OPEN, split_thought
 
@@ -579,58 +579,55 @@ def parse_reply(text: str, spec: ReplySpec, ids: list[str], final: bool = False)
 
 
 class ReplyStream:
-    """Feeds reply text; returns OpenAI deltas that accumulate into the final message."""
+    """Feeds one choice's reply text; returns the neutral events (app.core.events) by which the
+    parse grew, so the events of a whole reply add up to its final parse."""
 
-    def __init__(self, spec: ReplySpec, reasoning_field: str = "reasoning_content"):
+    def __init__(self, spec: ReplySpec, index: int = 0):
         self.spec = spec
-        self.field = reasoning_field
+        self.index = index
         self.text = ""
         self.ids: list[str] = []
-        self._sent_reasoning = 0
+        self._sent_reasoning: int | None = None  # None: no thought seen yet
         self._sent_content = 0
         self._sent_args: list[int] = []
 
-    def feed(self, piece: str) -> list[dict[str, Any]]:
+    def feed(self, piece: str) -> list[Event]:
         self.text += piece
         return self._diff(parse_reply(self.text, self.spec, self.ids))
 
-    def finish(self) -> list[dict[str, Any]]:
-        """The deltas for what was held back until the end."""
-        return self._diff(self.result())
+    def finish(self) -> list[Event]:
+        """The events for what was held back until the end (an empty thought included, so
+        the fold knows the reply had one)."""
+        reply = self.result()
+        events = self._diff(reply)
+        if reply.reasoning is not None and self._sent_reasoning is None:
+            self._sent_reasoning = 0
+            events.insert(0, Thinking("", self.index))
+        return events
 
     def result(self) -> Reply:
         return parse_reply(self.text, self.spec, self.ids, final=True)
 
-    def _diff(self, reply: Reply) -> list[dict[str, Any]]:
-        deltas: list[dict[str, Any]] = []
-        if reply.reasoning and len(reply.reasoning) > self._sent_reasoning:
-            deltas.append({self.field: reply.reasoning[self._sent_reasoning :]})
+    def cut_calls(self) -> frozenset[int]:
+        """The calls of the whole reply that never completed (cut off by the token limit)."""
+        return frozenset(i for i, c in enumerate(self.result().calls) if not c.complete)
+
+    def _diff(self, reply: Reply) -> list[Event]:
+        out: list[Event] = []
+        i = self.index
+        sent = self._sent_reasoning or 0
+        if reply.reasoning and len(reply.reasoning) > sent:
+            out.append(Thinking(reply.reasoning[sent:], i))
             self._sent_reasoning = len(reply.reasoning)
         if len(reply.content) > self._sent_content:
-            deltas.append({"content": reply.content[self._sent_content :]})
+            out.append(Text(reply.content[self._sent_content :], i))
             self._sent_content = len(reply.content)
-        for idx, call in enumerate(reply.calls):
-            if idx >= len(self._sent_args):
+        for n, call in enumerate(reply.calls):
+            if n >= len(self._sent_args):
                 self._sent_args.append(0)
-                deltas.append({"tool_calls": [{"index": idx, "id": call.id, "type": "function",
-                                               "function": {"name": call.name, "arguments": ""}}]})
-            new = call.arguments[self._sent_args[idx] :]
+                out.append(CallStarted(n, call.id, call.name, i))
+            new = call.arguments[self._sent_args[n] :]
             if new:
-                deltas.append({"tool_calls": [{"index": idx, "function": {"arguments": new}}]})
-                self._sent_args[idx] = len(call.arguments)
-        return deltas
-
-
-def message(reply: Reply, reasoning_field: str = "reasoning_content") -> tuple[dict[str, Any], bool]:
-    """The assistant message for a whole reply, and whether it made tool calls. Only complete
-    calls count: one cut by max_tokens is dropped, and what parsed cleanly is kept."""
-    calls = [c for c in reply.calls if c.complete]
-    msg: dict[str, Any] = {"role": "assistant", "content": reply.content or (None if calls else "")}
-    if reply.reasoning is not None:
-        msg[reasoning_field] = reply.reasoning
-    if calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ]
-    return msg, bool(calls)
+                out.append(CallArgs(n, new, i))
+                self._sent_args[n] = len(call.arguments)
+        return out

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from app.engine.types import Finished, TextPiece
-from app.errors import ApiError, BadRequest, error_body
-from app.protocol.openai import SYSTEM_FINGERPRINT, usage
+from app.errors import BadRequest, ServiceError
+from app.protocol.openai import SYSTEM_FINGERPRINT, error_body, usage
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {
@@ -172,8 +172,8 @@ class ChunkWriter:
             return [self._chunk(self._choice(None, None, role=True, index=i)) for i in range(self.n)]
         return []
 
-    def count(self, piece: TextPiece) -> None:
-        self._tokens[piece.index] = piece.completion_tokens
+    def count(self, index: int, completion_tokens: int) -> None:
+        self._tokens[index] = completion_tokens
 
     def delta(self, index: int, delta: dict[str, Any]) -> bytes:
         """A chunk with a ready-made delta (tool calls, content parsed out of tool JSON)."""
@@ -202,7 +202,7 @@ class ChunkWriter:
             out.append(DONE)
         return out
 
-    def error(self, err: ApiError) -> list[bytes]:
+    def error(self, err: ServiceError) -> list[bytes]:
         out = [frame(error_body(err))]
         if self.policy.send_done and self.policy.done_after_error:
             out.append(DONE)

@@ -33,9 +33,34 @@ class Tool:
     parameters: dict[str, Any]
 
 
-def validate_tools(tools: list[Any], max_tools: int = 128) -> list[Tool]:
-    """Each tool must be a function with a valid name and a JSON Schema object; 400 naming it."""
+def make_tool(name: Any, description: Any, parameters: Any, where: str,
+              name_param: str, params_param: str) -> Tool:
+    """One tool, checked: a valid name and a JSON Schema object; the 400 names the field in the
+    calling API's own terms (``name_param``, ``params_param``)."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise BadRequest(f"{name_param}: 1-64 letters, digits, '_' or '-'", param=name_param)
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+        raise BadRequest(f"{params_param} of tool {name!r} must be a JSON Schema object",
+                         param=params_param)
+    return Tool(name, str(description or ""), {"type": "object", **parameters})
+
+
+def check_tools(tools: list[Tool], max_tools: int, param: str = "tools") -> tuple[Tool, ...]:
+    """At most ``max_tools``, names unique."""
     if len(tools) > max_tools:
+        raise BadRequest(f"{param}: at most {max_tools} tools (MAX_TOOLS)", param=param)
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise BadRequest(f"{param}: function names must be unique", param=param)
+    return tuple(tools)
+
+
+def validate_tools(tools: list[Any], max_tools: int = 128) -> tuple[Tool, ...]:
+    """Chat Completions tools: ``{"type": "function", "function": {name, description,
+    parameters}}`` each; 400 naming the one at fault."""
+    if len(tools) > max_tools:  # before looking at each one
         raise BadRequest(f"tools: at most {max_tools} tools (MAX_TOOLS)", param="tools")
     out: list[Tool] = []
     for i, t in enumerate(tools):
@@ -43,37 +68,9 @@ def validate_tools(tools: list[Any], max_tools: int = 128) -> list[Tool]:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict):
             raise BadRequest(f"{where}: a tool must be {{'type': 'function', 'function': {{...}}}}", param=where)
-        name = fn.get("name")
-        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise BadRequest(f"{where}.function.name: 1-64 letters, digits, '_' or '-'", param=f"{where}.function.name")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict) or params.get("type", "object") != "object":
-            raise BadRequest(
-                f"{where}.function.parameters of tool {name!r} must be a JSON Schema object",
-                param=f"{where}.function.parameters",
-            )
-        out.append(Tool(name, str(fn.get("description") or ""), {"type": "object", **params}))
-    names = [t.name for t in out]
-    if len(set(names)) != len(names):
-        raise BadRequest("tools: function names must be unique", param="tools")
-    return out
-
-
-def pick(tools: list[Tool], tool_choice: Any) -> tuple[list[Tool], bool]:
-    """(the tools the model may call, whether it must call one) for a tool_choice."""
-    if tool_choice in (None, "auto"):
-        return tools, False
-    if tool_choice == "none":
-        return [], False
-    if tool_choice == "required":
-        return tools, True
-    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
-        name = tool_choice["function"].get("name")
-        chosen = [t for t in tools if t.name == name]
-        if not chosen:
-            raise BadRequest(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        return chosen, True
-    raise BadRequest("tool_choice must be 'auto', 'none', 'required' or a named function", param="tool_choice")
+        out.append(make_tool(fn.get("name"), fn.get("description"), fn.get("parameters"), where,
+                             f"{where}.function.name", f"{where}.function.parameters"))
+    return check_tools(out, max_tools)
 
 
 def system_prompt(tools: list[Tool], required: bool) -> str:

@@ -1,64 +1,64 @@
 """Vertex AI predict envelopes, as pure functions.
 
-``{"instances": [...], "parameters": {...}}`` becomes a list of OpenAI requests (top-level
+``{"instances": [...], "parameters": {...}}`` becomes a list of API requests (top-level
 parameters are defaults, instance keys win); the answers go back as ``{"predictions": [...]}``,
 one per instance, in order, with a failing instance's error in its own slot. A body without
-``instances`` is a raw OpenAI request (what rawPredict and streamRawPredict forward).
+``instances`` is a raw API request (what rawPredict and streamRawPredict forward). Which API an
+instance or raw body speaks comes from its ``@requestFormat`` or, without one, from its fields.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from app.errors import ApiError, BadRequest, error_body
-
-Kind = Literal["chat", "completion"]
-
-_FORMATS: dict[str, Kind] = {
-    "chatcompletions": "chat",
-    "chat": "chat",
-    "/v1/chat/completions": "chat",
-    "/chat/completions": "chat",
-    "completions": "completion",
-    "completion": "completion",
-    "/v1/completions": "completion",
-    "/completions": "completion",
-}
+from app.errors import BadRequest, ServiceError
 
 
 @dataclass(frozen=True)
 class Instance:
-    kind: Kind
+    api: str  # the name of the API that serves it
     body: dict[str, Any]
 
 
-def kind_of(body: dict[str, Any], where: str = "body") -> Kind:
-    """Which OpenAI request a dict is, from @requestFormat or its keys."""
+@dataclass(frozen=True)
+class Formats:
+    """How to tell which API a body speaks: ``names`` maps each @requestFormat value (lower
+    case) to an API name; ``detect`` reads a body without one (None: no API recognises it)."""
+
+    names: dict[str, str]
+    detect: Callable[[dict[str, Any]], str | None]
+    hint: str  # the @requestFormat values to suggest in errors
+
+
+def api_of(body: dict[str, Any], formats: Formats, where: str = "body") -> str:
+    """Which API a dict is a request of, from @requestFormat or its fields."""
     fmt = body.get("@requestFormat")
     if fmt is not None:
-        kind = _FORMATS.get(str(fmt).strip().lower()) if isinstance(fmt, str) else None
-        if kind is None:
+        name = formats.names.get(fmt.strip().lower()) if isinstance(fmt, str) else None
+        if name is None:
             raise BadRequest(
-                f"{where}: unknown @requestFormat {fmt!r} (use 'chatCompletions', "
-                "'completions', '/v1/chat/completions' or '/v1/completions')",
+                f"{where}: unknown @requestFormat {fmt!r} (use {formats.hint})",
                 param="@requestFormat",
             )
-        return kind
-    if "messages" in body:
-        return "chat"
-    if "prompt" in body:
-        return "completion"
-    raise BadRequest(
-        f"{where}: expected a chat request ('messages') or a completion request ('prompt')",
-    )
+        return name
+    name = formats.detect(body)
+    if name is None:
+        raise BadRequest(
+            f"{where}: expected a chat request ('messages'), a completion request ('prompt') "
+            "or a Responses request ('input'); or name the API with @requestFormat",
+        )
+    return name
 
 
 def is_envelope(body: Any) -> bool:
     return isinstance(body, dict) and "instances" in body
 
 
-def parse_envelope(body: dict[str, Any], max_instances: int) -> list[Instance | ApiError]:
+def parse_envelope(
+    body: dict[str, Any], max_instances: int, formats: Formats
+) -> list[Instance | ServiceError]:
     """Instances of a valid envelope (a bad instance is an error in its slot); 400 otherwise."""
     instances = body.get("instances")
     if not isinstance(instances, list):
@@ -73,7 +73,7 @@ def parse_envelope(body: dict[str, Any], max_instances: int) -> list[Instance | 
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object", param="parameters")
-    out: list[Instance | ApiError] = []
+    out: list[Instance | ServiceError] = []
     for i, inst in enumerate(instances):
         where = f"instances[{i}]"
         if not isinstance(inst, dict):
@@ -81,12 +81,12 @@ def parse_envelope(body: dict[str, Any], max_instances: int) -> list[Instance | 
             continue
         merged = {**params, **inst}
         try:
-            kind = kind_of(merged, where)
-        except ApiError as err:
+            name = api_of(merged, formats, where)
+        except ServiceError as err:
             out.append(err)
             continue
         merged.pop("@requestFormat", None)
-        out.append(Instance(kind, merged))
+        out.append(Instance(name, merged))
     return out
 
 
@@ -94,8 +94,6 @@ def strip_format(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k != "@requestFormat"}
 
 
-def predictions(results: list[dict[str, Any] | ApiError]) -> dict[str, Any]:
-    """The response envelope; errors fill their own slot."""
-    return {
-        "predictions": [error_body(r) if isinstance(r, ApiError) else r for r in results]
-    }
+def predictions(slots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The response envelope: one answer (or error body) per instance, in order."""
+    return {"predictions": slots}

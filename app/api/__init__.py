@@ -1,0 +1,28 @@
+"""The wire APIs, each one module over the neutral core (app.core).
+
+An API is a subclass of :class:`app.api.base.Api` in its own module, listed once in ``APIS``:
+that mounts its routes with its own error shape, and makes it reachable through the Vertex
+predict route (by ``@requestFormat`` or, for a raw body, by its fields: the APIs are asked in
+this order, so the one with the most distinctive fields comes first).
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from app.api.base import Api
+from app.api.openai import ChatCompletions, Completions
+from app.api.vertex import Predict
+from app.core.service import Service
+from app.settings import Settings, slots_per_request
+
+APIS: list[type[Api]] = [ChatCompletions, Completions]
+
+
+def register(app: Flask, settings: Settings, service: Service) -> list[Api]:
+    apis = [cls(settings, service) for cls in APIS]
+    for api in apis:
+        app.register_blueprint(api.make_blueprint())
+    predict = Predict(apis, settings.max_instances, slots_per_request(settings))
+    app.add_url_rule(settings.predict_route, "predict", predict.view, methods=["POST"])
+    return apis

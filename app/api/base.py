@@ -1,0 +1,195 @@
+"""What every API shares: reading the body, noticing a client that hung up, and the flow from
+a wire request through the core to a wire answer. An API subclasses :class:`Api`, says how to
+parse its request, render the core's result and events, and shape its errors; the rest is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
+
+from flask import Blueprint, Response, current_app, jsonify, request
+from gevent import select
+from werkzeug.exceptions import HTTPException
+
+from app import bridge
+from app.core.events import Result, fold
+from app.core.input import ChatInput, TextInput
+from app.core.service import Run, Service
+from app.errors import (
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    UnsupportedMediaType,
+    as_service_error,
+)
+from app.protocol import jsonbody
+from app.protocol.http_status import HttpStatusError, headers_of, status_of
+from app.protocol.sse import HEADERS
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Answer = dict[str, Any] | Iterator[bytes]
+
+
+def read_body() -> Any:
+    """The JSON body. Only ``application/json`` (or ``+json``) is read: the content types a web
+    page may send cross-site without asking (text/plain, forms, none) get a 415, so a page a user
+    visits cannot drive a server on their machine."""
+    mimetype = request.mimetype or ""
+    if mimetype != "application/json" and not mimetype.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, not {request.content_type or 'missing'!r}"
+        )
+    settings: Settings = current_app.extensions["vertex_gguf_settings"]
+    with bridge.deadline(settings.body_timeout, "reading the request body"):
+        raw = request.get_data(cache=False)  # enforces MAX_CONTENT_LENGTH (413)
+    return jsonbody.parse(raw, settings.max_json_depth)
+
+
+def gone_probe() -> Callable[[], bool] | None:
+    """Whether the client has hung up (its socket reads as closed); None outside gunicorn."""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is None:
+        return None
+
+    def gone() -> bool:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    return gone
+
+
+def from_http(exc: HTTPException) -> ServiceError:
+    """Werkzeug's own errors (no route, wrong method, body too large) as domain errors."""
+    status = exc.code or 500
+    if status == 404:
+        return NotFound("no such route")
+    if status == 405:
+        return MethodNotAllowed("method not allowed on this route")
+    if status == 413:
+        return PayloadTooLarge("request body is larger than the server accepts")
+    return HttpStatusError(exc.description or "request failed", status)
+
+
+def as_error(exc: BaseException) -> ServiceError:
+    if isinstance(exc, HTTPException):
+        return from_http(exc)
+    return as_service_error(exc)
+
+
+class Api:
+    """One wire API over the core. Subclasses set the class attributes and implement
+    ``parse``, ``render``, ``render_stream`` and ``error_body``."""
+
+    name: ClassVar[str]  # also a @requestFormat value
+    paths: ClassVar[tuple[str, ...]]  # the POST routes that serve it
+    request_formats: ClassVar[tuple[str, ...]] = ()  # other @requestFormat names (lower case)
+    id_prefix: ClassVar[str] = "req"
+
+    def __init__(self, settings: Settings, service: Service):
+        self.settings = settings
+        self.service = service
+
+    # ---- what an API says ---------------------------------------------------------------
+    def looks_like(self, body: dict[str, Any]) -> bool:
+        """Whether a raw Vertex body (no @requestFormat) is this API's request."""
+        return False
+
+    def wants_stream(self, body: Any) -> bool:
+        raise NotImplementedError
+
+    def parse(self, body: Any) -> tuple[ChatInput | TextInput, Any]:
+        """The core's input and whatever the renderers need of the request. Runs on a worker
+        thread (validation can be costly)."""
+        raise NotImplementedError
+
+    def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
+        raise NotImplementedError
+
+    def error_body(self, err: ServiceError) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def blueprint(self, bp: Blueprint) -> None:
+        """Routes beyond ``paths`` (count_tokens, retrieval): none by default."""
+
+    # ---- the flow ---------------------------------------------------------------------------
+    def new_id(self) -> str:
+        return f"{self.id_prefix}_{secrets.token_hex(12)}"
+
+    def start(self, body: Any) -> tuple[Any, Run]:
+        """Parse and plan off the hub, submit, wait for acceptance: every error up to here
+        comes before the first byte."""
+        parsed: list[Any] = []
+
+        def build() -> ChatInput | TextInput:
+            inp, req = self.parse(body)
+            parsed.append(req)
+            return inp
+
+        plan = self.service.prepare(build)
+        return parsed[0], self.service.start(plan, self.new_id())
+
+    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """The whole answer. ``gone`` tells whether the client hung up (then it is cancelled)."""
+        req, run = self.start(body)
+        return self.render(req, run, fold(run.events(gone=gone), run.n))
+
+    def stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
+        req, run = self.start(body)
+        try:
+            frames = self.render_stream(req, run, headers)
+        except BaseException:
+            run.close()
+            raise
+        return _closing(frames, run)
+
+    def serve(self, body: Any, gone: Callable[[], bool] | None,
+              headers: Mapping[str, str]) -> Answer:
+        if self.wants_stream(body):
+            return self.stream(body, headers)
+        return self.answer(body, gone)
+
+    # ---- HTTP -------------------------------------------------------------------------------
+    def error_response(self, exc: BaseException) -> Response:
+        err = as_error(exc)
+        resp = jsonify(self.error_body(err))
+        resp.status_code = status_of(err)
+        resp.headers.update(headers_of(err))
+        return resp
+
+    def respond(self, result: Answer) -> Response:
+        if isinstance(result, dict):
+            return jsonify(result)
+        return Response(result, headers=HEADERS, direct_passthrough=True)
+
+    def view(self) -> Response:
+        return self.respond(self.serve(read_body(), gone_probe(), request.headers))
+
+    def make_blueprint(self) -> Blueprint:
+        """The API's routes, with its own error shape for everything raised in them."""
+        bp = Blueprint(self.name, __name__)
+        for path in self.paths:
+            bp.add_url_rule(path, f"{self.name}:{path}", self.view, methods=["POST"])
+        self.blueprint(bp)
+        bp.register_error_handler(Exception, self.error_response)
+        return bp
+
+
+def _closing(frames: Iterator[bytes], run: Run) -> Iterator[bytes]:
+    """The frames; however the response ends (the client gone included), the run is closed."""
+    try:
+        yield from frames
+    finally:
+        run.close()

@@ -1,0 +1,252 @@
+"""OpenAI Chat Completions (``/v1/chat/completions``) and Completions (``/v1/completions``).
+
+Requests are validated by app.protocol.openai and become the core's ChatInput / TextInput;
+results become ``chat.completion`` / ``text_completion`` objects, and events become chunks
+framed by app.protocol.sse under the configured stream policy (``[DONE]``, usage, heartbeats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from app.api.base import Api
+from app.core.events import (
+    Answer,
+    CallArgs,
+    CallStarted,
+    ChoiceEnd,
+    Event,
+    Failure,
+    Result,
+    Text,
+    Thinking,
+    Tick,
+    Usage,
+)
+from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
+from app.core.service import Run
+from app.engine.types import Finished, TextPiece
+from app.errors import BadRequest, ServiceError
+from app.protocol import openai, tools
+from app.protocol.sse import ChunkWriter, StreamPolicy, comment, policy_from
+
+
+def stream_policy(settings: Any) -> StreamPolicy:
+    """The configured profile with any individual STREAM_* settings laid over it."""
+    return policy_from(
+        settings.stream_profile,
+        send_done=settings.stream_done,
+        done_after_error=settings.stream_done_after_error,
+        role_content=settings.stream_role_content,
+        always_usage=settings.stream_always_usage,
+        heartbeat_seconds=settings.stream_heartbeat_seconds,
+    )
+
+
+def tool_choice(value: Any) -> ToolChoice:
+    """Chat Completions' tool_choice: 'auto', 'none', 'required' or a named function."""
+    if value in (None, "auto", "none", "required"):
+        return ToolChoice(value or "auto")
+    if isinstance(value, dict) and isinstance(value.get("function"), dict):
+        return ToolChoice("named", str(value["function"].get("name")))
+    raise BadRequest("tool_choice must be 'auto', 'none', 'required' or a named function",
+                     param="tool_choice")
+
+
+def output_format(fmt: dict[str, Any] | None) -> OutputFormat | None:
+    if not fmt or fmt.get("type", "text") == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return OutputFormat("json_object", param="response_format")
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return OutputFormat("json_schema", schema, "response_format.json_schema.schema")
+
+
+def chat_message(a: Answer, reasoning_field: str = "reasoning_content") -> dict[str, Any]:
+    """The assistant message of one answer."""
+    msg: dict[str, Any] = {"role": "assistant", "content": a.text or (None if a.calls else "")}
+    if a.reasoning is not None:
+        msg[reasoning_field] = a.reasoning
+    if a.calls:
+        msg["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in a.calls
+        ]
+    return msg
+
+
+def chat_delta(ev: Event, reasoning_field: str = "reasoning_content") -> dict[str, Any] | None:
+    """The ``delta`` of a chunk for one event of a choice (None: nothing to send)."""
+    if isinstance(ev, Thinking):
+        return {reasoning_field: ev.text} if ev.text else None
+    if isinstance(ev, Text):
+        return {"content": ev.text} if ev.text else None
+    if isinstance(ev, CallStarted):
+        return {"tool_calls": [{"index": ev.call, "id": ev.id, "type": "function",
+                                "function": {"name": ev.name, "arguments": ""}}]}
+    if isinstance(ev, CallArgs):
+        return {"tool_calls": [{"index": ev.call, "function": {"arguments": ev.text}}]}
+    return None
+
+
+def _usage(u: Usage) -> dict[str, Any]:
+    return openai.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+
+
+class _OpenAI(Api):
+    kind: ClassVar[str]
+
+    def __init__(self, settings: Any, service: Any):
+        super().__init__(settings, service)
+        self.policy = stream_policy(settings)
+
+    def wants_stream(self, body: Any) -> bool:
+        return openai.wants_stream(body)
+
+    def error_body(self, err: ServiceError) -> dict[str, Any]:
+        return openai.error_body(err)
+
+    def new_id(self) -> str:
+        return openai.new_id(self.id_prefix)
+
+    def _writer(self, req: Any, run: Run, headers: Mapping[str, str]) -> ChunkWriter:
+        policy = self.policy.with_done_header(headers.get("X-Stream-Done"))
+        opts = req.stream_options or openai.StreamOptions()
+        return ChunkWriter(
+            self.kind, run.id, run.created, run.model, policy,
+            include_usage=opts.include_usage, continuous_usage=opts.continuous_usage_stats,
+            prompt_tokens=run.prompt_tokens, n=run.n,
+        )
+
+    def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
+        raise NotImplementedError
+
+    def _prelude(self, req: Any, w: ChunkWriter) -> list[bytes]:
+        return list(w.start())
+
+    def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
+        w = self._writer(req, run, headers)  # before the first byte: a bad header is a 400
+        return self._frames(req, run, w)
+
+    def _frames(self, req: Any, run: Run, w: ChunkWriter) -> Iterator[bytes]:
+        yield from self._prelude(req, w)
+        last: ChoiceEnd | None = None
+        ended = 0
+        for ev in run.events(heartbeat=w.policy.heartbeat_seconds or None):
+            if isinstance(ev, Tick):
+                yield comment()
+            elif isinstance(ev, ChoiceEnd):
+                ended += 1
+                if ended < run.n:
+                    yield from w.finish(self._finished(ev, run, 0))
+                else:
+                    last = ev  # the last choice's end goes out with the usage (cached tokens)
+            elif isinstance(ev, Usage):
+                if last is not None:
+                    yield from w.finish(self._finished(last, run, ev.cached_tokens))
+                    last = None
+            elif isinstance(ev, Failure):
+                yield from w.error(ev.error)
+                return
+            else:
+                w.count(ev.index, run.tokens[ev.index])
+                yield from self._piece(w, ev, run)
+
+    @staticmethod
+    def _finished(end: ChoiceEnd, run: Run, cached: int) -> Finished:
+        return Finished(end.reason, run.prompt_tokens, end.completion_tokens, cached, end.index)
+
+
+@dataclass(frozen=True)
+class _ChatReq:
+    stream_options: openai.StreamOptions | None
+
+
+class ChatCompletions(_OpenAI):
+    name = "chat"
+    kind = "chat"
+    paths = ("/v1/chat/completions",)
+    request_formats = ("chatcompletions", "chat", "/v1/chat/completions", "/chat/completions")
+    id_prefix = "chatcmpl"
+
+    def looks_like(self, body: dict[str, Any]) -> bool:
+        return "messages" in body
+
+    def parse(self, body: Any) -> tuple[ChatInput, _ChatReq]:
+        req = openai.parse(openai.ChatRequest, body)
+        inp = ChatInput(
+            messages=req.template_messages(),
+            params=req.sampling(),
+            tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
+            tool_choice=tool_choice(req.tool_choice),
+            parallel_tool_calls=req.parallel_tool_calls,
+            output=output_format(req.response_format),
+            template_kwargs=dict(req.chat_template_kwargs or {}),
+            reasoning_budget=req.reasoning_budget,
+            reasoning_control=req.reasoning_control,
+            n=req.n,
+            cache_prompt=req.cache_prompt,
+        )
+        return inp, _ChatReq(req.stream_options)
+
+    def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
+        field = self.settings.reasoning_field
+        choices: list[tuple[str | dict[str, Any], str]] = [
+            (chat_message(a, field), a.reason) for a in result.answers
+        ]
+        return openai.chat_completion(run.id, run.created, self.service.info(), choices,
+                                      _usage(result.usage))
+
+    def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
+        delta = chat_delta(ev, self.settings.reasoning_field)
+        return [w.delta(ev.index, delta)] if delta is not None else []  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class _CompletionReq:
+    stream_options: openai.StreamOptions | None
+    echo: str
+
+
+class Completions(_OpenAI):
+    name = "completion"
+    kind = "completion"
+    paths = ("/v1/completions",)
+    request_formats = ("completions", "completion", "/v1/completions", "/completions")
+    id_prefix = "cmpl"
+
+    def looks_like(self, body: dict[str, Any]) -> bool:
+        return "prompt" in body
+
+    def parse(self, body: Any) -> tuple[TextInput, _CompletionReq]:
+        req = openai.parse(openai.CompletionRequest, body)
+        prompt = req.single_prompt()
+        echo = ""
+        if req.echo:
+            if not isinstance(prompt, str):
+                raise BadRequest("echo is only supported with a text prompt", param="echo")
+            echo = prompt
+        inp = TextInput(prompt, req.sampling(), n=req.n, cache_prompt=req.cache_prompt)
+        return inp, _CompletionReq(req.stream_options, echo)
+
+    def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
+        choices = [(req.echo + a.text, a.reason) for a in result.answers]
+        return openai.text_completion(run.id, run.created, self.service.info(), choices,
+                                      _usage(result.usage))
+
+    def _prelude(self, req: Any, w: ChunkWriter) -> list[bytes]:
+        out = list(w.start())
+        if req.echo:
+            for i in range(w.n):
+                out += w.text(TextPiece(req.echo, 0, i))
+        return out
+
+    def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
+        if isinstance(ev, Text):
+            return w.text(TextPiece(ev.text, run.tokens[ev.index], ev.index))
+        return []
+
+

@@ -1,0 +1,103 @@
+"""The Vertex AI predict route: envelopes of instances, and raw bodies of any API.
+
+An envelope's instances run concurrently, at most SLOTS_PER_REQUEST at a time, each through the
+API it names (``@requestFormat``) or whose fields it has; a failing instance's error fills its
+own slot, in that API's error shape. A raw body (rawPredict, streamRawPredict) is answered
+exactly as the matching API's own route would answer it, errors included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gevent
+import gevent.pool
+from flask import Response, request
+
+from app.api.base import Answer, Api, gone_probe, read_body
+from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
+from app.protocol import openai, vertex
+
+
+class Predict:
+    def __init__(self, apis: list[Api], max_instances: int, slots_per_request: int):
+        self.apis = {a.name: a for a in apis}
+        self.max_instances = max_instances
+        self.slots_per_request = slots_per_request
+        names: dict[str, str] = {}
+        for a in apis:
+            for fmt in (a.name, *a.request_formats, *a.paths):
+                names[fmt.lower()] = a.name
+        hint = ", ".join(repr(f) for a in apis for f in a.request_formats[:1] + a.paths[:1])
+        self.formats = vertex.Formats(names, self._detect, hint)
+
+    def _detect(self, body: dict[str, Any]) -> str | None:
+        for api in self.apis.values():  # in registry order: the more specific first
+            if api.looks_like(body):
+                return api.name
+        return None
+
+    def view(self) -> Response:
+        api: Api | None = None
+        try:
+            body = read_body()
+            if not vertex.is_envelope(body):
+                if not isinstance(body, dict):
+                    raise BadRequest("request body must be a JSON object")
+                api = self.apis[vertex.api_of(body, self.formats)]
+                result: Answer = api.serve(vertex.strip_format(body), gone_probe(),
+                                           request.headers)
+                return api.respond(result)
+            return self._envelope(body, request.headers)
+        except Exception as exc:  # noqa: BLE001 - rendered in the shape of the API spoken
+            return (api or self.apis["chat"]).error_response(exc)
+
+    def _envelope(self, body: dict[str, Any], headers: Mapping[str, str]) -> Response:
+        items = vertex.parse_envelope(body, self.max_instances, self.formats)
+        streams: list[vertex.Instance] = []
+        for i, item in enumerate(items):
+            if isinstance(item, vertex.Instance):
+                try:
+                    if self.apis[item.api].wants_stream(item.body):
+                        streams.append(item)
+                except ServiceError as err:
+                    items[i] = err
+        if streams:
+            if len(items) != 1:
+                raise BadRequest(
+                    f"stream: true needs exactly one instance (got {len(items)}): a stream "
+                    "carries one answer; send the instances as separate requests",
+                    param="instances",
+                )
+            api = self.apis[streams[0].api]
+            try:
+                return api.respond(api.stream(streams[0].body, headers))
+            except Exception as exc:  # noqa: BLE001
+                return api.error_response(exc)
+        self.apis["chat"].service.info()  # 503 for the whole envelope while loading
+        gone = gone_probe()
+        # at most SLOTS_PER_REQUEST instances in the engine at once: one envelope cannot take
+        # every slot (the rest wait their turn here, not in the engine's queue)
+        pool = gevent.pool.Pool(self.slots_per_request)
+        jobs = [
+            pool.spawn(self._instance, item, gone) if isinstance(item, vertex.Instance) else None
+            for item in items
+        ]
+        gevent.joinall([j for j in jobs if j is not None])
+        slots: list[dict[str, Any]] = []
+        for item, job in zip(items, jobs, strict=True):
+            if job is None:
+                slots.append(openai.error_body(item))  # type: ignore[arg-type]
+            else:
+                slots.append(job.value)
+        return self.apis["chat"].respond(vertex.predictions(slots))
+
+    def _instance(self, item: vertex.Instance, gone: Callable[[], bool] | None) -> dict[str, Any]:
+        api = self.apis[item.api]
+        try:
+            if gone is not None and gone():
+                raise ClientGone("the client went away")
+            return api.answer(item.body, gone)
+        except Exception as exc:  # noqa: BLE001 - one instance's failure stays in its slot
+            return api.error_body(as_service_error(exc))

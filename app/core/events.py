@@ -1,0 +1,140 @@
+"""What comes back: a typed event stream per choice, and its fold for non-streamed answers.
+
+Every API renders these and nothing else. The events of one choice, concatenated, are exactly
+what the fold holds for it (the fold only drops calls that ``ChoiceEnd.cut_calls`` says were cut
+off), so a streamed answer and a non-streamed one never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from app.errors import ServiceError
+
+Reason = Literal["stop", "length", "tool_calls"]
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """More of the choice's thought (reasoning) text."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Text:
+    """More of the choice's answer text."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class CallStarted:
+    """A tool call began: its id and its whole name (arguments follow as CallArgs)."""
+
+    call: int  # the call's position in this choice
+    id: str
+    name: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """More of a tool call's arguments (JSON text; the pieces concatenate to the arguments)."""
+
+    call: int
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class ChoiceEnd:
+    """The choice is over. ``reason``: ``stop`` (end of turn, or ``stop_sequence`` matched),
+    ``length`` (the token limit) or ``tool_calls`` (it ended having made complete calls)."""
+
+    reason: Reason
+    completion_tokens: int
+    stop_sequence: str | None = None
+    cut_calls: frozenset[int] = frozenset()  # calls cut off by the limit (not in the fold)
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of the whole request; sent once, after every choice has ended."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Nothing happened for a heartbeat interval: an API may send a keep-alive."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The generation failed after it started; no more events follow."""
+
+    error: ServiceError
+
+
+Event = Thinking | Text | CallStarted | CallArgs | ChoiceEnd | Usage | Tick | Failure
+
+
+@dataclass
+class Call:
+    id: str
+    name: str
+    arguments: str = ""
+
+
+@dataclass
+class Answer:
+    """One choice, whole."""
+
+    index: int = 0
+    reasoning: str | None = None
+    text: str = ""
+    calls: list[Call] = field(default_factory=list)
+    reason: Reason = "stop"
+    stop_sequence: str | None = None
+    completion_tokens: int = 0
+
+
+@dataclass
+class Result:
+    answers: list[Answer]
+    usage: Usage
+
+
+def fold(events, n: int) -> Result:
+    """The whole answer from an event stream; a Failure raises its error."""
+    answers = [Answer(index=i) for i in range(n)]
+    usage: Usage | None = None
+    for ev in events:
+        if isinstance(ev, Thinking):
+            a = answers[ev.index]
+            a.reasoning = (a.reasoning or "") + ev.text
+        elif isinstance(ev, Text):
+            answers[ev.index].text += ev.text
+        elif isinstance(ev, CallStarted):
+            answers[ev.index].calls.append(Call(ev.id, ev.name))
+        elif isinstance(ev, CallArgs):
+            answers[ev.index].calls[ev.call].arguments += ev.text
+        elif isinstance(ev, ChoiceEnd):
+            a = answers[ev.index]
+            a.calls = [c for i, c in enumerate(a.calls) if i not in ev.cut_calls]
+            a.reason, a.stop_sequence = ev.reason, ev.stop_sequence
+            a.completion_tokens = ev.completion_tokens
+        elif isinstance(ev, Usage):
+            usage = ev
+        elif isinstance(ev, Failure):
+            raise ev.error
+    if usage is None:
+        raise ServiceError("generation ended without a result")
+    return Result(answers, usage)

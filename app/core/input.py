@@ -1,0 +1,62 @@
+"""What an API asks of the model, in no API's vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.engine.types import SamplingParams
+from app.protocol.tools import Tool
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """Structured output: any JSON object, or JSON that follows ``schema``."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+    param: str = "response_format"  # the request field it came from (named in errors)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Which tools the model may call: ``auto`` (it decides), ``none``, ``required`` (at least
+    one call), or ``named`` (a call to ``name``)."""
+
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None
+    param: str = "tool_choice"
+
+
+@dataclass(frozen=True)
+class ChatInput:
+    """A conversation to continue.
+
+    ``messages`` are chat-template messages: ``role`` (system, user, assistant or tool),
+    ``content`` text, and on assistant turns ``tool_calls`` (``{id, type: function,
+    function: {name, arguments}}``, the form chat templates are written for) and
+    ``reasoning_content``; tool turns carry ``tool_call_id``. Text that came from the client is
+    marked (see app.protocol.chat_template.protector) by the planner, not here.
+    """
+
+    messages: list[dict[str, Any]]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    output: OutputFormat | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_budget: int | None = None  # end a thought after this many tokens
+    reasoning_control: bool = False  # the thought may be ended on request (see Service.control)
+    n: int = 1
+    cache_prompt: bool = True
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """A raw prompt to continue (no chat template, no reply parsing)."""
+
+    prompt: str | tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    cache_prompt: bool = True

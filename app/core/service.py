@@ -1,0 +1,248 @@
+"""Runs planned requests on the engine and hands back neutral events; no API, no Flask.
+
+``prepare`` validates and plans off the request hub (an API's parser runs there too);
+``start`` submits and waits for acceptance, so every error that can come before the first byte
+(queue full, context overflow, a bad grammar) is raised there and an API can answer it as an
+HTTP error; :class:`Run` then yields the events of every choice, decoded (thought, answer, tool
+calls) and with heartbeat ticks, and cancels the generation if its reader goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import gevent
+
+from app import bridge
+from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
+from app.core.input import ChatInput, OutputFormat, TextInput
+from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
+from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
+from app.errors import ClientGone, ModelNotReady
+from app.protocol import reasoning, replies
+
+# How often a run whose reader is not streaming checks that its client is still connected.
+GONE_POLL = 0.5
+
+log = logging.getLogger(__name__)
+
+Build = Callable[[], ChatInput | TextInput]
+
+
+class Service:
+    def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float = 30.0):
+        self.engine = engine
+        self.options = options
+        self.prepare_timeout = prepare_timeout
+        self._live: dict[str, _ThoughtGuard] = {}  # runs open to reasoning control, by id
+
+    def info(self) -> ModelInfo:
+        info = self.engine.info
+        if info is None:
+            raise ModelNotReady(f"model is {self.engine.state.stage.replace('_', ' ')}")
+        return info
+
+    def warm(self, poll: float = 0.1, limit: float = 3600.0) -> None:
+        """Once the model is ready, plan one chat with a JSON schema off the hub: the chat
+        template's first compile, the schema converter's import and the first pass through
+        validation cost ~100 ms of interpreter time, which the first such request would
+        otherwise take from the streams running beside it."""
+        deadline = time.monotonic() + limit
+        while self.engine.info is None and self.engine.state.stage != "failed":
+            if time.monotonic() > deadline:
+                return
+            gevent.sleep(poll)
+        if self.engine.info is None:
+            return
+        try:
+            self.prepare(lambda: ChatInput(
+                [{"role": "user", "content": "hi"}],
+                output=OutputFormat("json_schema", {"type": "object"}),
+            ))
+        except Exception:  # noqa: BLE001 - a template that fails here fails its requests clearly
+            log.warning("warming the chat path failed", exc_info=True)
+
+    # ---- preparing ------------------------------------------------------------------------
+    def plan(self, build: Build) -> Plan:
+        """Parse (``build``: an API's request parser) and plan. CPU-bound Python (validation,
+        the chat template, JSON Schema conversion, the grammar gate)."""
+        inp = build()
+        if isinstance(inp, TextInput):
+            return plan_text(inp, self.options)
+        return plan_chat(self.info(), inp, self.options)
+
+    def prepare(self, build: Build) -> Plan:
+        """:meth:`plan` on a worker thread, so a costly request cannot stall the others'
+        streams or the health route; past PREPARE_TIMEOUT it is refused."""
+        self.info()  # 503 at once while loading
+        return bridge.offload(self.plan, build, timeout=self.prepare_timeout)
+
+    def count_tokens(self, build: Build) -> int:
+        """How many tokens the prompt of this request is, exactly as it would be tokenized."""
+        plan = self.prepare(build)
+        return bridge.offload(self.engine.count_tokens, plan.generation,
+                              timeout=self.prepare_timeout)
+
+    # ---- running --------------------------------------------------------------------------
+    def start(self, plan: Plan, rid: str) -> Run:
+        """Submit and wait for acceptance, so that errors arrive before the first byte."""
+        handle = self.engine.submit(plan.generation)
+        try:
+            first = handle.next_event()
+        except BaseException:
+            handle.cancel()
+            raise
+        if isinstance(first, Failed):
+            raise first.error
+        assert isinstance(first, Accepted), first
+        return Run(self, plan, handle, first.prompt_tokens, rid)
+
+    def control(self, rid: str) -> bool:
+        """End the thought of the running request ``rid`` now; False if it has none open."""
+        guard = self._live.get(rid)
+        return bool(guard and guard.end_thought())
+
+
+class Run:
+    """One accepted generation: its events, once, in order."""
+
+    def __init__(self, svc: Service, plan: Plan, handle: Handle, prompt_tokens: int, rid: str):
+        self.id = rid
+        self.created = int(time.time())
+        self.model = svc.info().name
+        self.prompt_tokens = prompt_tokens
+        self.n = plan.generation.n
+        self.tokens = [0] * self.n  # completion tokens per choice, so far
+        self._svc = svc
+        self._plan = plan
+        self._handle = handle
+        self._guard = _ThoughtGuard(plan, handle)
+        self._decoders: dict[int, replies.ReplyStream] = {}
+        self._ended: dict[int, Finished] = {}
+        self._over = False
+        if self._guard.watching and plan.reasoning_control:
+            svc._live[rid] = self._guard
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.tokens)
+
+    def events(self, heartbeat: float | None = None,
+               gone: Callable[[], bool] | None = None) -> Iterator[Event]:
+        """The events of every choice. ``heartbeat``: a Tick after that many idle seconds.
+        ``gone``: polled every GONE_POLL seconds; once it says the client hung up, ClientGone
+        is raised. Stopping early (or the reader going away) cancels the generation."""
+        wait = heartbeat or None
+        if gone is not None:
+            wait = min(wait or GONE_POLL, GONE_POLL)
+        quiet_since = checked = time.monotonic()
+        try:
+            while not self._over:
+                try:
+                    ev = self._handle.next_event(wait)
+                except TimeoutError:
+                    ev = None
+                now = time.monotonic()
+                if ev is not None:
+                    out = self._on(ev)
+                    if out:
+                        quiet_since = now
+                    yield from out
+                elif heartbeat and now - quiet_since >= heartbeat:
+                    quiet_since = now
+                    yield Tick()
+                if gone is not None and now - checked >= GONE_POLL:
+                    checked = now
+                    if gone():
+                        log.info("client went away: generation cancelled")
+                        raise ClientGone("the client went away")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the generation unless every event has been read (idempotent)."""
+        self._svc._live.pop(self.id, None)
+        if not self._over:
+            self._over = True
+            self._handle.cancel()
+            log.info("client went away mid-stream: generation cancelled after %d tokens",
+                     self.completion_tokens)
+
+    def _on(self, ev: object) -> list[Event]:
+        if isinstance(ev, TextPiece):
+            self.tokens[ev.index] = ev.completion_tokens
+            self._guard.on_piece(ev)
+            if self._plan.reply is None:
+                return [Text(ev.text, ev.index)] if ev.text else []
+            return self._decoder(ev.index).feed(ev.text)
+        if isinstance(ev, Finished):
+            self.tokens[ev.index] = ev.completion_tokens
+            self._ended[ev.index] = ev
+            out: list[Event] = []
+            reason, cut = ev.reason, frozenset[int]()
+            if self._plan.reply is not None:
+                dec = self._decoder(ev.index)
+                out += dec.finish()
+                cut = dec.cut_calls()
+                if reason == "stop" and len(dec.result().calls) > len(cut):
+                    reason = "tool_calls"
+            stop = ev.stop_sequence if reason == "stop" else None
+            out.append(ChoiceEnd(reason, ev.completion_tokens, stop, cut, ev.index))  # type: ignore[arg-type]
+            if len(self._ended) == self.n:
+                self._over = True
+                first = self._ended[0]
+                out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens))
+            return out
+        if isinstance(ev, Failed):
+            self._over = True
+            log.warning("generation failed mid-way: %s", ev.error.message)
+            return [Failure(ev.error)]
+        return []
+
+    def _decoder(self, index: int) -> replies.ReplyStream:
+        dec = self._decoders.get(index)
+        if dec is None:
+            assert self._plan.reply is not None
+            dec = self._decoders[index] = replies.ReplyStream(self._plan.reply, index)
+        return dec
+
+
+class _ThoughtGuard:
+    """Ends a thought on request (reasoning control) or once it has used its token budget, by
+    injecting the closing tag into the generation (first choice only)."""
+
+    def __init__(self, plan: Plan, handle: Handle):
+        self.handle = handle
+        spec = plan.reply
+        self.watching = spec is not None and spec.think
+        self.in_thought = bool(spec and spec.in_thought)
+        self.budget = plan.reasoning_budget if self.watching else None
+        self.text = ""
+        self.open = self.in_thought
+        self.tokens_at_open = 0
+        self.ended = False
+
+    def on_piece(self, ev: TextPiece) -> None:
+        if not self.watching or ev.index != 0 or self.ended:
+            return
+        self.text += ev.text
+        was_open = self.open
+        self.open = reasoning.split_thought(self.text, self.in_thought).open
+        if self.open and not was_open:
+            self.tokens_at_open = 0 if self.in_thought else ev.completion_tokens
+        over = self.budget is not None and ev.completion_tokens - self.tokens_at_open >= self.budget
+        if self.open and over:
+            self.end_thought()
+        if not self.open and was_open:
+            self.watching = False  # one thought per reply
+
+    def end_thought(self) -> bool:
+        """Close the thought if one is open; False when there is none to close."""
+        if self.ended or not self.open:
+            return False
+        self.ended = True
+        self.handle.inject(reasoning.CLOSE, unless=reasoning.CLOSE)
+        return True
+
