@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from flask import Flask
 
+from app.api.anthropic import Messages
 from app.api.base import Api
 from app.api.openai import ChatCompletions, Completions
 from app.api.vertex import Predict
 from app.core.service import Service
 from app.settings import Settings, slots_per_request
 
-APIS: list[type[Api]] = [ChatCompletions, Completions]
+APIS: list[type[Api]] = [Messages, ChatCompletions, Completions]
 
 
 def register(app: Flask, settings: Settings, service: Service) -> list[Api]:
