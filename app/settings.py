@@ -292,6 +292,21 @@ class Settings(BaseSettings):
         le=86400,
         **_env("REQUEST_TIMEOUT"),
     )
+    responses_store_size: int = Field(
+        100,
+        description="Most responses of the Responses API kept in memory (per replica) for "
+        "previous_response_id and GET /v1/responses/{id}; the oldest go first; 0 = none kept.",
+        ge=0,
+        le=100_000,
+        **_env("RESPONSES_STORE_SIZE"),
+    )
+    responses_store_ttl: float = Field(
+        3600.0,
+        description="Seconds a stored Responses API response is kept; after it, its id is a 404.",
+        gt=0,
+        le=7 * 86400,
+        **_env("RESPONSES_STORE_TTL"),
+    )
 
     # --- limits and safety (see README "Limits and safety") ------------------------------------
     slots_per_request: int = Field(
