@@ -527,7 +527,9 @@ class _Blocks:
                 return []  # a call's arguments follow its start (the core streams calls in order)
             return [self._delta({"type": "input_json_delta", "partial_json": ev.text})]
         kind = "thinking" if isinstance(ev, Thinking) else "text"
-        out = [] if self.kind == kind else self._start(kind, {"type": kind, kind: ""})
+        block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
+            "type": "text", "text": ""}
+        out = [] if self.kind == kind else self._start(kind, block)
         delta = ({"type": "thinking_delta", "thinking": ev.text} if kind == "thinking"
                  else {"type": "text_delta", "text": ev.text})
         out.append(self._delta(delta))
