@@ -513,7 +513,10 @@ def test_raw_predict_bodies(client):
 @pytest.fixture
 def sdk(fake_engine):
     anthropic = pytest.importorskip("anthropic")
-    import httpx2
+    try:  # the SDK's own HTTP client: httpx2 since anthropic 2.x, httpx before
+        import httpx2
+    except ImportError:
+        import httpx as httpx2
 
     from app import create_app
     from app.settings import Settings
