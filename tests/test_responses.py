@@ -601,3 +601,30 @@ def test_predict_serves_responses_bodies():
     assert final_response(check_stream(one)).output_text == REPLY
     bad = client.post("/predict", json={"input": "hi", "tools": [{"type": "file_search"}]})
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "tools.0.type"
+
+
+def test_reasoning_control_ends_a_thought_on_request():
+    engine = FakeEngine(reply=THINK_REPLY, delay=0.05)
+    client = make_client(engine, reasoning_format="parsed", stream_heartbeat_seconds=0)
+    resp = client.post("/v1/responses", json={"input": "x", "stream": True, "reasoning_control": True},
+                       buffered=False)
+    seen: list[dict[str, Any]] = []
+    for chunk in itertools.islice(resp.response, 50):  # until the thought is under way
+        seen += [d for _, d in sse_events(chunk.decode())]
+        if any(d["type"] == "response.reasoning_text.delta" for d in seen):
+            break
+    rid = seen[0]["response"]["id"]
+    ok = client.post("/v1/chat/completions/control", json={"id": rid, "action": "reasoning_end"})
+    assert ok.get_json() == {"success": True}
+    assert engine.handles[-1].injected == ["</think>"]
+    resp.close()
+    nope = client.post("/v1/chat/completions/control", json={"id": "resp_nope", "action": "reasoning_end"})
+    assert nope.get_json() == {"success": False}
+
+
+def test_routes_this_server_does_not_have_are_404s():
+    client = make_client(FakeEngine())
+    rid = post(client, {"input": "hi"}).get_json()["id"]
+    assert client.get(f"/v1/responses/{rid}/input_items").status_code == 404
+    assert client.post(f"/v1/responses/{rid}/cancel", json={}).status_code == 404
+    assert client.get("/v1/responses/input_tokens").status_code == 404
