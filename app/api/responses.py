@@ -86,6 +86,9 @@ UNSUPPORTED = {
     "messages": "this is the Responses API: send 'input' (or use /v1/chat/completions)",
     "max_tokens": "use max_output_tokens",
     "response_format": "use text.format",
+    "reasoning_effort": "use reasoning.effort",
+    "reasoning_budget": "use reasoning.effort (see the README for its budgets)",
+    "n": "one answer per request",
     "stop": "not supported by the Responses API",
     "seed": "not supported by the Responses API",
 }
@@ -669,7 +672,7 @@ class Responses(Api):
         a: Answer = result.answers[0]
         length = a.reason == "length"
         items: list[dict[str, Any]] = []
-        if a.reasoning is not None:
+        if a.reasoning:
             last = length and not a.text and not a.calls
             items.append(reasoning_item(item_id("rs"), a.reasoning,
                                         "incomplete" if last else "completed"))
