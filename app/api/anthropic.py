@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from flask import Blueprint, jsonify
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.api.base import Api, read_body
 from app.api.openai import stream_policy
@@ -41,7 +41,7 @@ from app.core.input import ChatInput, OutputFormat, ToolChoice
 from app.core.service import Run
 from app.engine.types import SamplingParams
 from app.errors import BadRequest, ServiceError
-from app.protocol import tools
+from app.protocol import tools, validate
 from app.protocol.http_status import status_of
 from app.protocol.openai import MAX_STOP_CHARS
 from app.protocol.sse import event
@@ -164,38 +164,8 @@ _UNSUPPORTED = {
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
-    """Validate a request body; the 400 names the first offending field. An unknown field set to
-    null is dropped (it asks for nothing); any other unknown field is refused."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    known = model.model_fields
-    unknown = [k for k in body if k not in known]
-    if unknown:
-        body = {k: v for k, v in body.items() if k in known or v is not None}
-        for k in unknown:
-            if k in body:
-                hint = _UNSUPPORTED.get(k, "see the README's Messages API coverage")
-                raise BadRequest(f"{k}: this server does not support this field ({hint})", param=k)
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
-        msg = first["msg"]
-        if first["type"] == "missing":
-            msg = "field required"
-        elif first["type"] == "extra_forbidden":
-            msg = "this server does not support this field"
-        raise BadRequest(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
-
-
-def wants_stream(body: Any) -> bool:
-    if not isinstance(body, dict):
-        return False
-    value = body.get("stream")
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise BadRequest("stream: must be true or false", param="stream")
+    """Validate a Messages request body (see app.protocol.validate)."""
+    return validate.parse(model, body, _UNSUPPORTED, "see the README's Messages API coverage")
 
 
 # ---- content blocks -------------------------------------------------------------------------
@@ -579,7 +549,7 @@ class Messages(Api):
         return False
 
     def wants_stream(self, body: Any) -> bool:
-        return wants_stream(body)
+        return validate.wants_stream(body)
 
     def new_id(self) -> str:
         return message_id()

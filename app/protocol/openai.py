@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.engine.types import ModelInfo, SamplingParams
 from app.errors import (
@@ -18,6 +18,7 @@ from app.errors import (
     ServiceError,
     Unavailable,
 )
+from app.protocol import validate
 from app.protocol.chat_template import flatten_content
 from app.protocol.http_status import lookup, status_of
 
@@ -263,39 +264,11 @@ _UNSUPPORTED = {
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
-    """Validate a request body; the 400 names the first offending field. An unknown field set
-    to null is dropped (it asks for nothing); any other unknown field is refused."""
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    known = model.model_fields
-    unknown = [k for k in body if k not in known]
-    if unknown:
-        body = {k: v for k, v in body.items() if k in known or v is not None}
-        for k in unknown:
-            if k in body:
-                hint = _UNSUPPORTED.get(k, "see the README's list of request fields")
-                raise BadRequest(f"{k}: this server does not support this field ({hint})", param=k)
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
-        msg = first["msg"]
-        if first["type"] == "missing":
-            msg = "field required"
-        elif first["type"] == "extra_forbidden":
-            msg = "this server does not support this field"
-        raise BadRequest(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+    """Validate an OpenAI request body (see app.protocol.validate)."""
+    return validate.parse(model, body, _UNSUPPORTED)
 
 
-def wants_stream(body: Any) -> bool:
-    """Whether an OpenAI body asks to stream: ``stream`` must be a boolean (or absent)."""
-    if not isinstance(body, dict):
-        return False
-    value = body.get("stream")
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise BadRequest("stream: must be true or false", param="stream")
+wants_stream = validate.wants_stream
 
 
 def new_id(prefix: str) -> str:
