@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import gevent
-from flask import Flask, Response, current_app, jsonify
+from flask import Flask, Response, current_app, jsonify, request
 
 from app.api.base import as_error, read_body
 from app.core.service import Service
@@ -110,7 +110,12 @@ def control() -> Response:
 
 
 def error_response(exc: BaseException) -> Response:
-    """Errors outside any API's routes, in the OpenAI shape."""
+    """Errors no API route took (no such route, wrong method): in the shape of the API whose
+    path the request is under (``/v1/messages/batches`` answers as Messages would), else
+    OpenAI's."""
+    for api in current_app.extensions.get("vertex_gguf_apis", ()):
+        if any(request.path.startswith(path) for path in api.paths):
+            return api.error_response(exc)
     err = as_error(exc)
     resp = jsonify(openai.error_body(err))
     resp.status_code = status_of(err)

@@ -564,3 +564,16 @@ def test_sdk_tool_use_stream(fake_engine, sdk):
     ])
     assert answer.stop_reason == "end_turn"
     assert call.id in fake_engine.requests[-1].prompt
+
+
+def test_unknown_route_and_wrong_method_under_messages_answer_in_its_shape(client):
+    missing = client.post("/v1/messages/batches", json={})
+    assert missing.status_code == 404
+    assert missing.get_json()["type"] == "error"
+    assert missing.get_json()["error"]["type"] == "not_found_error"
+    wrong = client.get("/v1/messages")
+    assert wrong.status_code == 405
+    assert wrong.get_json()["type"] == "error"
+    # outside any API's paths: OpenAI's shape, as before
+    assert "error" in client.get("/v1/nothing").get_json()
+    assert "type" not in client.get("/v1/nothing").get_json()

@@ -23,6 +23,7 @@ APIS: list[type[Api]] = [Messages, Responses, ChatCompletions, Completions]
 
 def register(app: Flask, settings: Settings, service: Service) -> list[Api]:
     apis = [cls(settings, service) for cls in APIS]
+    app.extensions["vertex_gguf_apis"] = apis
     for api in apis:
         app.register_blueprint(api.make_blueprint())
     predict = Predict(apis, settings.max_instances, slots_per_request(settings))
