@@ -5,33 +5,46 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import gevent
 from flask import Flask
 
-from app.settings import Settings
+from app import formats
+from app.settings import Settings, from_settings, slots_per_request
+
+if TYPE_CHECKING:
+    from app.core.plan import PlanOptions
+    from app.engine.llama_engine import EngineConfig
 
 log = logging.getLogger(__name__)
 
 
-def engine_config(settings: Settings):
+def engine_config(settings: Settings) -> EngineConfig:
+    """The engine's settings, taken by name; only the derived fields are spelled out."""
     from app.engine.llama_engine import EngineConfig
 
-    return EngineConfig(
-        ctx_size=settings.ctx_size,
-        gpu_layers=settings.gpu_layers,
-        threads=settings.threads,
-        threads_batch=settings.threads_batch,
-        batch_size=settings.batch_size,
-        flash_attn=settings.flash_attn,
-        max_queue=settings.max_queue,
-        parallel=settings.parallel,
-        prefill_chunk=settings.prefill_chunk,
-        served_model_name=settings.served_model_name,
+    return from_settings(
+        EngineConfig,
+        settings,
         chat_template=_template_text(settings.chat_template),
         verbose=settings.log_level == "debug",
-        max_prompt_bytes=settings.max_prompt_bytes,
-        grammar_max_step_ms=settings.grammar_max_step_ms,
+        preserved_tokens=formats.preserved_tokens(),
+    )
+
+
+def plan_options(settings: Settings) -> PlanOptions:
+    """The planner's settings, taken by name; only the derived fields are spelled out."""
+    from app import grammar
+    from app.core.plan import PlanOptions
+
+    return from_settings(
+        PlanOptions,
+        settings,
+        limits=grammar.Limits.from_settings(settings),
+        protect_messages=settings.special_tokens_in_messages == "text",
+        timeout=settings.request_timeout or None,
+        slots_per_request=slots_per_request(settings),
     )
 
 
@@ -54,10 +67,8 @@ def create_app(
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm)."""
-    from app import api, grammar, routes
-    from app.core.plan import PlanOptions
+    from app import api, routes
     from app.core.service import Service
-    from app.settings import slots_per_request
 
     if engine is None:
         from app import model_source
@@ -75,15 +86,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    options = PlanOptions(
-        reasoning_format=settings.reasoning_format,
-        tool_format=settings.tool_format,
-        limits=grammar.Limits.from_settings(settings),
-        protect_messages=settings.special_tokens_in_messages == "text",
-        timeout=settings.request_timeout or None,
-        slots_per_request=slots_per_request(settings),
-    )
-    service = Service(engine, options, prepare_timeout=settings.prepare_timeout)
+    service = Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout)
     app.extensions["vertex_gguf"] = service
     app.extensions["vertex_gguf_settings"] = settings
     gevent.spawn(service.warm)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import ModelLoadError
+from app.settings import Settings, setting_default
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +64,26 @@ class GcsObject:
 
 @dataclass(frozen=True)
 class DownloadOptions:
+    """How to download a model; the defaults are the settings' (DOWNLOAD_WORKERS, ...)."""
+
     cache_dir: Path
-    workers: int = 8
-    slice_bytes: int = 32 * 1024 * 1024
-    model_file: str | None = None
-    emulator_host: str | None = None
+    workers: int = setting_default("download_workers")
+    slice_bytes: int = setting_default("download_slice_mb") << 20
+    model_file: str | None = setting_default("model_file")
+    emulator_host: str | None = setting_default("storage_emulator_host")
     progress_interval: float = 3.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DownloadOptions:
+        """The options the settings give. The fields keep their short names (tests and
+        bench/gcs_download.py build them directly), so this is the one place they are mapped."""
+        return cls(
+            cache_dir=settings.model_cache_dir,
+            workers=settings.download_workers,
+            slice_bytes=settings.download_slice_mb << 20,
+            model_file=settings.model_file,
+            emulator_host=settings.storage_emulator_host,
+        )
 
 
 def parse_uri(uri: str) -> tuple[str, str]:

@@ -29,16 +29,9 @@ def resolve(settings: Settings, state: LoadState) -> str:
         return str(path)
     if source.startswith("gs://"):
         state.set("downloading", progress=0.0, detail=source)
-        opts = gcs.DownloadOptions(
-            cache_dir=settings.model_cache_dir,
-            workers=settings.download_workers,
-            slice_bytes=settings.download_slice_mb << 20,
-            model_file=settings.model_file,
-            emulator_host=settings.storage_emulator_host,
-        )
         path = gcs.fetch_model(
             source,
-            opts,
+            gcs.DownloadOptions.from_settings(settings),
             on_progress=lambda p: state.set_download(p.done, p.total, p.rate, p.eta),
         )
         return str(path)

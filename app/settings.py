@@ -8,14 +8,20 @@ object that is passed down; nothing else reads the environment.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app import formats
+
 DEFAULT_CACHE_DIR = Path("/tmp/vertex-gguf")
+C = TypeVar("C")
+# TOOL_FORMAT's values: auto, or a format of the registry (a new format needs no edit here)
+ToolFormatName = Literal[("auto", *formats.FORMATS)]  # type: ignore[valid-type]
 
 
 def _env(*names: str) -> dict[str, Any]:
@@ -170,12 +176,10 @@ class Settings(BaseSettings):
         "vLLM) or reasoning (newer vLLM).",
         **_env("REASONING_FIELD"),
     )
-    tool_format: Literal["auto", "generic", "hermes", "qwen3_coder", "llama3", "mistral"] = Field(
+    tool_format: ToolFormatName = Field(
         "auto",
         description="How the model writes tool calls: auto (read from the chat template), "
-        "hermes (`<tool_call>` JSON), qwen3_coder (`<function=...>` XML), llama3 (JSON with "
-        "`parameters`), mistral (`[TOOL_CALLS]`), or generic (JSON held by a grammar, for "
-        "templates that know no tools).",
+        f"{formats.describe()}.",
         **_env("TOOL_FORMAT"),
     )
 
@@ -544,3 +548,24 @@ def settings_table() -> str:
 def slots_per_request(settings: Settings) -> int:
     """SLOTS_PER_REQUEST, resolved (0 means half the slots)."""
     return settings.slots_per_request or max(1, settings.parallel // 2)
+
+
+def setting_default(name: str) -> Any:
+    """Setting ``name``'s default, as a consumer's dataclass field default: the default lives
+    here only, so a config built without settings (tests, benches) cannot drift from it."""
+    return Settings.model_fields[name].default
+
+
+def from_settings(cls: type[C], settings: Settings, **derived: Any) -> C:
+    """Dataclass ``cls`` with each field taken from the setting of the same name (vLLM's
+    ``from_cli_args`` move), so no consumer copies settings by hand; ``derived`` gives the
+    fields computed from settings (a file's text, a resolved value). A field that is neither a
+    setting nor derived is an error, not a silent default."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in derived:
+            continue
+        if f.name not in Settings.model_fields:
+            raise TypeError(f"{cls.__name__}.{f.name} is not a setting: pass it as derived")
+        values[f.name] = getattr(settings, f.name)
+    return cls(**values, **derived)

@@ -9,11 +9,12 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import grammar
+from app import formats, grammar
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.engine.types import GenerationRequest, ModelInfo
 from app.errors import BadRequest
-from app.protocol import chat_template, reasoning, replies, tools
+from app.formats import THINK
+from app.protocol import chat_template, replies, tools
 from app.protocol.tools import Tool
 
 log = logging.getLogger(__name__)
@@ -21,14 +22,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """The server's side of planning (from Settings)."""
+    """The server's side of planning. Built from Settings by ``app.plan_options``: fields named
+    like a setting are that setting, the others are derived from settings there. No defaults,
+    so none can drift from the settings'."""
 
-    reasoning_format: str = "auto"
-    tool_format: str = "auto"
-    limits: grammar.Limits | None = None
-    protect_messages: bool = True
-    timeout: float | None = None
-    slots_per_request: int = 1
+    reasoning_format: str
+    tool_format: str  # a formats.FORMATS name, or auto
+    limits: grammar.Limits
+    protect_messages: bool  # SPECIAL_TOKENS_IN_MESSAGES=text
+    timeout: float | None  # REQUEST_TIMEOUT (None: no limit)
+    slots_per_request: int  # SLOTS_PER_REQUEST, resolved
 
 
 @dataclass
@@ -65,10 +68,6 @@ def output_grammar(output: OutputFormat | None, limits: grammar.Limits) -> tuple
     return grammar.from_schema(output.schema, output.param, limits), output.param
 
 
-def _limits(opts: PlanOptions) -> grammar.Limits:
-    return opts.limits or grammar.Limits.defaults()
-
-
 def plan_text(inp: TextInput, opts: PlanOptions) -> Plan:
     gen = GenerationRequest(inp.prompt, inp.params, timeout=opts.timeout,
                             cache_prompt=inp.cache_prompt, n=inp.n)
@@ -77,14 +76,14 @@ def plan_text(inp: TextInput, opts: PlanOptions) -> Plan:
 
 def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     template = info.chat_template or ""
-    limits = _limits(opts)
-    fmt = replies.detect_format(template) if opts.tool_format == "auto" else opts.tool_format
+    limits = opts.limits
+    fmt = formats.choose(opts.tool_format, template)
     params = inp.params
     protect = (chat_template.protector(info.control_texts) if opts.protect_messages
                else (lambda value: value))
     offered, required = pick(inp.tools, inp.tool_choice)
     think = opts.reasoning_format == "parsed" or (
-        reasoning.OPEN in template and (opts.reasoning_format == "auto" or bool(offered))
+        THINK.detect(template) and (opts.reasoning_format == "auto" or bool(offered))
     )
     formatted = output_grammar(inp.output, limits)
     if formatted is not None:
@@ -96,43 +95,36 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         raise BadRequest("tools cannot be combined with a JSON output format or a grammar",
                          param=params.grammar_param)
     parallel = inp.parallel_tool_calls and inp.tool_choice.mode != "named"
+    messages = fmt.history(protect(inp.messages))
     extra: dict[str, Any] = protect(dict(inp.template_kwargs))
-    if fmt == "generic":
-        messages = tools.render_history(protect(inp.messages))
-        if offered:  # the generic form: described in words, held to JSON by a grammar
-            think = False
-            schema = tools.reply_schema(offered, required, parallel)
-            params = replace(params, grammar=grammar.from_schema(schema, "tools", limits),
-                             grammar_param="tools")
-            messages = _with_system(messages, protect(tools.system_prompt(offered, required)))
-    else:
-        messages = tools.native_history(protect(inp.messages), fmt)
-        if offered:
-            extra["tools"] = protect(tools.template_tools(offered))
+    if offered:
+        messages, extra = fmt.offer(messages, extra, offered, required, protect)
+        think = think and fmt.native  # the generic form's grammar holds the whole reply
     prompt = chat_template.render(
         info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token,
         extra=extra,
     )
-    in_thought = think and prompt.rstrip().endswith(reasoning.OPEN)
-    if offered and fmt != "generic" and (required or not think):
+    in_thought = think and THINK.opened(prompt)
+    if offered and (required or not think):
         lead = ("open" if in_thought else "think" if think else "") if required else ""
+        lazy = not required and bool(fmt.triggers)  # takes hold only once a call starts
         try:
-            call = tools.call_grammar(fmt, offered, parallel=parallel, lead=lead,
-                                      template=template, limits=limits)
+            call = fmt.grammar(offered, parallel=parallel, required=required, lead=lead,
+                               template=template, limits=limits)
             grammar.check(call, "tools", limits)  # cached: _checked() checks it again
         except BadRequest:
-            if required:
+            if not lazy:
                 raise
-            call = None  # auto: a schema the gate refuses is left to the model
+            call = None  # a lazy grammar the gate refuses: calls are left to the model
             log.warning("tool schemas cannot be turned into a grammar: calls are not held to them")
-        if call is not None:  # auto: the grammar takes hold only once a call starts
+        if call is not None:
             params = replace(params, grammar=call, grammar_param="tools",
                              grammar_takes_injection=bool(lead),
-                             grammar_triggers=() if required else tools.TRIGGERS[fmt])
+                             grammar_triggers=fmt.triggers if lazy else ())
     spec = None
     if offered or think:
         spec = replies.ReplySpec(
-            tool_format=fmt if offered else None,
+            tool_format=fmt.name if offered else None,
             think=think,
             in_thought=in_thought,
             inline=opts.reasoning_format == "inline",
@@ -154,16 +146,7 @@ def _checked(plan: Plan, opts: PlanOptions) -> Plan:
         )
     params = plan.generation.params
     if params.grammar is not None:
-        stats = grammar.check(params.grammar, params.grammar_param, _limits(opts))
+        stats = grammar.check(params.grammar, params.grammar_param, opts.limits)
         params = replace(params, grammar_prefilter=not stats.has_tokens)
         plan.generation = replace(plan.generation, params=params)
     return plan
-
-
-def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """Put the tool description into the system message (first), creating one if needed."""
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first.get('content') or ''}\n\n{text}".strip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]

@@ -24,6 +24,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -56,14 +57,8 @@ from app.errors import (
     ShuttingDown,
     as_service_error,
 )
+from app.settings import setting_default
 from app.state import LoadState
-
-# Markers the reply parsers read (app.protocol.replies): some models make them control tokens,
-# which llama.cpp leaves out of the text unless asked.
-PRESERVED_TOKENS = (
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<|python_tag|>",
-    "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]",
-)
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +70,28 @@ PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bou
 
 @dataclass(frozen=True)
 class EngineConfig:
-    ctx_size: int = 4096
-    gpu_layers: int = -1
-    threads: int = 0
-    threads_batch: int = 0
-    batch_size: int = 512
-    flash_attn: str = "auto"
-    max_queue: int = 64
-    parallel: int = 1
-    prefill_chunk: int = 256
-    served_model_name: str | None = None
-    chat_template: str | None = None
-    verbose: bool = False
-    max_prompt_bytes: int = 0  # 0: the context times the longest token's bytes
-    grammar_max_step_ms: float = 100.0
+    """What the engine needs of the settings. Each field named like a setting is that setting
+    (``app.settings.from_settings`` fills them by name; their defaults are the settings'); the
+    rest are derived from settings by the caller."""
+
+    ctx_size: int = setting_default("ctx_size")
+    gpu_layers: int = setting_default("gpu_layers")
+    threads: int = setting_default("threads")
+    threads_batch: int = setting_default("threads_batch")
+    batch_size: int = setting_default("batch_size")
+    flash_attn: Literal["auto", "on", "off"] = setting_default("flash_attn")
+    max_queue: int = setting_default("max_queue")
+    parallel: int = setting_default("parallel")
+    prefill_chunk: int = setting_default("prefill_chunk")
+    served_model_name: str | None = setting_default("served_model_name")
+    max_prompt_bytes: int = setting_default("max_prompt_bytes")  # 0: context x longest token
+    grammar_max_step_ms: float = setting_default("grammar_max_step_ms")
+    # derived
+    chat_template: str | None = None  # the template's text (None: the GGUF's own)
+    verbose: bool = False  # llama.cpp's own logging
+    # markers the reply parsers read (app.formats.preserved_tokens): some models make them
+    # control tokens, which llama.cpp leaves out of the text unless asked
+    preserved_tokens: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -414,7 +417,7 @@ class LlamaEngine:
         self._n_vocab = self._vocab_tables.n
         # a prompt longer than this in bytes cannot fit: refused before it is tokenized
         self._max_prompt_bytes = cfg.max_prompt_bytes or self._n_ctx * self._vocab_tables.longest_piece
-        self._preserved = self._control_tokens(PRESERVED_TOKENS)
+        self._preserved = self._control_tokens(cfg.preserved_tokens)
 
         template = cfg.chat_template
         if template is None:

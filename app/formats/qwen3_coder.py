@@ -1,0 +1,127 @@
+"""Qwen3-Coder: ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>``.
+
+Parameter values are raw text: a parameter the tool types as a string is that text, any other
+is read as JSON when it parses (``ReplySpec.string_params`` says which are strings).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from app.engine.text import held_suffix
+from app.formats.base import NAME_PREFIX_RE, NAME_RE, MarkerFormat, rest_is
+from app.formats.gbnf import lit, until
+from app.formats.hermes import CLOSE, OPEN
+from app.formats.partial_json import Found, ws
+from app.grammar import Limits
+
+if TYPE_CHECKING:
+    from app.protocol.replies import ReplySpec
+    from app.protocol.tools import Tool
+
+FUNCTION, END_FUNCTION = "<function=", "</function>"
+PARAMETER, END_PARAMETER = "<parameter=", "</parameter>"
+
+
+class Qwen3Coder(MarkerFormat):
+    name = "qwen3_coder"
+    summary = "`<function=...>` XML"
+    triggers = (OPEN,)
+    markers = (OPEN, CLOSE, FUNCTION, END_FUNCTION, PARAMETER, END_PARAMETER)
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        return (OPEN, FUNCTION)  # a function written without the <tool_call> wrapper counts
+
+    def detect(self, template: str) -> bool:
+        return OPEN in template and FUNCTION in template and PARAMETER in template
+
+    def calls(self, tools: list[Tool], *, parallel: bool, template: str,
+              limits: Limits) -> tuple[list[str], str]:
+        rules: list[str] = []
+        fns = []
+        for i, t in enumerate(tools):
+            keys = list((t.parameters.get("properties") or {}).keys())
+            if keys:
+                names = " | ".join(lit(k) for k in keys)
+                rules.append(f'p{i} ::= "<parameter=" ( {names} ) ">" pv0 "\\n"')
+                fns.append(f'"<function=" {lit(t.name)} ">\\n" p{i}* "</function>"')
+            else:
+                fns.append(f'"<function=" {lit(t.name)} ">\\n</function>"')
+        rules.append(until("pv", END_PARAMETER))
+        one = '"<tool_call>\\n" ( ' + " | ".join(fns) + ' ) "\\n</tool_call>"'
+        return rules, (f'{one} ( "\\n" {one} )*' if parallel else one)
+
+    def block(self, body: str, i: int, marker: str, spec: ReplySpec,
+              final: bool) -> tuple[list[Found], int | None]:
+        if marker == FUNCTION:
+            return _function(body, i + len(marker), spec)
+        found: list[Found] = []
+        j = ws(body, i + len(marker))
+        while True:  # one or more functions, then </tool_call>
+            start = rest_is(body, j, FUNCTION)
+            if start is None or start == -1:
+                return found, (j if found and start == -1 else start)
+            more, end = _function(body, start, spec)
+            found += more
+            if end is None or end == -1:
+                return found, end
+            j = ws(body, end)
+            after = rest_is(body, j, CLOSE)
+            if after is None:
+                return found, None
+            if after != -1:
+                return found, after
+            if not body.startswith("<", j):
+                return found, end  # a missing closing tag is forgiven
+
+
+def _param_json(value: str, is_string: bool) -> str:
+    if not is_string:
+        try:
+            return json.dumps(json.loads(value), ensure_ascii=False)
+        except json.JSONDecodeError:
+            pass
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _trim_newline(value: str) -> str:
+    value = value[1:] if value.startswith("\n") else value
+    return value[:-1] if value.endswith("\n") else value
+
+
+def _function(body: str, j: int, spec: ReplySpec) -> tuple[list[Found], int | None]:
+    """One ``NAME>...</function>`` from just past ``<function=``."""
+    k = body.find(">", j)
+    if k == -1:
+        return [], (None if NAME_PREFIX_RE.fullmatch(body[j:]) else -1)
+    name = body[j:k]
+    if not NAME_RE.fullmatch(name):
+        return [], -1
+    strings = spec.string_params.get(name, frozenset())
+    parts = ["{"]
+    n = 0
+    j = k + 1
+    while True:
+        j = ws(body, j)
+        if body.startswith(END_FUNCTION, j):
+            return [(name, "".join(parts) + "}", True)], j + len(END_FUNCTION)
+        opened = rest_is(body, j, PARAMETER)
+        if opened == -1:
+            return [(name, "".join(parts), False)], (None if END_FUNCTION.startswith(body[j:]) else -1)
+        k = -1 if opened is None else body.find(">", opened)
+        if opened is None or k == -1:
+            return [(name, "".join(parts), False)], None
+        key = body[opened:k]
+        head = (", " if n else "") + json.dumps(key, ensure_ascii=False) + ": "
+        close = body.find(END_PARAMETER, k + 1)
+        if close == -1:
+            if key in strings:  # a string value streams as it is written
+                raw = body[k + 1 :]
+                raw = _trim_newline(raw[: len(raw) - held_suffix(raw, (END_PARAMETER,))])
+                parts.append(head + '"' + json.dumps(raw, ensure_ascii=False)[1:-1])
+            return [(name, "".join(parts), False)], None
+        parts.append(head + _param_json(_trim_newline(body[k + 1 : close]), key in strings))
+        n += 1
+        j = close + len(END_PARAMETER)

@@ -1,0 +1,76 @@
+"""Reasoning written between two tags (``<think>...</think>``), as a pure function of the text.
+
+A thought is recognised only at the start of a reply (after whitespace), as reasoning models
+write it, or from the first token when the chat template already opened the thought in the
+prompt. ``split`` is called on the whole text generated so far, so a streaming caller gets a
+prefix of the final answer each time: it never returns part of a tag, and holds text that may
+still turn out to be the opening tag.
+
+The tags live here and nowhere else: the reply parser, the grammar that lets a thought come
+before a forced call, the engine's preserved tokens and the reasoning budget's injected close all
+read them from the format object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.engine.text import held_suffix
+from app.formats.gbnf import lit, until
+
+
+@dataclass(frozen=True)
+class Thought:
+    reasoning: str | None  # None: the reply has no thought (so far)
+    rest: str | None  # the text after the thought; None while undecided (hold everything)
+    open: bool  # the thought has not been closed yet
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """A thought between ``open`` and ``close`` at the start of a reply."""
+
+    name: str
+    open: str
+    close: str
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """What the parser reads: kept in the text when a model makes them control tokens."""
+        return (self.open, self.close)
+
+    def detect(self, template: str) -> bool:
+        """Whether a chat template teaches its model to think in these tags."""
+        return self.open in template
+
+    def opened(self, prompt: str) -> bool:
+        """Whether the rendered prompt already opened a thought (the reply starts inside it)."""
+        return prompt.rstrip().endswith(self.open)
+
+    def split(self, text: str, in_thought: bool = False, final: bool = False) -> Thought:
+        """The thought and what follows it in ``text`` (the whole reply so far, or all of it)."""
+        if in_thought:
+            body = text
+        else:
+            stripped = text.lstrip()
+            if not stripped.startswith(self.open):
+                if not final and self.open.startswith(stripped):
+                    return Thought(None, None, False)  # "", "  " or "<thi": wait
+                return Thought(None, text, False)
+            body = stripped[len(self.open) :]
+        end = body.find(self.close)
+        if end == -1:
+            keep = 0 if final else held_suffix(body, (self.close,))
+            return Thought(body[: len(body) - keep], "", True)
+        return Thought(body[:end], body[end + len(self.close) :], False)
+
+    def lead(self, lead: str, then: str) -> list[str]:
+        """Grammar rules whose ``root`` is ``then`` after what ``lead`` allows first: "" (nothing),
+        "think" (an optional thought) or "open" (the prompt opened a thought: it must close)."""
+        rules = [until("th", self.close)] if lead else []
+        root = {"": then, "think": f"( {lit(self.open)} th0 [ \\t\\n]* )? {then}",
+                "open": f"th0 [ \\t\\n]* {then}"}
+        return [*rules, f"root ::= {root[lead]}"]
+
+
+THINK = ReasoningFormat("think", "<think>", "</think>")
