@@ -18,19 +18,27 @@ def langchain_streamed_call(base_url: str, tools: list[dict[str, Any]], name: st
     return merged
 
 
-def pydantic_ai_streamed_sum(base_url: str) -> tuple[Any, set[str]]:
-    """pydantic-ai streaming a structured output (an output tool): the output and the names of
-    every tool call in the run."""
+def pydantic_ai_streamed_sum(base_url: str, api: str = "openai") -> tuple[Any, set[str]]:
+    """pydantic-ai streaming a structured output (an output tool) through its model for ``api``
+    ("openai": Chat Completions, "anthropic": Messages): the output and the names of every tool
+    call in the run."""
     from pydantic import BaseModel
     from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
 
     class Sum(BaseModel):
         a: int
         b: int
 
-    model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=base_url, api_key="x"))
+    if api == "anthropic":
+        from pydantic_ai.models.anthropic import AnthropicModel
+        from pydantic_ai.providers.anthropic import AnthropicProvider
+
+        model: Any = AnthropicModel("m", provider=AnthropicProvider(base_url=base_url, api_key="x"))
+    else:
+        from pydantic_ai.models.openai import OpenAIChatModel
+        from pydantic_ai.providers.openai import OpenAIProvider
+
+        model = OpenAIChatModel("m", provider=OpenAIProvider(base_url=base_url, api_key="x"))
     agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
 
     async def run():

@@ -3,12 +3,11 @@ real server with the real default model (Messages API)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import anthropic
 import pytest
 import requests
 
+from tests.clients import pydantic_ai_streamed_sum
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.e2e
@@ -110,25 +109,7 @@ def test_raw_http_stream_events(srv):
 
 def test_pydantic_ai_agent_with_an_output_tool(srv):
     """pydantic-ai's own Anthropic model: a structured output is a forced tool call, streamed."""
-    from pydantic import BaseModel
-    from pydantic_ai import Agent
-    from pydantic_ai.models.anthropic import AnthropicModel
-    from pydantic_ai.providers.anthropic import AnthropicProvider
-
-    class Sum(BaseModel):
-        a: int
-        b: int
-
-    model = AnthropicModel("m", provider=AnthropicProvider(base_url=srv.url(""), api_key="x"))
-    agent = Agent(model, output_type=Sum, model_settings={"temperature": 0, "max_tokens": 80})
-
-    async def run():
-        async with agent.run_stream("Give the two numbers in: what is 3 plus 4?") as result:
-            return await result.get_output(), result.all_messages()
-
-    output, messages = asyncio.run(run())
-    assert isinstance(output, Sum)
-    calls = {p.tool_name for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"}
+    _, calls = pydantic_ai_streamed_sum(srv.url(""), api="anthropic")
     assert calls == {"final_result"}
 
 
