@@ -32,7 +32,7 @@ Build = Callable[[], ChatInput | TextInput]
 
 
 class Service:
-    def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float = 30.0):
+    def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float):
         self.engine = engine
         self.options = options
         self.prepare_timeout = prepare_timeout
