@@ -117,9 +117,11 @@ class ReplyStream:
         self._sent_reasoning: int | None = None  # None: no thought seen yet
         self._sent_content = 0
         self._sent_args: list[int] = []
+        self._final: Reply | None = None  # the final parse, once asked for
 
     def feed(self, piece: str) -> list[Event]:
         self.text += piece
+        self._final = None
         return self._diff(parse_reply(self.text, self.spec, self.ids))
 
     def finish(self) -> list[Event]:
@@ -133,7 +135,10 @@ class ReplyStream:
         return events
 
     def result(self) -> Reply:
-        return parse_reply(self.text, self.spec, self.ids, final=True)
+        """The parse of the whole reply, computed once however often it is asked for."""
+        if self._final is None:
+            self._final = parse_reply(self.text, self.spec, self.ids, final=True)
+        return self._final
 
     def cut_calls(self) -> frozenset[int]:
         """The calls of the whole reply that never completed (cut off by the token limit)."""
