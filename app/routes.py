@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
-from app.api.base import as_error, read_body
+from app.api import base
+from app.api.base import read_body
 from app.core.service import Service
 from app.errors import BadRequest, NotFound
 from app.protocol import openai, sse
-from app.protocol.http_status import headers_of, status_of
 from app.protocol.sse import HEADERS
 from app.state import LoadState
 
@@ -116,11 +116,7 @@ def error_response(exc: BaseException) -> Response:
     for api in current_app.extensions.get("vertex_gguf_apis", ()):
         if any(request.path.startswith(path) for path in api.paths):
             return api.error_response(exc)
-    err = as_error(exc)
-    resp = jsonify(openai.error_body(err))
-    resp.status_code = status_of(err)
-    resp.headers.update(headers_of(err))
-    return resp
+    return base.error_response(exc, openai.error_body)
 
 
 def register(app: Flask, health_route: str) -> None:

@@ -26,6 +26,6 @@ def register(app: Flask, settings: Settings, service: Service) -> list[Api]:
     app.extensions["vertex_gguf_apis"] = apis
     for api in apis:
         app.register_blueprint(api.make_blueprint())
-    predict = Predict(apis, settings.max_instances, slots_per_request(settings))
+    predict = Predict(apis, service, settings.max_instances, slots_per_request(settings))
     app.add_url_rule(settings.predict_route, "predict", predict.view, methods=["POST"])
     return apis

@@ -24,7 +24,6 @@ from flask import Blueprint, jsonify
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.api.base import Api, read_body
-from app.api.openai import stream_policy
 from app.core.events import (
     Answer,
     CallArgs,
@@ -518,10 +517,6 @@ class Messages(Api):
     id_prefix = "msg"
     count_path: ClassVar[str] = "/v1/messages/count_tokens"
 
-    def __init__(self, settings: Any, service: Any):
-        super().__init__(settings, service)
-        self.heartbeat = stream_policy(settings).heartbeat_seconds or None
-
     def looks_like(self, body: dict[str, Any]) -> bool:
         """A raw Vertex body is a Messages request when it carries ``anthropic_version`` (every
         Claude body on Vertex does), or has ``messages`` and something only Messages has: a
@@ -547,9 +542,6 @@ class Messages(Api):
                 if isinstance(b, dict) and b.get("type") in _ANTHROPIC_ONLY:
                     return True
         return False
-
-    def wants_stream(self, body: Any) -> bool:
-        return validate.wants_stream(body)
 
     def new_id(self) -> str:
         return message_id()

@@ -27,9 +27,9 @@ from app.errors import (
     UnsupportedMediaType,
     as_service_error,
 )
-from app.protocol import jsonbody
+from app.protocol import jsonbody, validate
 from app.protocol.http_status import HttpStatusError, headers_of, status_of
-from app.protocol.sse import HEADERS
+from app.protocol.sse import HEADERS, policy_of
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,17 @@ def as_error(exc: BaseException) -> ServiceError:
     return as_service_error(exc)
 
 
+def error_response(exc: BaseException,
+                   render: Callable[[ServiceError], dict[str, Any]]) -> Response:
+    """Any exception as an HTTP error: its status and headers from the shared table, its body
+    in the shape ``render`` writes."""
+    err = as_error(exc)
+    resp = jsonify(render(err))
+    resp.status_code = status_of(err)
+    resp.headers.update(headers_of(err))
+    return resp
+
+
 class Api:
     """One wire API over the core. Subclasses set the class attributes and implement
     ``parse``, ``render``, ``render_stream`` and ``error_body``."""
@@ -98,6 +109,8 @@ class Api:
     def __init__(self, settings: Settings, service: Service):
         self.settings = settings
         self.service = service
+        # seconds without an event before a stream sends its keep-alive (None: never)
+        self.heartbeat = policy_of(settings).heartbeat_seconds or None
 
     # ---- what an API says ---------------------------------------------------------------
     def looks_like(self, body: dict[str, Any]) -> bool:
@@ -105,7 +118,7 @@ class Api:
         return False
 
     def wants_stream(self, body: Any) -> bool:
-        raise NotImplementedError
+        return validate.wants_stream(body)
 
     def parse(self, body: Any) -> tuple[ChatInput | TextInput, Any]:
         """The core's input and whatever the renderers need of the request. Runs on a worker
@@ -163,11 +176,7 @@ class Api:
 
     # ---- HTTP -------------------------------------------------------------------------------
     def error_response(self, exc: BaseException) -> Response:
-        err = as_error(exc)
-        resp = jsonify(self.error_body(err))
-        resp.status_code = status_of(err)
-        resp.headers.update(headers_of(err))
-        return resp
+        return error_response(exc, self.error_body)
 
     def respond(self, result: Answer) -> Response:
         if isinstance(result, dict):

@@ -30,19 +30,7 @@ from app.core.service import Run
 from app.engine.types import Finished, TextPiece
 from app.errors import BadRequest, ServiceError
 from app.protocol import openai, tools
-from app.protocol.sse import ChunkWriter, StreamPolicy, comment, policy_from
-
-
-def stream_policy(settings: Any) -> StreamPolicy:
-    """The configured profile with any individual STREAM_* settings laid over it."""
-    return policy_from(
-        settings.stream_profile,
-        send_done=settings.stream_done,
-        done_after_error=settings.stream_done_after_error,
-        role_content=settings.stream_role_content,
-        always_usage=settings.stream_always_usage,
-        heartbeat_seconds=settings.stream_heartbeat_seconds,
-    )
+from app.protocol.sse import ChunkWriter, comment, policy_of
 
 
 def tool_choice(value: Any) -> ToolChoice:
@@ -101,10 +89,7 @@ class _OpenAI(Api):
 
     def __init__(self, settings: Any, service: Any):
         super().__init__(settings, service)
-        self.policy = stream_policy(settings)
-
-    def wants_stream(self, body: Any) -> bool:
-        return openai.wants_stream(body)
+        self.policy = policy_of(settings)
 
     def error_body(self, err: ServiceError) -> dict[str, Any]:
         return openai.error_body(err)
@@ -135,7 +120,7 @@ class _OpenAI(Api):
         yield from self._prelude(req, w)
         last: ChoiceEnd | None = None
         ended = 0
-        for ev in run.events(heartbeat=w.policy.heartbeat_seconds or None):
+        for ev in run.events(heartbeat=self.heartbeat):
             if isinstance(ev, Tick):
                 yield comment()
             elif isinstance(ev, ChoiceEnd):

@@ -15,7 +15,6 @@ RESPONSES_STORE_TTL seconds), so ``previous_response_id`` continues a conversati
 from __future__ import annotations
 
 import copy
-import re
 import secrets
 import time
 from collections import OrderedDict
@@ -28,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app import bridge
 from app.api.base import Api, read_body
-from app.api.openai import stream_policy
 from app.core.events import (
     Answer,
     CallArgs,
@@ -95,7 +93,6 @@ UNSUPPORTED = {
 
 MAX_METADATA = 16
 UNSUPPORTED_PARTS = {"input_image", "input_file", "input_audio", "image_url", "image", "file"}
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _token() -> str:
@@ -394,7 +391,7 @@ def output_format(fmt: dict[str, Any] | None) -> tuple[OutputFormat | None, dict
     if kind == "json_object":
         return OutputFormat("json_object", param="text.format"), {"type": "json_object"}
     name = fmt.get("name", "response")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not tools.NAME_RE.fullmatch(name):
         raise BadRequest("text.format.name: 1-64 letters, digits, '_' or '-'",
                          param="text.format.name")
     schema = fmt.get("schema")
@@ -547,14 +544,10 @@ class Responses(Api):
 
     def __init__(self, settings: Any, service: Any):
         super().__init__(settings, service)
-        self.heartbeat = stream_policy(settings).heartbeat_seconds or None
         self.store = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
 
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "input" in body and "messages" not in body and "prompt" not in body
-
-    def wants_stream(self, body: Any) -> bool:
-        return openai.wants_stream(body)
 
     def error_body(self, err: ServiceError) -> dict[str, Any]:
         body = openai.error_body(err)

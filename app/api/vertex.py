@@ -13,16 +13,19 @@ from typing import Any
 
 import gevent
 import gevent.pool
-from flask import Response, request
+from flask import Response, jsonify, request
 
-from app.api.base import Answer, Api, gone_probe, read_body
+from app.api.base import Answer, Api, error_response, gone_probe, read_body
+from app.core.service import Service
 from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
 from app.protocol import openai, vertex
 
 
 class Predict:
-    def __init__(self, apis: list[Api], max_instances: int, slots_per_request: int):
+    def __init__(self, apis: list[Api], service: Service, max_instances: int,
+                 slots_per_request: int):
         self.apis = {a.name: a for a in apis}
+        self.service = service
         self.max_instances = max_instances
         self.slots_per_request = slots_per_request
         names: dict[str, str] = {}
@@ -51,7 +54,9 @@ class Predict:
                 return api.respond(result)
             return self._envelope(body, request.headers)
         except Exception as exc:  # noqa: BLE001 - rendered in the shape of the API spoken
-            return (api or self.apis["chat"]).error_response(exc)
+            if api is not None:
+                return api.error_response(exc)
+            return error_response(exc, openai.error_body)  # the envelope itself: OpenAI's shape
 
     def _envelope(self, body: dict[str, Any], headers: Mapping[str, str]) -> Response:
         items = vertex.parse_envelope(body, self.max_instances, self.formats)
@@ -75,7 +80,7 @@ class Predict:
                 return api.respond(api.stream(streams[0].body, headers))
             except Exception as exc:  # noqa: BLE001
                 return api.error_response(exc)
-        self.apis["chat"].service.info()  # 503 for the whole envelope while loading
+        self.service.info()  # 503 for the whole envelope while loading
         gone = gone_probe()
         # at most SLOTS_PER_REQUEST instances in the engine at once: one envelope cannot take
         # every slot (the rest wait their turn here, not in the engine's queue)
@@ -91,7 +96,7 @@ class Predict:
                 slots.append(openai.error_body(item))  # type: ignore[arg-type]
             else:
                 slots.append(job.value)
-        return self.apis["chat"].respond(vertex.predictions(slots))
+        return jsonify(vertex.predictions(slots))
 
     def _instance(self, item: vertex.Instance, gone: Callable[[], bool] | None) -> dict[str, Any]:
         api = self.apis[item.api]

@@ -103,6 +103,18 @@ def policy_from(
     return replace(PROFILES[profile], **{k: v for k, v in overrides.items() if v is not None})
 
 
+def policy_of(settings: Any) -> StreamPolicy:
+    """The configured STREAM_PROFILE with any individual STREAM_* settings laid over it."""
+    return policy_from(
+        settings.stream_profile,
+        send_done=settings.stream_done,
+        done_after_error=settings.stream_done_after_error,
+        role_content=settings.stream_role_content,
+        always_usage=settings.stream_always_usage,
+        heartbeat_seconds=settings.stream_heartbeat_seconds,
+    )
+
+
 class ChunkWriter:
     """Builds the SSE bytes of one streamed choice, event by event."""
 
