@@ -115,8 +115,10 @@ def test_pydantic_ai_agent_with_an_output_tool(srv):
 
 def test_error_mid_stream_raises_in_the_sdk(server_factory):
     """A generation past REQUEST_TIMEOUT ends its stream with an ``event: error``, which the SDK
-    raises; the server stays healthy."""
-    srv2 = server_factory({"REQUEST_TIMEOUT": "1", "PARALLEL": "1"})
+    raises; the server stays healthy. The timeout (1 ms) is over before the engine's first step
+    however fast the machine: the request is accepted (the stream has started) and then always
+    fails, never finishes first (a 1 s limit let a quiet machine finish the reply in time)."""
+    srv2 = server_factory({"REQUEST_TIMEOUT": "0.001", "PARALLEL": "1"})
     srv2.wait_ready()
     sdk2 = anthropic.Anthropic(base_url=srv2.url(""), api_key="x", max_retries=0)
     ask = [{"role": "user", "content": "List the numbers from 1 to 1000, one per line."}]
