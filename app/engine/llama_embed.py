@@ -1,0 +1,437 @@
+"""Embeddings on llama.cpp: a context of their own, on a native thread of their own.
+
+The generation engine loads the model and hands it here; this module opens a second context
+on the same weights with embeddings on and the pooling chosen, so an embedding request never
+waits behind a generation step (and generation never waits behind an embedding batch beyond
+sharing the cores). Inputs of every waiting request are packed into one ``llama_decode``, one
+sequence each, taken round-robin across requests so a one-line request rides the next decode
+even behind a 2,000-input one.
+
+Why a text's vector does not depend on its batch-mates: each input is its own sequence,
+starting at position 0, in a unified KV buffer that is cleared after every decode; attention is
+masked per sequence, so the others contribute nothing. Why no input can crash llama.cpp: the
+micro-batch is the whole context (a non-causal model must see a sequence in one micro-batch,
+and pooling must too), and no input or batch is larger than it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
+from app.errors import (
+    BadRequest,
+    ContextOverflow,
+    EngineFailure,
+    GenerationTimeout,
+    ModelLoadError,
+    QueueFull,
+    ServiceError,
+    ShuttingDown,
+)
+
+log = logging.getLogger(__name__)
+
+_POOLING_CODES = {name: code for code, name in POOLING_IDS.items()}
+DEFAULT_MAX_CTX = 8192  # EMBEDDING_CTX=0: the training context, at most this
+
+
+class DecodeTurns:
+    """The generation thread and the embedding thread take turns at ``llama_decode``.
+
+    Both contexts share the cores (or the GPU): decoding at once, their thread pools fight and
+    both slow down many times over on a small machine. So a waiting embedding batch goes
+    right after the generation step in progress, and the next step waits for it: an embedding
+    request waits at most one step, and a stream pauses for one embedding decode at a time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = allocate_lock()
+        self._guest_waiting = False
+        self._guest_done = ThreadEvent()
+
+    @contextlib.contextmanager
+    def host(self) -> Iterator[None]:
+        """A generation step: after the embedding decode that is waiting, if any."""
+        for _ in range(100_000):  # bounded: each wait ends when that decode does
+            if not self._guest_waiting:
+                break
+            self._guest_done.wait(0.05)
+        with self._lock:
+            yield
+
+    @contextlib.contextmanager
+    def guest(self) -> Iterator[None]:
+        """An embedding decode: next, once the step in progress ends."""
+        self._guest_waiting = True
+        try:
+            with self._lock:
+                yield
+        finally:
+            self._guest_waiting = False
+            self._guest_done.set()
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """What the embedder needs: resolved by the engine from the settings and the model."""
+
+    pooling: str  # mean | cls | last | none | rank
+    n_ctx: int  # most tokens of an input and of a decode
+    n_seq: int  # most inputs in one decode
+    max_queue: int  # requests that may wait beyond those being decoded
+    threads: int
+    threads_batch: int
+    flash_attn: int  # llama.cpp's flash_attn_type
+    only: bool  # the model embeds only
+
+
+@dataclass(eq=False)
+class _Job:
+    request: EmbedRequest
+    channel: Channel
+    deadline: float | None
+    cancel: list[bool] = field(default_factory=lambda: [False])
+    outcomes: list[Outcome | None] = field(default_factory=list)
+    todo: deque[tuple[int, list[int]]] = field(default_factory=deque)  # (input index, tokens)
+    truncated: set[int] = field(default_factory=set)
+    left: int = 0  # inputs without an outcome yet
+    done: bool = False
+
+
+class LlamaEmbedder:
+    """Embeds on its own llama.cpp context. Built by the engine thread once the model is
+    loaded (``open``); serves from its own thread (``start``)."""
+
+    def __init__(
+        self,
+        ll,
+        model,
+        vocab,
+        config: EmbedConfig,
+        tokenize: Callable[[str], list[int]],
+        max_input_bytes: int,
+        n_vocab: int,
+        turns: DecodeTurns | None = None,
+    ):
+        self._ll = ll
+        self._model = model
+        self._vocab = vocab
+        self.config = config
+        self._tokenize = tokenize  # add_special on, control tokens not parsed
+        self._max_input_bytes = max_input_bytes
+        self._n_vocab = n_vocab
+        self._turns = turns or DecodeTurns()
+        n_out = getattr(ll, "llama_model_n_embd_out", None)
+        n_embd = n_out(model) if n_out else ll.llama_model_n_embd(model)
+        self._info = EmbedInfo(n_embd=n_embd, pooling=config.pooling,  # type: ignore[arg-type]
+                               n_ctx=config.n_ctx, only=config.only)
+        # a truncated input keeps the special token the tokenizer puts last (SEP, EOS)
+        self._keep_last = bool(ll.llama_vocab_get_add_eos(vocab) or ll.llama_vocab_get_add_sep(vocab))
+        self._ctx = None
+        self._batch = None
+        self._queue: deque[_Job] = deque()
+        self._wake = ThreadEvent()
+        self._count_lock = allocate_lock()
+        self._in_flight = 0
+        self._stopping = False
+        self._stopped = ThreadEvent()
+        self._running = False
+        self._decodes = 0
+        self._widths: Counter[int] = Counter()
+        self._decode_since: float | None = None
+
+    @property
+    def info(self) -> EmbedInfo:
+        return self._info
+
+    @property
+    def usable(self) -> bool:
+        """Whether this pooling gives one vector per input."""
+        return self.config.pooling in ("mean", "cls", "last")
+
+    # ---- engine thread, at load ------------------------------------------------------------
+    def open(self) -> None:
+        """Create the context and run one decode (buffers sized on first use)."""
+        if not self.usable:
+            log.warning("embedding pooling is %s: /v1/embeddings will refuse requests",
+                        self.config.pooling)
+            return
+        ll, cfg = self._ll, self.config
+        cparams = ll.llama_context_default_params()
+        cparams.embeddings = True
+        cparams.pooling_type = _POOLING_CODES[cfg.pooling]
+        cparams.n_ctx = cfg.n_ctx
+        # a sequence, and a pooled one, must sit in one micro-batch: make that the whole batch
+        cparams.n_batch = cfg.n_ctx
+        cparams.n_ubatch = cfg.n_ctx
+        cparams.n_seq_max = cfg.n_seq
+        cparams.kv_unified = True  # inputs of any length share the cells; cleared every decode
+        cparams.n_threads = cfg.threads
+        cparams.n_threads_batch = cfg.threads_batch
+        cparams.flash_attn_type = cfg.flash_attn
+        cparams.no_perf = True
+        ctx = ll.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            raise ModelLoadError(
+                f"could not create the embedding context of {cfg.n_ctx} tokens (not enough "
+                "memory? lower EMBEDDING_CTX, or EMBEDDINGS=off)"
+            )
+        self._ctx = ctx
+        self._mem = ll.llama_get_memory(ctx)
+        self._batch = ll.llama_batch_init(cfg.n_ctx, 0, 1)
+        # warm-up: a full batch of sequences, so the first requests pay no first-use costs
+        toks = self._tokenize("The quick brown fox jumps over the lazy dog.")[: max(1, cfg.n_ctx // cfg.n_seq)]
+        out = self._decode([toks] * min(cfg.n_seq, max(1, cfg.n_ctx // max(1, len(toks)))))
+        if isinstance(out, ServiceError):
+            raise ModelLoadError(f"embedding warm-up failed: {out.message}")
+        self._decodes = 0
+        self._widths.clear()
+        log.info("embeddings: %s pooling, %d dimensions, %d tokens per input and batch, "
+                 "%d inputs per decode", cfg.pooling, self._info.n_embd, cfg.n_ctx, cfg.n_seq)
+
+    def start(self) -> None:
+        self._running = True
+        start_native_thread(self._main)
+
+    # ---- any greenlet ----------------------------------------------------------------------
+    def submit(self, request: EmbedRequest) -> EmbedHandle:
+        if self._stopping or not self._running:
+            raise ShuttingDown("server is shutting down")
+        if not self.usable:
+            raise BadRequest(
+                f"this model's pooling type is {self.config.pooling!r}, which gives "
+                + ("a score per input (a reranker)" if self.config.pooling == "rank"
+                   else "one vector per token")
+                + ", not one embedding per input; start the server with EMBEDDING_POOLING="
+                "mean, cls or last",
+                code="pooling_not_supported",
+            )
+        with self._count_lock:
+            if self._in_flight >= self.config.n_seq + self.config.max_queue:
+                raise QueueFull(
+                    f"server is busy: {self.config.max_queue} embedding requests already waiting"
+                )
+            self._in_flight += 1
+        deadline = time.monotonic() + request.timeout if request.timeout else None
+        job = _Job(request, Channel(), deadline)
+        self._queue.append(job)
+        self._wake.set()
+        return EmbedHandle(job.channel, job.cancel)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "waiting": len(self._queue),
+            "decodes": self._decodes,
+            "batch_widths": {str(k): v for k, v in sorted(self._widths.items())},
+        }
+
+    def stalled(self, limit: float) -> str | None:
+        since = self._decode_since
+        if since is not None and time.monotonic() - since > limit:
+            return f"one embedding decode has been running for {time.monotonic() - since:.0f} s"
+        return None
+
+    def drain(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (requests still queued fail with shutting_down) and free the
+        context; called by the engine thread before it frees the model."""
+        self._stopping = True
+        self._wake.set()
+        if self._running:
+            self._stopped.wait(timeout)
+        if self._ctx is not None:
+            self._ll.llama_batch_free(self._batch)
+            self._ll.llama_free(self._ctx)
+            self._ctx = None
+
+    # ---- the embedding thread ----------------------------------------------------------------
+    def _main(self) -> None:
+        active: list[_Job] = []
+        try:
+            while True:
+                while self._queue:
+                    job = self._queue.popleft()
+                    self._take(job)
+                    if job.left:
+                        active.append(job)
+                active = [j for j in active if self._alive(j)]
+                if active:
+                    self._step(active)
+                    active = [j for j in active if j.left]
+                    continue
+                if self._stopping and not self._queue:
+                    return
+                self._wake.wait(0.5)
+        except Exception:  # pragma: no cover - a bug: fail what is left, keep the process up
+            log.exception("embedding thread crashed")
+            for job in active:
+                self._answer(job, EngineFailure("embedding engine stopped unexpectedly"))
+            self._stopping = True
+        finally:
+            while self._queue:
+                self._answer(self._queue.popleft(), ShuttingDown("server is shutting down"))
+            self._running = False
+            self._stopped.set()
+
+    def _take(self, job: _Job) -> None:
+        """Tokenize and check every input; a bad one gets its error as its outcome."""
+        inputs = job.request.inputs
+        job.outcomes = [None] * len(inputs)
+        job.left = len(inputs)
+        if self._stopping:
+            self._answer(job, ShuttingDown("server is shutting down"))
+            return
+        for i, item in enumerate(inputs):
+            try:
+                toks, cut = self._tokens(item, job.request.truncate)
+            except ServiceError as err:
+                self._settle(job, i, err)
+                continue
+            if cut:
+                job.truncated.add(i)
+            job.todo.append((i, toks))
+        if not job.left:
+            self._deliver(job)
+
+    def _tokens(self, item: str | tuple[int, ...], truncate: bool) -> tuple[list[int], bool]:
+        n_ctx = self.config.n_ctx
+        if isinstance(item, str):
+            data = item.encode("utf-8", "surrogatepass")
+            if len(data) > self._max_input_bytes:
+                if not truncate:
+                    raise ContextOverflow(
+                        f"input is {len(data)} bytes: over {self._max_input_bytes} bytes it "
+                        f"cannot fit the {n_ctx} tokens an embedding input may have",
+                        param="input",
+                    )
+                item = data[: self._max_input_bytes].decode("utf-8", "ignore")
+            toks = self._tokenize(item)
+        else:
+            ids = np.asarray(item, dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= self._n_vocab)]
+            if len(bad):
+                raise BadRequest(f"token id {int(bad[0])} is not in the vocabulary "
+                                 f"(0..{self._n_vocab - 1})", param="input")
+            toks = list(item)
+        if not toks:
+            raise BadRequest("input is empty", param="input")
+        if len(toks) <= n_ctx:
+            return toks, False
+        if not truncate:
+            raise ContextOverflow(
+                f"input has {len(toks)} tokens, but an embedding input may have at most "
+                f"{n_ctx} (EMBEDDING_CTX)",
+                param="input",
+            )
+        if self._keep_last and isinstance(item, str):
+            return toks[: n_ctx - 1] + toks[-1:], True
+        return toks[:n_ctx], True
+
+    def _alive(self, job: _Job) -> bool:
+        if job.cancel[0]:
+            self._finish(job)
+            return False
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            self._answer(job, GenerationTimeout(
+                f"embedding exceeded the request timeout of {job.request.timeout:g} s"))
+            return False
+        if self._stopping and self._ctx is None:
+            self._answer(job, ShuttingDown("server is shutting down"))
+            return False
+        return True
+
+    def _step(self, active: list[_Job]) -> None:
+        """One decode: inputs taken round-robin across the requests, while they fit."""
+        picked: list[tuple[_Job, int, list[int]]] = []
+        room = self.config.n_ctx
+        full = False
+        while not full and len(picked) < self.config.n_seq:
+            took = False
+            for job in active:
+                if not job.todo:
+                    continue
+                i, toks = job.todo[0]
+                if len(toks) > room or len(picked) >= self.config.n_seq:
+                    full = True
+                    break
+                job.todo.popleft()
+                picked.append((job, i, toks))
+                room -= len(toks)
+                took = True
+            if not took:
+                break
+        out = self._decode([toks for _, _, toks in picked])
+        for k, (job, i, toks) in enumerate(picked):
+            if isinstance(out, ServiceError):
+                self._settle(job, i, out)
+            else:
+                self._settle(job, i, Embedding(out[k], len(toks), i in job.truncated))
+
+    def _decode(self, seqs: list[list[int]]) -> list[np.ndarray] | ServiceError:
+        ll, b = self._ll, self._batch
+        n = 0
+        for seq_id, toks in enumerate(seqs):
+            for pos, tok in enumerate(toks):
+                b.token[n] = tok
+                b.pos[n] = pos
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = seq_id
+                b.logits[n] = True  # pooling reads every token's output
+                n += 1
+        b.n_tokens = n
+        self._decode_since = time.monotonic()
+        try:
+            with self._turns.guest():
+                rc = ll.llama_decode(self._ctx, b)
+            if rc != 0:
+                return EngineFailure(f"embedding decode failed (code {rc})")
+            dim = self._info.n_embd
+            vectors = []
+            for seq_id in range(len(seqs)):
+                ptr = ll.llama_get_embeddings_seq(self._ctx, seq_id)
+                if not ptr:
+                    return EngineFailure("llama.cpp gave no pooled embedding")
+                vectors.append(np.ctypeslib.as_array(ptr, shape=(dim,)).astype(np.float32))
+            return vectors
+        finally:
+            if self._mem:
+                ll.llama_memory_clear(self._mem, True)
+            self._decode_since = None
+            self._decodes += 1
+            self._widths[len(seqs)] += 1
+
+    def _settle(self, job: _Job, i: int, outcome: Outcome) -> None:
+        if job.outcomes[i] is None:
+            job.outcomes[i] = outcome
+            job.left -= 1
+        if not job.left:
+            self._deliver(job)
+
+    def _deliver(self, job: _Job) -> None:
+        job.channel.put(list(job.outcomes))
+        self._finish(job)
+
+    def _answer(self, job: _Job, err: ServiceError) -> None:
+        job.channel.put(err)
+        self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        job.todo.clear()
+        job.left = 0
+        if job.done:
+            return
+        job.done = True
+        with self._count_lock:
+            self._in_flight -= 1
