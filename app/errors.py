@@ -52,6 +52,16 @@ class NotFound(ServiceError):
     code = "not_found"
 
 
+class ModelNotFound(NotFound):
+    """A request named a model this server does not serve (STRICT_MODEL_NAME)."""
+
+    code = "model_not_found"
+
+
+class NotSupported(ServiceError):
+    """A feature this server was configured without (llama-server's 501 not_supported_error)."""
+
+
 class MethodNotAllowed(BadRequest):
     code = "method_not_allowed"
 

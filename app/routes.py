@@ -1,5 +1,6 @@
 """The routes that belong to no API: health, the model list, load progress, reasoning control,
-and the error shape for requests no API route took (no such route, wrong method)."""
+llama-server's introspection (app.api.introspect), and the error shape for requests no API
+route took (no such route, wrong method)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from collections.abc import Callable, Iterator
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
-from app.api import base
+from app.api import base, introspect
 from app.api.base import read_body
 from app.core.service import Service
-from app.errors import BadRequest, NotFound
+from app.errors import BadRequest, ModelNotFound
 from app.protocol import openai, sse
 from app.protocol.sse import HEADERS
 from app.state import LoadState
@@ -92,9 +93,11 @@ def models() -> Response:
 
 
 def model(model_id: str) -> Response:
+    """The model's card under any of its aliases (the card's id stays the id)."""
     info = _service().info()
-    if model_id != info.name:
-        raise NotFound(f"model {model_id!r} does not exist (this server serves {info.name!r})")
+    if model_id not in info.names:
+        raise ModelNotFound(f"The model {model_id[:100]!r} does not exist: this server serves "
+                            f"{', '.join(repr(n) for n in info.names)}")
     return jsonify(openai.model_card(info))
 
 
@@ -126,4 +129,5 @@ def register(app: Flask, health_route: str) -> None:
     app.add_url_rule("/v1/models", "models", models, methods=["GET"])
     app.add_url_rule("/v1/models/<path:model_id>", "model", model, methods=["GET"])
     app.add_url_rule("/v1/chat/completions/control", "control", control, methods=["POST"])
+    introspect.register(app)
     app.register_error_handler(Exception, error_response)

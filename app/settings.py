@@ -84,11 +84,34 @@ class Settings(BaseSettings):
     )
     served_model_name: str | None = Field(
         None,
-        description="Model id reported by /v1/models and in responses (default: the file name "
-        "without .gguf).",
+        description="The model's names, comma-separated: the first is its id (in /v1/models), "
+        "every one is an alias a request may name and have echoed in its answer's `model` "
+        "(default: the file name without .gguf). Duplicates are dropped; an empty name is an "
+        "error.",
         min_length=1,
-        max_length=256,
+        max_length=4096,
         **_env("SERVED_MODEL_NAME"),
+    )
+    model_tags: str | None = Field(
+        None,
+        description="Informational tags for /v1/models and /props, comma-separated (not used "
+        "to pick a model).",
+        min_length=1,
+        max_length=4096,
+        **_env("MODEL_TAGS"),
+    )
+    strict_model_name: bool = Field(
+        False,
+        description="Answer a request whose `model` is none of the aliases with a 404 "
+        "model_not_found (default: serve it, answering with the id; many clients send a fixed "
+        "name). A request that names no model is always served.",
+        **_env("STRICT_MODEL_NAME"),
+    )
+    slots_endpoint: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="GET /slots (each slot's state, prompt lengths included): on, off (a 501 "
+        "as llama-server's --no-slots), or auto: on unless an API key is configured.",
+        **_env("SLOTS_ENDPOINT"),
     )
     chat_template: str | None = Field(
         None,
@@ -480,6 +503,18 @@ class Settings(BaseSettings):
         **_env("AIP_ENDPOINT_ID"),
     )
 
+    @field_validator("served_model_name", "model_tags")
+    @classmethod
+    def _name_list(cls, value: str | None) -> str | None:
+        """A comma-separated list, kept normalized: parts stripped, duplicates dropped (the
+        first kept), an empty part refused (``a,,b`` is a typo, not two names)."""
+        if value is None:
+            return None
+        parts = [p.strip() for p in value.split(",")]
+        if any(not p for p in parts):
+            raise ValueError(f"{value!r}: a comma-separated list with an empty name in it")
+        return ",".join(dict.fromkeys(parts))
+
     @field_validator("health_route", "predict_route")
     @classmethod
     def _no_placeholders(cls, route: str) -> str:
@@ -548,6 +583,25 @@ def settings_table() -> str:
 def slots_per_request(settings: Settings) -> int:
     """SLOTS_PER_REQUEST, resolved (0 means half the slots)."""
     return settings.slots_per_request or max(1, settings.parallel // 2)
+
+
+def name_list(value: str | None) -> tuple[str, ...]:
+    """SERVED_MODEL_NAME or MODEL_TAGS as its names (the validator has normalized it)."""
+    return tuple(value.split(",")) if value else ()
+
+
+def api_key_configured(settings: Settings) -> bool:
+    """Whether the server requires an API key. There is no API-key setting yet, so never;
+    SLOTS_ENDPOINT=auto reads it through here, so the key's setting only has to answer it."""
+    return False
+
+
+def slots_endpoint_on(settings: Settings) -> bool:
+    """SLOTS_ENDPOINT, resolved: auto is on unless an API key is configured (/slots shows
+    how long the prompts in flight are)."""
+    if settings.slots_endpoint == "auto":
+        return not api_key_configured(settings)
+    return settings.slots_endpoint == "on"
 
 
 def setting_default(name: str) -> Any:

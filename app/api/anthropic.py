@@ -376,6 +376,7 @@ def chat_input(req: MessagesRequest, max_tools: int) -> ChatInput:
         output=OutputFormat("json_schema", fmt.schema_, "output_config.format.schema") if fmt else None,
         template_kwargs=kwargs,
         reasoning_budget=thinking.budget_tokens if thinking is not None else None,
+        model=req.model,
     )
 
 

@@ -174,6 +174,7 @@ class ChatCompletions(_OpenAI):
             reasoning_control=req.reasoning_control,
             n=req.n,
             cache_prompt=req.cache_prompt,
+            model=req.model,
         )
         return inp, _ChatReq(req.stream_options)
 
@@ -182,7 +183,7 @@ class ChatCompletions(_OpenAI):
         choices: list[tuple[str | dict[str, Any], str]] = [
             (chat_message(a, field), a.reason) for a in result.answers
         ]
-        return openai.chat_completion(run.id, run.created, self.service.info(), choices,
+        return openai.chat_completion(run.id, run.created, run.model, choices,
                                       _usage(result.usage))
 
     def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
@@ -214,12 +215,13 @@ class Completions(_OpenAI):
             if not isinstance(prompt, str):
                 raise BadRequest("echo is only supported with a text prompt", param="echo")
             echo = prompt
-        inp = TextInput(prompt, req.sampling(), n=req.n, cache_prompt=req.cache_prompt)
+        inp = TextInput(prompt, req.sampling(), n=req.n, cache_prompt=req.cache_prompt,
+                        model=req.model)
         return inp, _CompletionReq(req.stream_options, echo)
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
         choices = [(req.echo + a.text, a.reason) for a in result.answers]
-        return openai.text_completion(run.id, run.created, self.service.info(), choices,
+        return openai.text_completion(run.id, run.created, run.model, choices,
                                       _usage(result.usage))
 
     def _prelude(self, req: Any, w: ChunkWriter) -> list[bytes]:

@@ -597,6 +597,7 @@ class Responses(Api):
             output=fmt,
             reasoning_budget=EFFORT_BUDGET[effort] if effort else None,
             reasoning_control=req.reasoning_control,
+            model=req.model,
         )
         text_echo: dict[str, Any] = {"format": fmt_echo}
         if req.text and req.text.verbosity:

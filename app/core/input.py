@@ -50,6 +50,7 @@ class ChatInput:
     reasoning_control: bool = False  # the thought may be ended on request (see Service.control)
     n: int = 1
     cache_prompt: bool = True
+    model: str | None = None  # the model the request named (see Service.model_name)
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,4 @@ class TextInput:
     params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1
     cache_prompt: bool = True
+    model: str | None = None  # the model the request named (see Service.model_name)

@@ -32,6 +32,7 @@ class PlanOptions:
     protect_messages: bool  # SPECIAL_TOKENS_IN_MESSAGES=text
     timeout: float | None  # REQUEST_TIMEOUT (None: no limit)
     slots_per_request: int  # SLOTS_PER_REQUEST, resolved
+    strict_model_name: bool  # a request naming none of the model's names is a 404
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Plan:
     reply: replies.ReplySpec | None = None  # how to parse the reply (None: it is plain text)
     reasoning_budget: int | None = None
     reasoning_control: bool = False
+    model: str | None = None  # the name the answers carry (Service.model_name)
 
 
 def pick(offered: tuple[Tool, ...], choice: ToolChoice) -> tuple[list[Tool], bool]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import gevent
 
@@ -20,7 +21,7 @@ from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
 from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
 from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
-from app.errors import ClientGone, ModelNotReady
+from app.errors import ClientGone, ModelNotFound, ModelNotReady
 from app.protocol import reasoning, replies
 
 # How often a run whose reader is not streaming checks that its client is still connected.
@@ -29,6 +30,7 @@ GONE_POLL = 0.5
 log = logging.getLogger(__name__)
 
 Build = Callable[[], ChatInput | TextInput]
+T = TypeVar("T")
 
 
 class Service:
@@ -43,6 +45,21 @@ class Service:
         if info is None:
             raise ModelNotReady(f"model is {self.engine.state.stage.replace('_', ' ')}")
         return info
+
+    def model_name(self, requested: str | None) -> str:
+        """The ``model`` an answer carries: the request's when it names one of the model's
+        aliases, else the id. With STRICT_MODEL_NAME a name that is none of them is a 404
+        (ModelNotFound); a request that names no model is always served."""
+        info = self.info()
+        if requested is not None and requested in info.names:
+            return requested
+        if requested is not None and self.options.strict_model_name:
+            raise ModelNotFound(
+                f"The model {requested[:100]!r} does not exist: this server serves "
+                f"{', '.join(repr(n) for n in info.names)}",
+                param="model",
+            )
+        return info.name
 
     def warm(self, poll: float = 0.1, limit: float = 3600.0) -> None:
         """Once the model is ready, plan one chat with a JSON schema off the hub: the chat
@@ -69,15 +86,26 @@ class Service:
         """Parse (``build``: an API's request parser) and plan. CPU-bound Python (validation,
         the chat template, JSON Schema conversion, the grammar gate)."""
         inp = build()
+        model = self.model_name(inp.model)  # an unknown name fails before any work
         if isinstance(inp, TextInput):
-            return plan_text(inp, self.options)
-        return plan_chat(self.info(), inp, self.options)
+            plan = plan_text(inp, self.options)
+        else:
+            plan = plan_chat(self.info(), inp, self.options)
+        plan.model = model
+        return plan
 
     def prepare(self, build: Build) -> Plan:
         """:meth:`plan` on a worker thread, so a costly request cannot stall the others'
         streams or the health route; past PREPARE_TIMEOUT it is refused."""
         self.info()  # 503 at once while loading
         return bridge.offload(self.plan, build, timeout=self.prepare_timeout)
+
+    def offload(self, fn: Callable[[], T]) -> T:
+        """``fn`` on a worker thread, within PREPARE_TIMEOUT (the introspection routes:
+        tokenizing a 10 MB body, or encoding its answer, would stall every stream on the hub;
+        the engine thread is not used either)."""
+        self.info()  # 503 at once while loading
+        return bridge.offload(fn, timeout=self.prepare_timeout)
 
     def count_tokens(self, build: Build) -> int:
         """How many tokens the prompt of this request is, exactly as it would be tokenized."""
@@ -111,7 +139,7 @@ class Run:
     def __init__(self, svc: Service, plan: Plan, handle: Handle, prompt_tokens: int, rid: str):
         self.id = rid
         self.created = int(time.time())
-        self.model = svc.info().name
+        self.model = plan.model or svc.info().name  # the request's alias, else the id
         self.prompt_tokens = prompt_tokens
         self.n = plan.generation.n
         self.tokens = [0] * self.n  # completion tokens per choice, so far

@@ -3,7 +3,9 @@
 It "generates" a fixed reply word by word on a native thread, honouring max_tokens and stop
 strings through the same TextAssembler, so routes, envelopes and SSE framing can be tested
 without a model. Prompts containing ``FAIL_BEFORE`` fail before acceptance, ``FAIL_AFTER``
-after the first piece.
+after the first piece. Its tokenizer (/tokenize) is byte-level: ids 0-2 are ``<unk>``, ``<s>``
+and ``</s>``, then one token per byte (a multi-byte character is several tokens, as in
+llama.cpp's byte-level vocabularies).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import re
 import time
 
-from app.bridge import Channel, allocate_lock, start_native_thread
+from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
 from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
@@ -21,8 +23,10 @@ from app.engine.types import (
     GenerationRequest,
     ModelInfo,
     TextPiece,
+    slot_row,
 )
 from app.errors import (
+    BadRequest,
     ContextOverflow,
     EngineFailure,
     GenerationTimeout,
@@ -32,12 +36,17 @@ from app.errors import (
 )
 from app.state import LoadState
 
+SPECIALS = ("<unk>", "<s>", "</s>")  # the fake vocabulary's control tokens: ids 0, 1, 2
+N_VOCAB = len(SPECIALS) + 256
+
 
 class FakeHandle(ChannelHandle):
     def __init__(self, channel: Channel, n: int = 1):
         super().__init__(channel, n)
         self.cancelled = False
         self.injected: list[str] = []
+        self.prompt_tokens = 0  # for /slots
+        self.decoded = 0
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -55,6 +64,8 @@ class FakeEngine:
         capacity: int = 8,
         ready: bool = True,
         chat_template: str | None = None,
+        aliases: tuple[str, ...] = ("fake-model",),  # what SERVED_MODEL_NAME gives a real one
+        tags: tuple[str, ...] = (),
     ):
         self.reply = reply
         self.delay = delay
@@ -62,19 +73,31 @@ class FakeEngine:
         self.state = LoadState()
         self.requests: list[GenerationRequest] = []
         self.stall: str | None = None  # what stalled() reports (tests of the watchdog)
+        # a choice pauses once it has said this many words, until ``resume`` is set (at most
+        # 30 s): a test sees a generation mid-way without racing it
+        self.hold_after: int | None = None
+        self.resume = ThreadEvent()
         self.draining = False
         self.handles: list[FakeHandle] = []
         self._lock = allocate_lock()
         self._running = 0
+        self._slots: dict[int, FakeHandle] = {}  # slot id -> the request it runs
         self._info = ModelInfo(
-            name="fake-model",
-            path="/dev/null",
+            name=aliases[0],
+            path="/models/fake-model.gguf",
             n_ctx=n_ctx,
             n_ctx_train=n_ctx,
             chat_template=chat_template,
             bos_token="<s>",
             eos_token="</s>",
             created=1700000000,
+            n_vocab=N_VOCAB,
+            n_embd=576,
+            n_params=134_515_008,
+            size=85_000_000,
+            vocab_type="bpe",
+            aliases=aliases,
+            tags=tags,
         )
         if ready:
             self.state.set("ready", progress=1.0)
@@ -91,6 +114,45 @@ class FakeEngine:
 
     def queue_depth(self) -> int:
         return self._running
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        if not self.state.ready:
+            raise ModelNotReady(f"model is {self.state.stage}")
+        data = text.encode("utf-8", "surrogatepass")
+        out = [1] if add_special else []
+        i = 0
+        while i < len(data):
+            special = next((k for k, sp in enumerate(SPECIALS)
+                            if parse_special and data.startswith(sp.encode(), i)), None)
+            if special is not None:
+                out.append(special)
+                i += len(SPECIALS[special])
+            else:
+                out.append(len(SPECIALS) + data[i])
+                i += 1
+        return out
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        if not self.state.ready:
+            raise ModelNotReady(f"model is {self.state.stage}")
+        bad = [t for t in tokens if not 0 <= t < N_VOCAB]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is not in the vocabulary (0..{N_VOCAB - 1})",
+                             param="tokens")
+        return [SPECIALS[t].encode() if t < len(SPECIALS) else bytes([t - len(SPECIALS)])
+                for t in tokens]
+
+    def slots(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for i in range(self.capacity):
+            h = self._slots.get(i)
+            if h is None:
+                rows.append(slot_row(i, self._info.n_ctx))
+            else:
+                rows.append(slot_row(i, self._info.n_ctx, h.prompt_tokens + h.decoded, job=True,
+                                     prompt=h.prompt_tokens, processed=h.prompt_tokens,
+                                     decoded=h.decoded))
+        return rows
 
     def stats(self) -> dict[str, object]:
         return {"running": self._running, "waiting": 0, "steps": 0, "batch_widths": {}}
@@ -125,11 +187,15 @@ class FakeEngine:
         return handle
 
     def _run(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
+        with self._lock:
+            slot = min(set(range(self.capacity)) - set(self._slots))
+            self._slots[slot] = handle
         try:
             self._generate(req, channel, handle)
         finally:
             with self._lock:
                 self._running -= 1
+                del self._slots[slot]
 
     def _generate(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
         """Choice i of n says the reply with its first word repeated i times."""
@@ -142,6 +208,7 @@ class FakeEngine:
         if n_prompt >= self._info.n_ctx:
             channel.put(Failed(ContextOverflow(f"prompt has {n_prompt} tokens")))
             return
+        handle.prompt_tokens = n_prompt
         channel.put(Accepted(n_prompt))
         deadline = time.monotonic() + req.timeout if req.timeout else None
         for index in range(req.n):
@@ -156,6 +223,8 @@ class FakeEngine:
         asm = TextAssembler(req.params.stop)
         n = 0
         for word in words:
+            if n == self.hold_after:
+                self.resume.wait(30)
             if handle.cancelled:
                 return False
             while handle.injected:
@@ -166,6 +235,7 @@ class FakeEngine:
                 channel.put(Failed(GenerationTimeout(f"generation exceeded {req.timeout:g} s")))
                 return False
             n += 1
+            handle.decoded = n
             piece = asm.feed(word.encode())
             if asm.stopped:
                 if piece:

@@ -84,6 +84,7 @@ class EngineConfig:
     parallel: int = setting_default("parallel")
     prefill_chunk: int = setting_default("prefill_chunk")
     served_model_name: str | None = setting_default("served_model_name")
+    model_tags: str | None = setting_default("model_tags")
     max_prompt_bytes: int = setting_default("max_prompt_bytes")  # 0: context x longest token
     grammar_max_step_ms: float = setting_default("grammar_max_step_ms")
     # derived
@@ -423,9 +424,16 @@ class LlamaEngine:
         if template is None:
             raw = ll.llama_model_chat_template(model, None)
             template = raw.decode("utf-8", errors="replace") if raw else None
-        name = cfg.served_model_name or _model_name(path)
+        # SERVED_MODEL_NAME: the id, then the other aliases (normalized by the settings)
+        names = tuple(cfg.served_model_name.split(",")) if cfg.served_model_name else ()
         self._info = ModelInfo(
-            name=name,
+            name=(names or (_model_name(path),))[0],
+            aliases=names or (_model_name(path),),
+            tags=tuple(cfg.model_tags.split(",")) if cfg.model_tags else (),
+            n_embd=ll.llama_model_n_embd(model),
+            n_params=ll.llama_model_n_params(model),
+            size=ll.llama_model_size(model),
+            vocab_type=self._vocab_type_name(ll.llama_vocab_type(self._vocab)),
             path=path,
             n_ctx=self._n_ctx,
             n_ctx_train=n_ctx_train,
@@ -958,6 +966,78 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
+
+    # ---- introspection (/tokenize, /detokenize, /slots): any thread but the engine's ---------
+    @staticmethod
+    def _vocab_type_name(value: int) -> str:
+        from app.engine.types import VOCAB_TYPES
+
+        return VOCAB_TYPES[value] if 0 <= value < len(VOCAB_TYPES) else str(value)
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        """llama_tokenize with buffers of its own (``_tokenize`` drops a doubled BOS for the
+        templates' sake; this one answers exactly what llama.cpp says, as llama-server does)."""
+        if self.info is None:
+            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        ll = self._ll
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("content is not valid UTF-8 (a lone surrogate)",
+                             param="content") from None
+        size = len(data) + 8
+        for _ in range(2):  # the second try has the size llama.cpp asked for
+            buf = (ll.llama_token * size)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_special,
+                                  parse_special)
+            if n >= 0:
+                return buf[:n]
+            size = -n
+        raise BadRequest("content could not be tokenized", param="content")
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's text as bytes, control tokens included (llama-server's pieces)."""
+        if self.info is None:
+            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        # llama.cpp does not check: an id past the vocabulary would crash it (ints of any size)
+        bad = next((t for t in tokens if not 0 <= t < self._n_vocab), None)
+        if bad is not None:
+            raise BadRequest(
+                f"token id {bad} is not in the vocabulary (0..{self._n_vocab - 1})",
+                param="tokens",
+            )
+        ll, vocab = self._ll, self._vocab
+        size = 256
+        buf = ctypes.create_string_buffer(size)
+        out: list[bytes] = []
+        for tok in tokens:
+            n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
+            if n < 0:
+                size = -n
+                buf = ctypes.create_string_buffer(size)
+                n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
+            out.append(buf.raw[: max(n, 0)])
+        return out
+
+    def slots(self) -> list[dict[str, object]]:
+        """Each slot as the engine thread left it: the job is read once, so a row is never
+        half of one request and half of the next."""
+        from app.engine.types import slot_row
+
+        rows: list[dict[str, object]] = []
+        for slot in list(getattr(self, "_slots", [])):  # set once loaded
+            job = slot.job
+            kv = len(slot.cached)
+            if job is None:
+                rows.append(slot_row(slot.seq_id, self._n_ctx, kv))
+                continue
+            decoded = job.n_generated  # read once: the engine thread moves it on
+            rows.append(slot_row(
+                slot.seq_id, self._n_ctx, kv, job=True, prompt=len(job.tokens),
+                processed=slot.n_prompt_done, cached=job.cached_tokens, decoded=decoded,
+                remain=max(0, job.max_new - decoded), choice=job.index,
+            ))
+        return rows
 
 
 def _common_prefix(cached: list[int], prompt: np.ndarray) -> int:

@@ -110,6 +110,22 @@ class ModelInfo:
     created: int
     n_vocab: int = 0
     control_texts: tuple[str, ...] = ()  # the text of every control token, longest first
+    n_embd: int = 0
+    n_params: int = 0
+    size: int = 0  # bytes of the model's tensors
+    vocab_type: str = ""  # a VOCAB_TYPES name
+    # every name a request may use for the model (the id first); tags are informational
+    aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names this model answers to: its aliases, or its id when it has none."""
+        return self.aliases or (self.name,)
+
+
+# llama.cpp's enum llama_vocab_type, by value (llama-server reports the number)
+VOCAB_TYPES = ("none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2")
 
 
 class Handle(Protocol):
@@ -148,6 +164,22 @@ class Engine(Protocol):
         Any thread; raises the errors ``submit`` would for a prompt that cannot fit."""
         ...
 
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        """``text`` as the model's tokens (``add_special``: BOS and the like, as the model
+        wants; ``parse_special``: control-token text becomes control tokens). Any thread but
+        the engine's: the tokenizer only reads the vocabulary."""
+        ...
+
+    def pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's bytes, control tokens spelled out (llama-server's pieces); a token id
+        outside the vocabulary is a BadRequest. Any thread but the engine's."""
+        ...
+
+    def slots(self) -> list[dict[str, object]]:
+        """Each slot's state as plain values, read without locking (a snapshot that may be a
+        step old): id, is_processing, n_ctx, prompt, cached and generated token counts."""
+        ...
+
     def queue_depth(self) -> int: ...
 
     def stats(self) -> dict[str, object]:
@@ -169,3 +201,23 @@ class Engine(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+def slot_row(slot_id: int, n_ctx: int, n_kv: int = 0, *, job: bool = False, prompt: int = 0,
+             processed: int = 0, cached: int = 0, decoded: int = 0, remain: int = 0,
+             choice: int = 0) -> dict[str, object]:
+    """One slot of GET /slots: llama-server's fields (id, n_ctx, is_processing, next_token)
+    and the token counts of the request it runs. ``n_kv``: tokens its KV cache holds (for an
+    idle slot, the prefix the next request may reuse)."""
+    return {
+        "id": slot_id,
+        "n_ctx": n_ctx,
+        "is_processing": job,
+        "n_prompt_tokens": prompt,  # the running request's prompt
+        "n_prompt_tokens_processed": processed,  # ... of it in the KV so far, reused included
+        "n_prompt_tokens_cached": cached,  # ... of it reused from the slot's last request
+        "n_decoded": decoded,  # tokens generated so far
+        "n_kv": n_kv,
+        "choice": choice,  # which of the request's n choices (0 for most)
+        "next_token": {"has_next_token": job, "n_remain": remain, "n_decoded": decoded},
+    }

@@ -10,6 +10,7 @@ from app.errors import (
     Internal,
     MethodNotAllowed,
     NotFound,
+    NotSupported,
     PayloadTooLarge,
     QueueFull,
     RequestTimeout,
@@ -28,6 +29,7 @@ STATUS: dict[type[ServiceError], int] = {
     QueueFull: 429,
     ClientGone: 499,  # nginx's "client closed request": nobody reads it
     Internal: 500,
+    NotSupported: 501,
     Unavailable: 503,
     GenerationTimeout: 504,
     ServiceError: 500,

@@ -7,13 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.engine.types import ModelInfo, SamplingParams
+from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
 from app.errors import (
     BadRequest,
     ClientGone,
     GenerationTimeout,
     Internal,
+    ModelNotFound,
     NotFound,
+    NotSupported,
     QueueFull,
     ServiceError,
     Unavailable,
@@ -292,7 +294,7 @@ def usage(
 def chat_completion(
     rid: str,
     created: int,
-    info: ModelInfo,
+    model: str,
     choices: list[tuple[str | dict[str, Any], str]],
     use: dict[str, Any],
 ) -> dict[str, Any]:
@@ -301,7 +303,7 @@ def chat_completion(
         "id": rid,
         "object": "chat.completion",
         "created": created,
-        "model": info.name,
+        "model": model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
             {
@@ -317,13 +319,13 @@ def chat_completion(
 
 
 def text_completion(
-    rid: str, created: int, info: ModelInfo, choices: list[tuple[str, str]], use: dict[str, Any]
+    rid: str, created: int, model: str, choices: list[tuple[str, str]], use: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": created,
-        "model": info.name,
+        "model": model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
             {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
@@ -338,12 +340,30 @@ def models_list(info: ModelInfo) -> dict[str, Any]:
 
 
 def model_card(info: ModelInfo) -> dict[str, Any]:
+    """The model as /v1/models lists it: OpenAI's fields, and llama-server's ``aliases``,
+    ``tags`` and ``meta`` (its numeric ``vocab_type`` too, with the name beside it)."""
     return {
         "id": info.name,
         "object": "model",
         "created": info.created,
         "owned_by": "vertex-gguf",
-        "meta": {"n_ctx": info.n_ctx, "n_ctx_train": info.n_ctx_train},
+        "aliases": list(info.names),
+        "tags": list(info.tags),
+        "meta": model_meta(info),
+    }
+
+
+def model_meta(info: ModelInfo) -> dict[str, Any]:
+    vocab = VOCAB_TYPES.index(info.vocab_type) if info.vocab_type in VOCAB_TYPES else None
+    return {
+        "vocab_type": vocab,
+        "vocab_type_name": info.vocab_type or None,
+        "n_vocab": info.n_vocab,
+        "n_ctx": info.n_ctx,
+        "n_ctx_train": info.n_ctx_train,
+        "n_embd": info.n_embd,
+        "n_params": info.n_params,
+        "size": info.size,
     }
 
 
@@ -351,6 +371,8 @@ def model_card(info: ModelInfo) -> dict[str, Any]:
 ERROR_TYPES: dict[type[ServiceError], str] = {
     BadRequest: "invalid_request_error",
     NotFound: "not_found_error",
+    ModelNotFound: "invalid_request_error",  # OpenAI's own type for code model_not_found
+    NotSupported: "not_supported_error",  # llama-server's (a disabled /slots)
     ClientGone: "client_closed_request",
     QueueFull: "rate_limit_error",
     Unavailable: "service_unavailable",

@@ -1,0 +1,161 @@
+"""llama-server's introspection routes as pure functions: /tokenize and /detokenize bodies,
+token pieces, /props and /slots answers, and which settings /props may show.
+
+Shapes follow llama.cpp's tools/server README, so tools built on llama-server work unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path, PurePath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.engine.types import ModelInfo, SamplingParams
+from app.errors import BadRequest
+from app.protocol import validate
+
+# A detokenize request, and a tokenize answer with pieces, hold at most this many tokens: more
+# than any context, few enough that the answer stays in the tens of MB (a piece can be ~100 bytes).
+MAX_LISTED_TOKENS = 262_144
+
+# /props never shows a setting whose name has one of these in it, whatever its value: a key or
+# token setting added later (an API key) stays out without anyone remembering this list. The
+# rule is by name only, so special_tokens_in_messages is not shown either.
+SECRET_WORDS = ("key", "token", "secret", "password", "credential")
+SECRET_NAME = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
+# ... nor these: where the model and the cache live (bucket URIs, local paths); the model file's
+# basename is shown as model_path, the template's text as chat_template
+LOCATION_SETTINGS = frozenset({"model", "model_cache_dir", "chat_template", "storage_emulator_host"})
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    content: str
+    add_special: bool = False  # BOS (and the like) as the model adds them
+    parse_special: bool = True  # control-token text becomes control tokens
+    with_pieces: bool = False
+    model: str | None = None  # checked like every request's (STRICT_MODEL_NAME)
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    tokens: list[int] = Field(max_length=MAX_LISTED_TOKENS)
+    model: str | None = None
+
+
+def parse_tokenize(body: Any) -> TokenizeRequest:
+    return validate.parse(TokenizeRequest, body, hint="see the README's Introspection section")
+
+
+def parse_detokenize(body: Any) -> DetokenizeRequest:
+    if isinstance(body, dict) and isinstance(body.get("tokens"), list):
+        n = len(body["tokens"])
+        if n > MAX_LISTED_TOKENS:  # before pydantic builds an error per element
+            raise BadRequest(f"tokens: {n} tokens, at most {MAX_LISTED_TOKENS} in one request",
+                             param="tokens")
+    return validate.parse(DetokenizeRequest, body, hint="see the README's Introspection section")
+
+
+def piece(data: bytes) -> str | list[int]:
+    """A token's piece as llama-server writes it: a string when it is valid UTF-8 on its own,
+    else its byte values (half of a multi-byte character)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+def check_pieces(n_tokens: int) -> None:
+    """Whether a tokenize answer of this many tokens may list their pieces."""
+    if n_tokens > MAX_LISTED_TOKENS:
+        raise BadRequest(
+            f"content is {n_tokens} tokens: with_pieces lists at most {MAX_LISTED_TOKENS} "
+            "(without it, any length the body allows)", param="with_pieces")
+
+
+def tokenize_answer(tokens: list[int], pieces: list[bytes] | None) -> dict[str, Any]:
+    if pieces is None:
+        return {"tokens": tokens}
+    return {"tokens": [{"id": t, "piece": piece(p)} for t, p in zip(tokens, pieces, strict=True)]}
+
+
+def detokenize_answer(pieces: list[bytes]) -> dict[str, Any]:
+    """The pieces joined, then decoded (a character split over two tokens comes out whole; an
+    incomplete one at the end becomes U+FFFD, as llama-server's does)."""
+    return {"content": b"".join(pieces).decode("utf-8", errors="replace")}
+
+
+def public_settings(settings: BaseModel) -> dict[str, Any]:
+    """The effective settings /props may show: none whose name looks like a secret, none that
+    says where the model or the cache live, and no value that is a path or a URI."""
+    out: dict[str, Any] = {}
+    for name in type(settings).model_fields:
+        if SECRET_NAME.search(name) or name in LOCATION_SETTINGS:
+            continue
+        value = getattr(settings, name)
+        if isinstance(value, PurePath) or (isinstance(value, str) and "://" in value):
+            continue
+        out[name] = value
+    return out
+
+
+def build_info() -> str:
+    """This server's version and llama-cpp-python's (when loaded: the fake engine loads none)."""
+    try:
+        ours = metadata.version("vertex-gguf")
+    except metadata.PackageNotFoundError:
+        ours = "unknown"
+    llama = getattr(sys.modules.get("llama_cpp"), "__version__", None)
+    return f"vertex-gguf {ours}" + (f", llama-cpp-python {llama}" if llama else "")
+
+
+def generation_defaults(n_ctx: int, model: str) -> dict[str, Any]:
+    """llama-server's default_generation_settings: what a request that sets nothing gets
+    (SamplingParams' defaults; -1 for no limit, as llama.cpp writes it)."""
+    p = asdict(SamplingParams())
+    return {
+        "n_ctx": n_ctx,
+        "model": model,
+        "params": {
+            "n_predict": -1,
+            "max_tokens": -1,
+            "seed": p["seed"],
+            "temperature": p["temperature"],
+            "top_k": p["top_k"],
+            "top_p": p["top_p"],
+            "min_p": p["min_p"],
+            "repeat_last_n": p["penalty_last_n"],
+            "repeat_penalty": p["repeat_penalty"],
+            "presence_penalty": p["presence_penalty"],
+            "frequency_penalty": p["frequency_penalty"],
+            "stop": list(p["stop"]),
+            "ignore_eos": p["ignore_eos"],
+            "cache_prompt": True,
+        },
+    }
+
+
+def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
+          settings: BaseModel) -> dict[str, Any]:
+    """GET /props: llama-server's fields, the model's names and metadata, and the settings."""
+    return {
+        "default_generation_settings": generation_defaults(info.n_ctx, info.name),
+        "total_slots": total_slots,
+        "n_ctx": info.n_ctx,
+        "model_alias": info.name,
+        "model_path": Path(info.path).name,  # never the directory or the bucket it came from
+        "aliases": list(info.names),
+        "tags": list(info.tags),
+        "meta": meta,
+        "chat_template": info.chat_template or "",
+        "bos_token": info.bos_token,
+        "eos_token": info.eos_token,
+        "modalities": {"vision": False, "audio": False},
+        "build_info": build_info(),
+        "settings": public_settings(settings),
+    }
