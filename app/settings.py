@@ -206,6 +206,61 @@ class Settings(BaseSettings):
         **_env("TOOL_FORMAT"),
     )
 
+    # --- embeddings ------------------------------------------------------------------------
+    embeddings: Literal["auto", "on", "off", "only"] = Field(
+        "auto",
+        description="Embeddings (/v1/embeddings, Vertex embedding instances) run in a context "
+        "of their own beside generation, so they never wait behind it. auto: only for an "
+        "embedding GGUF (non-causal, or with a pooling type in its metadata; the chat routes "
+        "then answer 400), on for a generative one. on: both. off: no embeddings (saves the "
+        "embedding context's memory). only: embeddings, no generation context.",
+        **_env("EMBEDDINGS"),
+    )
+    embedding_pooling: Literal["auto", "mean", "cls", "last", "none"] = Field(
+        "auto",
+        description="How a text's token vectors become one: auto (the GGUF's pooling type, else "
+        "mean), mean, cls (first token) or last (last token: decoder embedding models). none "
+        "gives one vector per token, which /v1/embeddings refuses with a 400.",
+        **_env("EMBEDDING_POOLING"),
+    )
+    embedding_ctx: int = Field(
+        0,
+        description="Most tokens of one embedding input, and of one embedding batch (0: the "
+        "model's training context, at most 8192). Longer inputs are refused with a 400, or cut "
+        "when the request asks (Vertex autoTruncate).",
+        ge=0,
+        le=1_048_576,
+        **_env("EMBEDDING_CTX"),
+    )
+    embedding_batch: int = Field(
+        64,
+        description="Most inputs embedded together in one decode (from one request or many).",
+        ge=1,
+        le=256,
+        **_env("EMBEDDING_BATCH"),
+    )
+    embedding_normalize: bool = Field(
+        True,
+        description="L2-normalize embeddings (after cutting them to 'dimensions'): cosine "
+        "similarity is then a dot product, as OpenAI's embeddings are.",
+        **_env("EMBEDDING_NORMALIZE"),
+    )
+    embedding_max_inputs: int = Field(
+        2048,
+        description="Most inputs (or Vertex instances) in one embedding request.",
+        ge=1,
+        le=100_000,
+        **_env("EMBEDDING_MAX_INPUTS"),
+    )
+    embedding_task_prefixes: dict[str, str] = Field(
+        default_factory=dict,
+        description="Text put before a Vertex embedding instance's content for its task_type, "
+        'as JSON (e.g. {"RETRIEVAL_QUERY": "query: ", "RETRIEVAL_DOCUMENT": "passage: "} for '
+        "E5 models). Empty: task_type is checked, then ignored.",
+        json_schema_extra={"default_label": "{}"},
+        **_env("EMBEDDING_TASK_PREFIXES"),
+    )
+
     # --- HTTP --------------------------------------------------------------------------------
     host: str = Field(
         "0.0.0.0",
@@ -502,6 +557,19 @@ class Settings(BaseSettings):
         description="Vertex endpoint id (logged at start-up).",
         **_env("AIP_ENDPOINT_ID"),
     )
+
+    @field_validator("embedding_task_prefixes", mode="before")
+    @classmethod
+    def _json_map(cls, value: Any) -> Any:
+        """The flag gives a JSON string (the env var is parsed as JSON already)."""
+        if isinstance(value, str):
+            import json
+
+            try:
+                return json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"not valid JSON: {exc}") from None
+        return value
 
     @field_validator("served_model_name", "model_tags")
     @classmethod

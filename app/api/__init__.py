@@ -12,13 +12,16 @@ from flask import Flask
 
 from app.api.anthropic import Messages
 from app.api.base import Api
+from app.api.embeddings import OpenAIEmbeddings, VertexEmbeddings
 from app.api.openai import ChatCompletions, Completions
 from app.api.responses import Responses
 from app.api.vertex import Predict
 from app.core.service import Service
 from app.settings import Settings, slots_per_request
 
-APIS: list[type[Api]] = [Messages, Responses, ChatCompletions, Completions]
+APIS: list[type[Api]] = [
+    Messages, OpenAIEmbeddings, Responses, ChatCompletions, Completions, VertexEmbeddings,
+]
 
 
 def register(app: Flask, settings: Settings, service: Service) -> list[Api]:

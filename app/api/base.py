@@ -105,6 +105,7 @@ class Api:
     paths: ClassVar[tuple[str, ...]]  # the POST routes that serve it
     request_formats: ClassVar[tuple[str, ...]] = ()  # other @requestFormat names (lower case)
     id_prefix: ClassVar[str] = "req"
+    answers_many: ClassVar[bool] = False  # a predict envelope's instances go in one call
 
     def __init__(self, settings: Settings, service: Service):
         self.settings = settings
@@ -132,6 +133,12 @@ class Api:
         raise NotImplementedError
 
     def error_body(self, err: ServiceError) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def answer_many(self, bodies: list[Any],
+                    gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+        """Answers (or error bodies) for all of a predict envelope's instances of this API at
+        once; only for an API that sets ``answers_many`` (it batches them better itself)."""
         raise NotImplementedError
 
     def blueprint(self, bp: Blueprint) -> None:

@@ -8,13 +8,16 @@ exactly as the matching API's own route would answer it, errors included.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import gevent
 import gevent.pool
 from flask import Response, jsonify, request
 
+from app import bridge
 from app.api.base import Answer, Api, error_response, gone_probe, read_body
 from app.core.service import Service
 from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
@@ -82,27 +85,54 @@ class Predict:
                 return api.error_response(exc)
         self.service.info()  # 503 for the whole envelope while loading
         gone = gone_probe()
+        slots: list[dict[str, Any] | None] = [
+            None if isinstance(item, vertex.Instance) else openai.error_body(item)
+            for item in items
+        ]
         # at most SLOTS_PER_REQUEST instances in the engine at once: one envelope cannot take
         # every slot (the rest wait their turn here, not in the engine's queue)
         pool = gevent.pool.Pool(self.slots_per_request)
-        jobs = [
-            pool.spawn(self._instance, item, gone) if isinstance(item, vertex.Instance) else None
-            for item in items
-        ]
-        gevent.joinall([j for j in jobs if j is not None])
-        slots: list[dict[str, Any]] = []
-        for item, job in zip(items, jobs, strict=True):
-            if job is None:
-                slots.append(openai.error_body(item))  # type: ignore[arg-type]
+        jobs: list[tuple[list[int], gevent.Greenlet]] = []  # positions, and their answers
+        for name, indices in self._by_api(items).items():
+            if self.apis[name].answers_many:  # the API batches them itself (embeddings)
+                group = [items[i] for i in indices]
+                jobs.append((indices, gevent.spawn(self._batch, name, group, gone)))
             else:
-                slots.append(job.value)
-        return jsonify(vertex.predictions(slots))
+                jobs += [([i], pool.spawn(self._instance, items[i], gone)) for i in indices]
+        gevent.joinall([j for _, j in jobs])
+        for indices, job in jobs:
+            for i, slot in zip(indices, job.value, strict=True):
+                slots[i] = slot
+        body = vertex.predictions(slots)  # type: ignore[arg-type]
+        if len(slots) > 16:  # encoding many answers (embeddings' floats) is kept off the hub
+            text = bridge.offload(partial(json.dumps, ensure_ascii=False), body)
+            return Response(text, mimetype="application/json")
+        return jsonify(body)
 
-    def _instance(self, item: vertex.Instance, gone: Callable[[], bool] | None) -> dict[str, Any]:
+    @staticmethod
+    def _by_api(items: list) -> dict[str, list[int]]:
+        """The valid instances' positions, by the API that serves them."""
+        out: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            if isinstance(item, vertex.Instance):
+                out.setdefault(item.api, []).append(i)
+        return out
+
+    def _batch(self, name: str, items: list[vertex.Instance],
+               gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+        api = self.apis[name]
+        try:
+            return api.answer_many([item.body for item in items], gone)
+        except Exception as exc:  # noqa: BLE001 - the whole group's slots get the error
+            return [api.error_body(as_service_error(exc))] * len(items)
+
+    def _instance(self, item: vertex.Instance,
+                  gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+        """One instance's answer (as a list of one, like a batch's)."""
         api = self.apis[item.api]
         try:
             if gone is not None and gone():
                 raise ClientGone("the client went away")
-            return api.answer(item.body, gone)
+            return [api.answer(item.body, gone)]
         except Exception as exc:  # noqa: BLE001 - one instance's failure stays in its slot
-            return api.error_body(as_service_error(exc))
+            return [api.error_body(as_service_error(exc))]

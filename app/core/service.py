@@ -21,7 +21,7 @@ from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
 from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
 from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
-from app.errors import ClientGone, ModelNotFound, ModelNotReady
+from app.errors import BadRequest, ClientGone, ModelNotFound, ModelNotReady
 from app.protocol import reasoning, replies
 
 # How often a run whose reader is not streaming checks that its client is still connected.
@@ -98,6 +98,13 @@ class Service:
         """:meth:`plan` on a worker thread, so a costly request cannot stall the others'
         streams or the health route; past PREPARE_TIMEOUT it is refused."""
         self.info()  # 503 at once while loading
+        embedder = getattr(self.engine, "embedder", None)
+        if embedder is not None and embedder.info.only:
+            raise BadRequest(
+                "this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use "
+                "/v1/embeddings",
+                code="model_not_supported",
+            )
         return bridge.offload(self.plan, build, timeout=self.prepare_timeout)
 
     def offload(self, fn: Callable[[], T]) -> T:

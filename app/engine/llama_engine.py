@@ -29,7 +29,9 @@ from typing import Literal
 import numpy as np
 
 from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.engine.embed import POOLING_IDS
 from app.engine.handle import ChannelHandle
+from app.engine.llama_embed import DEFAULT_MAX_CTX, DecodeTurns, EmbedConfig, LlamaEmbedder
 from app.engine.sampling import GrammarSpec, GrammarTooSlow, Sampler, Vocab, compile_grammar
 from app.engine.text import TextAssembler
 from app.engine.types import (
@@ -87,6 +89,10 @@ class EngineConfig:
     model_tags: str | None = setting_default("model_tags")
     max_prompt_bytes: int = setting_default("max_prompt_bytes")  # 0: context x longest token
     grammar_max_step_ms: float = setting_default("grammar_max_step_ms")
+    embeddings: Literal["auto", "on", "off", "only"] = setting_default("embeddings")
+    embedding_pooling: str = setting_default("embedding_pooling")
+    embedding_ctx: int = setting_default("embedding_ctx")
+    embedding_batch: int = setting_default("embedding_batch")
     # derived
     chat_template: str | None = None  # the template's text (None: the GGUF's own)
     verbose: bool = False  # llama.cpp's own logging
@@ -183,11 +189,20 @@ class LlamaEngine:
         self._step_since: float | None = None  # when the step in progress began
         self._steps = 0
         self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
+        self._slots: list[_Slot] = []
+        self._embedder: LlamaEmbedder | None = None
+        self._turns = DecodeTurns()  # generation steps and embedding decodes alternate
+        self._generates = True  # False: an embedding-only model, no generation context
 
     # ---- greenlet side ---------------------------------------------------------------------
     @property
     def info(self) -> ModelInfo | None:
         return self._info
+
+    @property
+    def embedder(self) -> LlamaEmbedder | None:
+        """The embedding context, once the model is ready (None: EMBEDDINGS is off)."""
+        return self._embedder if self.state.ready else None
 
     def start(self) -> None:
         start_native_thread(self._thread_main)
@@ -195,7 +210,16 @@ class LlamaEngine:
     def count_tokens(self, request: GenerationRequest) -> int:
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        self._check_generates()
         return len(self._prompt_tokens(request))
+
+    def _check_generates(self) -> None:
+        if not self._generates:
+            raise BadRequest(
+                "this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use "
+                "/v1/embeddings",
+                code="model_not_supported",
+            )
 
     def queue_depth(self) -> int:
         """Requests submitted but not yet admitted to a slot."""
@@ -218,13 +242,14 @@ class LlamaEngine:
         for started in list(self._prep_busy.values()):
             if now - started > limit:
                 return f"preparing one request has taken {now - started:.0f} s"
-        return None
+        return self._embedder.stalled(limit) if self._embedder else None
 
     def submit(self, request: GenerationRequest) -> LlamaHandle:
         if self._stopping:
             raise ShuttingDown("server is shutting down")
         if not self.state.ready:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        self._check_generates()
         if request.n > self.config.parallel:
             raise BadRequest(
                 f"n={request.n} needs {request.n} slots, but this server has "
@@ -261,6 +286,8 @@ class LlamaEngine:
         """Refuse new requests (503 shutting_down); the ones in flight go on (SIGTERM)."""
         self._stopping = True
         self._wake.set()
+        if self._embedder:
+            self._embedder.drain()
 
     def abort(self, message: str) -> None:
         """End every request now with a shutting_down error (a stream gets an error event
@@ -317,7 +344,10 @@ class LlamaEngine:
         try:
             path = self._resolve_model(self.state)
             self._load(path)
-            self._warm_up()
+            if self._generates:
+                self._warm_up()
+            if self._embedder:
+                self._embedder.open()
         except Exception as exc:  # noqa: BLE001 - every load failure must end the process
             msg = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
             self.state.fail(msg)
@@ -328,6 +358,8 @@ class LlamaEngine:
             return
         for i in range(PREP_THREADS):
             start_native_thread(lambda i=i: self._prep_main(i), stack_size=PREP_STACK_BYTES)
+        if self._embedder:
+            self._embedder.start()
         self.state.set("ready", progress=1.0)
         log.info("model ready: %s (n_ctx=%d)", self._info.name, self._n_ctx)
         try:
@@ -383,38 +415,19 @@ class LlamaEngine:
         self._vocab = ll.llama_model_get_vocab(model)
         n_ctx_train = ll.llama_model_n_ctx_train(model)
 
-        cparams = ll.llama_context_default_params()
-        # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
-        self._n_ctx_slot = cfg.ctx_size or n_ctx_train
-        cparams.n_ctx = self._n_ctx_slot * cfg.parallel
-        # a step holds one token per slot plus a prompt chunk: the batch must take them all
-        cparams.n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
-        cparams.n_ubatch = min(cparams.n_batch, 512)
-        cparams.n_seq_max = cfg.parallel
         n_threads = cfg.threads or len(os.sched_getaffinity(0))
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = cfg.threads_batch or n_threads
-        cparams.flash_attn_type = _FLASH[cfg.flash_attn]
-        # One KV stream per slot: a token attends over its own sequence's cells only (a unified
-        # buffer makes every token scan the cells of all slots, idle caches included).
-        cparams.kv_unified = False
-        cparams.no_perf = True
-        ctx = ll.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise ModelLoadError(
-                f"model {path}: could not create a context of {cparams.n_ctx} tokens "
-                "(not enough memory?)"
-            )
-        self._ctx = ctx
-        self._mem = ll.llama_get_memory(ctx)
-        # what one sequence may hold: llama.cpp may round the total per sequence
-        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(ctx))
-        self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel), 0, 1)
         self._piece_buf = ctypes.create_string_buffer(256)
-        self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
+        self._vocab_tables = Vocab(ll, self._vocab)
+        mode = self._embedding_mode(model)
+        self._generates = mode != "only"
+        if self._generates:
+            self._open_generation(path, n_ctx_train, n_threads)
+        if mode in ("on", "only"):
+            self._embedder = self._make_embedder(n_ctx_train, n_threads, only=mode == "only")
+            if not self._generates:
+                self._n_ctx = self._embedder.info.n_ctx
         self._bos = ll.llama_vocab_bos(self._vocab)
         self._add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
-        self._vocab_tables = Vocab(ll, self._vocab)
         self._n_vocab = self._vocab_tables.n
         # a prompt longer than this in bytes cannot fit: refused before it is tokenized
         self._max_prompt_bytes = cfg.max_prompt_bytes or self._n_ctx * self._vocab_tables.longest_piece
@@ -452,6 +465,85 @@ class LlamaEngine:
             gpu,
             mparams.n_gpu_layers,
             n_threads,
+        )
+
+    def _open_generation(self, path: str, n_ctx_train: int, n_threads: int) -> None:
+        """The generation context: PARALLEL slots of CTX_SIZE tokens each."""
+        ll, cfg, model = self._ll, self.config, self._model
+        cparams = ll.llama_context_default_params()
+        # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
+        self._n_ctx_slot = cfg.ctx_size or n_ctx_train
+        cparams.n_ctx = self._n_ctx_slot * cfg.parallel
+        # a step holds one token per slot plus a prompt chunk: the batch must take them all
+        cparams.n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
+        cparams.n_ubatch = min(cparams.n_batch, 512)
+        cparams.n_seq_max = cfg.parallel
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = cfg.threads_batch or n_threads
+        cparams.flash_attn_type = _FLASH[cfg.flash_attn]
+        # One KV stream per slot: a token attends over its own sequence's cells only (a unified
+        # buffer makes every token scan the cells of all slots, idle caches included).
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        ctx = ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelLoadError(
+                f"model {path}: could not create a context of {cparams.n_ctx} tokens "
+                "(not enough memory?)"
+            )
+        self._ctx = ctx
+        self._mem = ll.llama_get_memory(ctx)
+        # what one sequence may hold: llama.cpp may round the total per sequence
+        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(ctx))
+        self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel), 0, 1)
+        self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
+
+    def _meta(self, key: str) -> str | None:
+        """A GGUF metadata value, as text."""
+        buf = ctypes.create_string_buffer(256)
+        n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _embedding_mode(self, model) -> str:
+        """EMBEDDINGS resolved for this model: an embedding GGUF (non-causal attention, or a
+        pooling type in its metadata) embeds only under auto; a generative one does both."""
+        arch = self._meta("general.architecture") or ""
+        embedding_model = (self._meta(f"{arch}.attention.causal") == "false"
+                           or self._meta(f"{arch}.pooling_type") is not None)
+        mode = self.config.embeddings
+        if mode == "auto":
+            mode = "only" if embedding_model else "on"
+        if mode != "off" and self._ll.llama_model_has_encoder(model):
+            if mode == "only":
+                raise ModelLoadError("embeddings of encoder-decoder models are not supported")
+            log.warning("embeddings are off: encoder-decoder models are not supported")
+            mode = "off"
+        return mode
+
+    def _make_embedder(self, n_ctx_train: int, n_threads: int, only: bool) -> LlamaEmbedder:
+        cfg = self.config
+        pooling = cfg.embedding_pooling
+        if pooling == "auto":
+            arch = self._meta("general.architecture") or ""
+            code = self._meta(f"{arch}.pooling_type")
+            pooling = POOLING_IDS.get(int(code), "none") if code and code.isdigit() else "mean"
+        n_ctx = cfg.embedding_ctx or min(n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+        embed_cfg = EmbedConfig(
+            pooling=pooling,
+            n_ctx=n_ctx,
+            n_seq=min(cfg.embedding_batch, n_ctx),
+            max_queue=cfg.max_queue,
+            threads=n_threads,
+            threads_batch=cfg.threads_batch or n_threads,
+            flash_attn=_FLASH[cfg.flash_attn],
+            only=only,
+        )
+        return LlamaEmbedder(
+            self._ll, self._model, self._vocab, embed_cfg,
+            tokenize=lambda text: self._tokenize(text, add_bos=True, special=False),
+            max_input_bytes=n_ctx * self._vocab_tables.longest_piece,
+            n_vocab=self._vocab_tables.n,
+            turns=self._turns,
         )
 
     def _warm_up(self) -> None:
@@ -517,11 +609,12 @@ class LlamaEngine:
         self._admit()
         if not any(s.job for s in self._slots):
             return False
-        self._step_since = time.monotonic()
-        try:
-            self._decode_step()
-        finally:
-            self._step_since = None
+        with self._turns.host():
+            self._step_since = time.monotonic()
+            try:
+                self._decode_step()
+            finally:
+                self._step_since = None
         return True
 
     def _take_inbox(self) -> None:
@@ -956,6 +1049,8 @@ class LlamaEngine:
         ll = self._ll
         if ll is None:
             return
+        if self._embedder:
+            self._embedder.close()  # its context goes before the model it runs on
         for slot in getattr(self, "_slots", []):
             if slot.job is not None and slot.job.sampler is not None:
                 slot.job.sampler.free()

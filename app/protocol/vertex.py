@@ -46,8 +46,9 @@ def api_of(body: dict[str, Any], formats: Formats, where: str = "body") -> str:
     name = formats.detect(body)
     if name is None:
         raise BadRequest(
-            f"{where}: expected a chat request ('messages'), a completion request ('prompt') "
-            "or a Responses request ('input'); or name the API with @requestFormat",
+            f"{where}: expected a chat request ('messages'), a completion request ('prompt'), "
+            "a Responses request ('input') or an embedding instance ('content'); or name the "
+            "API with @requestFormat",
         )
     return name
 

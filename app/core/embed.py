@@ -1,0 +1,123 @@
+"""Embeddings through the core: inputs in, finished vectors out, in no API's vocabulary.
+
+The embedder (app.engine.embed) returns raw pooled vectors; here they are cut to the
+requested size and normalized, so every API (OpenAI's /v1/embeddings, Vertex embedding
+instances) answers the same numbers for the same text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.core.service import GONE_POLL, Service
+from app.engine.embed import Embedder, Embedding, EmbedHandle, EmbedRequest
+from app.errors import BadRequest, ClientGone, NotSupported, ServiceError
+
+
+@dataclass(frozen=True)
+class EmbedInput:
+    inputs: tuple[str | tuple[int, ...], ...]
+    model: str | None = None  # as the request named it
+    dimensions: int | None = None  # keep the first this many values (Matryoshka)
+    truncate: bool = False  # an over-long input keeps its first tokens (else it fails)
+
+
+@dataclass(frozen=True)
+class Vector:
+    values: np.ndarray  # float32: cut to the dimensions asked, normalized if configured
+    tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    model: str
+    items: list[Vector | ServiceError]  # per input, in order
+
+    @property
+    def tokens(self) -> int:
+        return sum(v.tokens for v in self.items if isinstance(v, Vector))
+
+    def first_error(self) -> ServiceError | None:
+        return next((v for v in self.items if isinstance(v, ServiceError)), None)
+
+
+class Embeddings:
+    """Runs embedding inputs on the engine's embedder."""
+
+    def __init__(self, service: Service, normalize: bool, max_inputs: int,
+                 timeout: float | None):
+        self.service = service
+        self.normalize = normalize
+        self.max_inputs = max_inputs
+        self.timeout = timeout
+
+    def embedder(self) -> Embedder:
+        """The embedder; 503 while loading, 501 when embeddings are off."""
+        self.service.info()
+        emb = getattr(self.service.engine, "embedder", None)
+        if emb is None:
+            raise NotSupported(
+                "this server does not serve embeddings: start it with EMBEDDINGS=on (a "
+                "generative model) or serve an embedding model"
+            )
+        return emb
+
+    def check(self, inp: EmbedInput) -> tuple[str, Embedder]:
+        """The model name to answer with, and the embedder; every request-wide error."""
+        model = self.service.model_name(inp.model)
+        emb = self.embedder()
+        if not inp.inputs:
+            raise BadRequest("input is empty: give at least one text", param="input")
+        if len(inp.inputs) > self.max_inputs:
+            raise BadRequest(
+                f"{len(inp.inputs)} inputs in one request; at most {self.max_inputs} are "
+                "accepted (EMBEDDING_MAX_INPUTS)",
+                param="input",
+            )
+        n_embd = emb.info.n_embd
+        if inp.dimensions is not None and not 1 <= inp.dimensions <= n_embd:
+            raise BadRequest(
+                f"dimensions must be between 1 and {n_embd} (this model's embedding size), "
+                f"not {inp.dimensions}",
+                param="dimensions",
+            )
+        return model, emb
+
+    def run(self, inp: EmbedInput, gone: Callable[[], bool] | None = None) -> EmbedResult:
+        """Every input's vector or error; request-wide errors (bad dimensions, queue full,
+        model loading, the client gone) are raised."""
+        model, emb = self.check(inp)
+        handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout))
+        outcomes = self._wait(handle, gone)
+        return EmbedResult(model, [self._finish(o, inp.dimensions) for o in outcomes])
+
+    def _wait(self, handle: EmbedHandle, gone: Callable[[], bool] | None) -> list:
+        """The outcomes; polls ``gone`` while waiting (then the rest is skipped)."""
+        limit = (self.timeout or 3600.0) + 60.0  # the engine answers by its own deadline
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                try:
+                    return handle.result(GONE_POLL if gone else limit)
+                except TimeoutError:
+                    if gone is not None and gone():
+                        raise ClientGone("the client went away") from None
+                    if time.monotonic() > deadline:
+                        raise
+        except BaseException:
+            handle.cancel()
+            raise
+
+    def _finish(self, outcome: Embedding | ServiceError, dims: int | None) -> Vector | ServiceError:
+        if isinstance(outcome, ServiceError):
+            return outcome
+        vec = outcome.vector[:dims] if dims else outcome.vector
+        if self.normalize:
+            norm = float(np.linalg.norm(vec))
+            vec = vec / norm if norm > 0 else vec
+        return Vector(vec.astype(np.float32, copy=False), outcome.tokens, outcome.truncated)
