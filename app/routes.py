@@ -40,6 +40,9 @@ def health() -> tuple[Response, int]:
         body["model"] = info.name
     body["queue"] = engine.queue_depth()
     body["engine"] = engine.stats()
+    embedder = getattr(engine, "embedder", None)
+    if embedder is not None:
+        body["embeddings"] = embedder.stats()
     ok = state.ready
     limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
     stall = engine.stalled(limit) if ok else None

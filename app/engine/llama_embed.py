@@ -393,8 +393,8 @@ class LlamaEmbedder:
         b.n_tokens = n
         self._decode_since = time.monotonic()
         try:
-            with self._turns.guest():
-                rc = ll.llama_decode(self._ctx, b)
+            with self._turns.guest():  # a model without memory (BERT) runs as an encoder
+                rc = (ll.llama_decode if self._mem else ll.llama_encode)(self._ctx, b)
             if rc != 0:
                 return EngineFailure(f"embedding decode failed (code {rc})")
             dim = self._info.n_embd
