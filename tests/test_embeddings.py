@@ -285,3 +285,15 @@ def test_raw_vertex_instance_and_raw_openai_body_through_predict(emb):
     assert named.status_code == 200 and named.json["data"][0]["object"] == "embedding"
     responses = post(client, {"input": "no embedding field"}, PREDICT)
     assert responses.json.get("object") == "response"  # plain input stays a Responses body
+
+
+def test_large_answers_are_encoded_off_the_hub_with_the_same_content(emb):
+    """Over 20,000 floats (and over 16 instances) the JSON is encoded on a worker thread."""
+    client, _ = emb
+    texts = [f"text number {i}" for i in range(1300)]  # 1300 x 16 floats
+    body = post(client, {"input": texts}).json
+    assert len(body["data"]) == 1300 and body["data"][1299]["index"] == 1299
+    assert np.allclose(body["data"][7]["embedding"], unit(fake_vector(texts[7], 16)), atol=1e-6)
+    r = post(client, {"instances": [{"content": t} for t in texts[:20]]}, PREDICT)
+    assert r.status_code == 200 and r.mimetype == "application/json"
+    assert len(r.json["predictions"]) == 20

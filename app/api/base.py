@@ -5,10 +5,12 @@ parse its request, render the core's result and events, and shape its errors; th
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import socket
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from typing import Any, ClassVar
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -84,6 +86,13 @@ def as_error(exc: BaseException) -> ServiceError:
     if isinstance(exc, HTTPException):
         return from_http(exc)
     return as_service_error(exc)
+
+
+def json_off_hub(body: Any) -> Response:
+    """A JSON answer encoded on a worker thread: megabytes of floats (an envelope of
+    embeddings) would hold the hub, and every stream with it, for a noticeable time."""
+    text = bridge.offload(partial(json.dumps, ensure_ascii=False), body)
+    return Response(text, mimetype="application/json")
 
 
 def error_response(exc: BaseException,

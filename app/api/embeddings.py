@@ -9,9 +9,7 @@ envelope of instances is embedded as one batch and a bad instance fails only its
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Annotated, Any, Literal
 
 import gevent
@@ -19,8 +17,7 @@ import numpy as np
 from flask import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from app import bridge
-from app.api.base import Answer, Api
+from app.api.base import Answer, Api, json_off_hub
 from app.core.embed import Embeddings, EmbedInput, EmbedResult, Vector
 from app.core.service import Service
 from app.errors import BadRequest, ServiceError, as_service_error
@@ -58,8 +55,7 @@ class EmbeddingApi(Api):
         size = sum(len(d.get("embedding", ())) for d in result.get("data", ()))
         if size <= OFFLOAD_FLOATS:
             return super().respond(result)
-        text = bridge.offload(partial(json.dumps, ensure_ascii=False), result)
-        return Response(text, mimetype="application/json")
+        return json_off_hub(result)
 
 
 class OpenAIEmbeddingsRequest(BaseModel):

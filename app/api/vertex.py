@@ -8,17 +8,14 @@ exactly as the matching API's own route would answer it, errors included.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 import gevent
 import gevent.pool
 from flask import Response, jsonify, request
 
-from app import bridge
-from app.api.base import Answer, Api, error_response, gone_probe, read_body
+from app.api.base import Answer, Api, error_response, gone_probe, json_off_hub, read_body
 from app.core.service import Service
 from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
 from app.protocol import openai, vertex
@@ -105,8 +102,7 @@ class Predict:
                 slots[i] = slot
         body = vertex.predictions(slots)  # type: ignore[arg-type]
         if len(slots) > 16:  # encoding many answers (embeddings' floats) is kept off the hub
-            text = bridge.offload(partial(json.dumps, ensure_ascii=False), body)
-            return Response(text, mimetype="application/json")
+            return json_off_hub(body)
         return jsonify(body)
 
     @staticmethod

@@ -249,8 +249,10 @@ class LlamaEmbedder:
         context; called by the engine thread before it frees the model."""
         self._stopping = True
         self._wake.set()
-        if self._running:
-            self._stopped.wait(timeout)
+        if self._running and not self._stopped.wait(timeout):
+            log.warning("the embedding thread did not stop in %g s: its context is not freed",
+                        timeout)
+            return  # freeing a context under a running decode would crash the process
         if self._ctx is not None:
             self._ll.llama_batch_free(self._batch)
             self._ll.llama_free(self._ctx)
@@ -391,10 +393,11 @@ class LlamaEmbedder:
                 b.logits[n] = True  # pooling reads every token's output
                 n += 1
         b.n_tokens = n
-        self._decode_since = time.monotonic()
         try:
             with self._turns.guest():  # a model without memory (BERT) runs as an encoder
+                self._decode_since = time.monotonic()  # for the watchdog; not the wait
                 rc = (ll.llama_decode if self._mem else ll.llama_encode)(self._ctx, b)
+                self._decode_since = None
             if rc != 0:
                 return EngineFailure(f"embedding decode failed (code {rc})")
             dim = self._info.n_embd
@@ -424,6 +427,8 @@ class LlamaEmbedder:
         self._finish(job)
 
     def _answer(self, job: _Job, err: ServiceError) -> None:
+        if job.done:
+            return
         job.channel.put(err)
         self._finish(job)
 
