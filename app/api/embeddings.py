@@ -102,7 +102,9 @@ class OpenAIEmbeddings(EmbeddingApi):
         return EmbedInput(inputs, model=req.model, dimensions=req.dimensions), req
 
     def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        inp, req = self.parse(body)
+        # validating up to MAX_BODY_BYTES of token ids, and listing a thousand vectors' floats,
+        # are done on a worker thread: on the hub they would pause every stream
+        inp, req = self.service.offload(lambda: self.parse(body))
         result = self.embeddings.run(inp, gone)
         err = result.first_error()
         if err is not None:
@@ -110,6 +112,8 @@ class OpenAIEmbeddings(EmbeddingApi):
                 i = result.items.index(err)
                 err = type(err)(f"input[{i}]: {err.message}", param="input", code=err.code)
             raise err
+        if len(result.items) > 64:
+            return self.service.offload(lambda: self.render(req, result))
         return self.render(req, result)
 
     def render(self, req: OpenAIEmbeddingsRequest, result: EmbedResult) -> dict[str, Any]:  # type: ignore[override]
