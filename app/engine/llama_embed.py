@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.bridge import Channel, ThreadEvent, allocate_lock, original_sleep, start_native_thread
 from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
 from app.errors import (
     BadRequest,
@@ -45,36 +45,66 @@ DEFAULT_MAX_CTX = 8192  # EMBEDDING_CTX=0: the training context, at most this
 
 
 class DecodeTurns:
-    """The generation thread and the embedding thread take turns at ``llama_decode``.
+    """The generation thread and the embedding thread take turns at ``llama_decode``, sharing
+    the time equally when both are busy.
 
     Both contexts share the cores (or the GPU): decoding at once, their thread pools fight and
-    both slow down many times over on a small machine. So a waiting embedding batch goes
-    right after the generation step in progress, and the next step waits for it: an embedding
-    request waits at most one step, and a stream pauses for one embedding decode at a time.
+    both slow down (bench/embed_turns.py). So they never decode together. An embedding decode
+    that finds generation idle, or generation having had at least as much time since the last
+    embedding decode as that decode took, goes right after the step in progress: a lone
+    embedding request waits one step. Under a sustained stream of embedding requests the two
+    alternate by time, not by turn (a 10 ms generation step against a 700 ms embedding decode
+    would otherwise leave streams one token per embedding decode): each side keeps about half
+    the machine, and a stream's pause is one embedding decode, at most a prompt chunk.
     """
+
+    BUSY_FOR = 0.25  # seconds after a generation step during which generation counts as busy
 
     def __init__(self) -> None:
         self._lock = allocate_lock()
         self._guest_waiting = False
         self._guest_done = ThreadEvent()
+        self._host_at = -1.0  # when the last generation step ended
+        self._host_due = -1.0  # generation's time is owed until then (the last guest's length)
+        self._host_wants = False  # a generation step is waiting for its turn
 
     @contextlib.contextmanager
     def host(self) -> Iterator[None]:
         """A generation step: after the embedding decode that is waiting, if any."""
+        self._host_wants = True
         for _ in range(100_000):  # bounded: each wait ends when that decode does
             if not self._guest_waiting:
                 break
             self._guest_done.wait(0.05)
         with self._lock:
-            yield
+            try:
+                yield
+            finally:
+                self._host_at = time.monotonic()
+                self._host_wants = False
+
+    def host_busy(self) -> bool:
+        """Whether generation is running (a step ended moments ago): embedding decodes are
+        then kept short, so a stream's pause stays the size of a prompt chunk."""
+        return self._host_wants or time.monotonic() - self._host_at < self.BUSY_FOR
 
     @contextlib.contextmanager
     def guest(self) -> Iterator[None]:
-        """An embedding decode: next, once the step in progress ends."""
+        """An embedding decode: once generation has had its share, after the step in
+        progress."""
+        for _ in range(100_000):  # bounded: generation's share is one decode's length
+            if time.monotonic() >= self._host_due or not self.host_busy():
+                break
+            original_sleep(min(0.01, max(0.0, self._host_due - time.monotonic())))
         self._guest_waiting = True
         try:
             with self._lock:
-                yield
+                start = time.monotonic()
+                try:
+                    yield
+                finally:
+                    end = time.monotonic()
+                    self._host_due = end + (end - start)
         finally:
             self._guest_waiting = False
             self._guest_done.set()
@@ -88,6 +118,7 @@ class EmbedConfig:
     n_ctx: int  # most tokens of an input and of a decode
     n_seq: int  # most inputs in one decode
     max_queue: int  # requests that may wait beyond those being decoded
+    share_tokens: int  # most tokens of a decode while generation runs (an input goes whole)
     threads: int
     threads_batch: int
     flash_attn: int  # llama.cpp's flash_attn_type
@@ -188,9 +219,10 @@ class LlamaEmbedder:
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
         self._batch = ll.llama_batch_init(cfg.n_ctx, 0, 1)
-        # warm-up: a full batch of sequences, so the first requests pay no first-use costs
-        toks = self._tokenize("The quick brown fox jumps over the lazy dog.")[: max(1, cfg.n_ctx // cfg.n_seq)]
-        out = self._decode([toks] * min(cfg.n_seq, max(1, cfg.n_ctx // max(1, len(toks)))))
+        # warm-up: a few sequences (buffers are reserved at creation; this maps them), kept
+        # small, as it adds to the time before the health route says ready
+        toks = self._tokenize("The quick brown fox jumps over the lazy dog.")[: max(1, cfg.n_ctx // 4)]
+        out = self._decode([toks] * min(4, cfg.n_seq))
         if isinstance(out, ServiceError):
             raise ModelLoadError(f"embedding warm-up failed: {out.message}")
         self._decodes = 0
@@ -357,7 +389,9 @@ class LlamaEmbedder:
     def _step(self, active: list[_Job]) -> None:
         """One decode: inputs taken round-robin across the requests, while they fit."""
         picked: list[tuple[_Job, int, list[int]]] = []
-        room = self.config.n_ctx
+        # while streams run, a decode is at most a prompt chunk's worth of tokens (a longer
+        # single input still goes whole: pooling needs it in one piece)
+        room = self.config.share_tokens if self._turns.host_busy() else self.config.n_ctx
         full = False
         while not full and len(picked) < self.config.n_seq:
             took = False
@@ -365,7 +399,7 @@ class LlamaEmbedder:
                 if not job.todo:
                     continue
                 i, toks = job.todo[0]
-                if len(toks) > room or len(picked) >= self.config.n_seq:
+                if (len(toks) > room and picked) or len(picked) >= self.config.n_seq:
                     full = True
                     break
                 job.todo.popleft()

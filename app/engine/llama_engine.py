@@ -533,6 +533,7 @@ class LlamaEngine:
             n_ctx=n_ctx,
             n_seq=min(cfg.embedding_batch, n_ctx),
             max_queue=cfg.max_queue,
+            share_tokens=cfg.prefill_chunk,
             threads=n_threads,
             threads_batch=cfg.threads_batch or n_threads,
             flash_attn=_FLASH[cfg.flash_attn],
