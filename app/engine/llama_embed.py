@@ -41,6 +41,21 @@ from app.errors import (
 log = logging.getLogger(__name__)
 
 _POOLING_CODES = {name: code for code, name in POOLING_IDS.items()}
+
+
+def open_context(ll, model, what: str, hint: str, **params: object) -> tuple[object, object]:
+    """A llama.cpp context on ``model`` (``params`` set over the defaults) and its memory
+    (None for a model without a KV cache); a ModelLoadError naming ``what`` when llama.cpp
+    cannot make it."""
+    cparams = ll.llama_context_default_params()
+    cparams.no_perf = True
+    for name, value in params.items():
+        setattr(cparams, name, value)
+    ctx = ll.llama_init_from_model(model, cparams)
+    if not ctx:
+        raise ModelLoadError(
+            f"could not create {what} of {cparams.n_ctx} tokens (not enough memory? {hint})")
+    return ctx, ll.llama_get_memory(ctx)
 DEFAULT_MAX_CTX = 8192  # EMBEDDING_CTX=0: the training context, at most this
 
 
@@ -197,27 +212,20 @@ class LlamaEmbedder:
                         self.config.pooling)
             return
         ll, cfg = self._ll, self.config
-        cparams = ll.llama_context_default_params()
-        cparams.embeddings = True
-        cparams.pooling_type = _POOLING_CODES[cfg.pooling]
-        cparams.n_ctx = cfg.n_ctx
-        # a sequence, and a pooled one, must sit in one micro-batch: make that the whole batch
-        cparams.n_batch = cfg.n_ctx
-        cparams.n_ubatch = cfg.n_ctx
-        cparams.n_seq_max = cfg.n_seq
-        cparams.kv_unified = True  # inputs of any length share the cells; cleared every decode
-        cparams.n_threads = cfg.threads
-        cparams.n_threads_batch = cfg.threads_batch
-        cparams.flash_attn_type = cfg.flash_attn
-        cparams.no_perf = True
-        ctx = ll.llama_init_from_model(self._model, cparams)
-        if not ctx:
-            raise ModelLoadError(
-                f"could not create the embedding context of {cfg.n_ctx} tokens (not enough "
-                "memory? lower EMBEDDING_CTX, or EMBEDDINGS=off)"
-            )
-        self._ctx = ctx
-        self._mem = ll.llama_get_memory(ctx)
+        self._ctx, self._mem = open_context(
+            ll, self._model, "the embedding context", "lower EMBEDDING_CTX, or EMBEDDINGS=off",
+            embeddings=True,
+            pooling_type=_POOLING_CODES[cfg.pooling],
+            n_ctx=cfg.n_ctx,
+            # a sequence, and a pooled one, must sit in one micro-batch: the whole batch
+            n_batch=cfg.n_ctx,
+            n_ubatch=cfg.n_ctx,
+            n_seq_max=cfg.n_seq,
+            kv_unified=True,  # inputs of any length share the cells; cleared every decode
+            n_threads=cfg.threads,
+            n_threads_batch=cfg.threads_batch,
+            flash_attn_type=cfg.flash_attn,
+        )
         self._batch = ll.llama_batch_init(cfg.n_ctx, 0, 1)
         # warm-up: a few sequences (buffers are reserved at creation; this maps them), kept
         # small, as it adds to the time before the health route says ready

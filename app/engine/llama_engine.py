@@ -31,7 +31,13 @@ import numpy as np
 from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
 from app.engine.embed import POOLING_IDS
 from app.engine.handle import ChannelHandle
-from app.engine.llama_embed import DEFAULT_MAX_CTX, DecodeTurns, EmbedConfig, LlamaEmbedder
+from app.engine.llama_embed import (
+    DEFAULT_MAX_CTX,
+    DecodeTurns,
+    EmbedConfig,
+    LlamaEmbedder,
+    open_context,
+)
 from app.engine.sampling import GrammarSpec, GrammarTooSlow, Sampler, Vocab, compile_grammar
 from app.engine.text import TextAssembler
 from app.engine.types import (
@@ -469,33 +475,27 @@ class LlamaEngine:
 
     def _open_generation(self, path: str, n_ctx_train: int, n_threads: int) -> None:
         """The generation context: PARALLEL slots of CTX_SIZE tokens each."""
-        ll, cfg, model = self._ll, self.config, self._model
-        cparams = ll.llama_context_default_params()
+        ll, cfg = self._ll, self.config
         # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
         self._n_ctx_slot = cfg.ctx_size or n_ctx_train
-        cparams.n_ctx = self._n_ctx_slot * cfg.parallel
         # a step holds one token per slot plus a prompt chunk: the batch must take them all
-        cparams.n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
-        cparams.n_ubatch = min(cparams.n_batch, 512)
-        cparams.n_seq_max = cfg.parallel
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = cfg.threads_batch or n_threads
-        cparams.flash_attn_type = _FLASH[cfg.flash_attn]
-        # One KV stream per slot: a token attends over its own sequence's cells only (a unified
-        # buffer makes every token scan the cells of all slots, idle caches included).
-        cparams.kv_unified = False
-        cparams.no_perf = True
-        ctx = ll.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise ModelLoadError(
-                f"model {path}: could not create a context of {cparams.n_ctx} tokens "
-                "(not enough memory?)"
-            )
-        self._ctx = ctx
-        self._mem = ll.llama_get_memory(ctx)
+        n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
+        self._ctx, self._mem = open_context(
+            ll, self._model, f"model {path}: a context", "lower CTX_SIZE or PARALLEL",
+            n_ctx=self._n_ctx_slot * cfg.parallel,
+            n_batch=n_batch,
+            n_ubatch=min(n_batch, 512),
+            n_seq_max=cfg.parallel,
+            n_threads=n_threads,
+            n_threads_batch=cfg.threads_batch or n_threads,
+            flash_attn_type=_FLASH[cfg.flash_attn],
+            # One KV stream per slot: a token attends over its own sequence's cells only (a
+            # unified buffer makes every token scan the cells of all slots, idle caches included).
+            kv_unified=False,
+        )
         # what one sequence may hold: llama.cpp may round the total per sequence
-        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(ctx))
-        self._batch = ll.llama_batch_init(max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel), 0, 1)
+        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(self._ctx))
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
 
     def _meta(self, key: str) -> str | None:
