@@ -248,10 +248,10 @@ def test_vertex_task_prefixes_and_titles_reach_the_model():
     assert np.allclose(d, unit(fake_vector("Place it is here", 16)), atol=1e-6)
 
 
-def test_vertex_request_format_names_the_embedding_api(emb):
+@pytest.mark.parametrize("fmt", ["embeddings", "text_embeddings", "Vertex_Embeddings"])
+def test_vertex_request_format_names_the_embedding_api(emb, fmt):
     client, _ = emb
-    r = post(client, {"instances": [{"@requestFormat": "text_embeddings", "content": "hi"}]},
-             PREDICT)
+    r = post(client, {"instances": [{"@requestFormat": fmt, "content": "hi"}]}, PREDICT)
     assert "embeddings" in r.json["predictions"][0]
 
 
