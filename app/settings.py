@@ -137,6 +137,29 @@ class Settings(BaseSettings):
         le=100_000,
         **_env("GPU_LAYERS"),
     )
+    split_mode: Literal["none", "layer", "row"] = Field(
+        "layer",
+        description="How a model is spread over several GPUs: layer (whole layers and their KV "
+        "cache per GPU, llama.cpp's default), row (each layer's rows across GPUs: tensor "
+        "parallelism where supported), none (all on MAIN_GPU).",
+        **_env("SPLIT_MODE"),
+    )
+    tensor_split: str | None = Field(
+        None,
+        description="Share of the model per GPU, comma-separated proportions in device order "
+        "(e.g. 3,1 puts three quarters on GPU 0); none: by free memory.",
+        max_length=256,
+        pattern=r"^\s*\d+(\.\d+)?(\s*,\s*\d+(\.\d+)?)*\s*$",
+        **_env("TENSOR_SPLIT"),
+    )
+    main_gpu: int = Field(
+        0,
+        description="The GPU that holds the whole model with SPLIT_MODE=none (and small "
+        "tensors with row).",
+        ge=0,
+        le=63,
+        **_env("MAIN_GPU"),
+    )
     threads: int = Field(
         0,
         description="CPU threads for generation (0: the CPUs this process may use).",
@@ -210,10 +233,10 @@ class Settings(BaseSettings):
     embeddings: Literal["auto", "on", "off", "only"] = Field(
         "auto",
         description="Embeddings (/v1/embeddings, Vertex embedding instances) run in a context "
-        "of their own beside generation, so they never wait behind it. auto: only for an "
-        "embedding GGUF (non-causal, or with a pooling type in its metadata; the chat routes "
-        "then answer 400), on for a generative one. on: both. off: no embeddings (saves the "
-        "embedding context's memory). only: embeddings, no generation context.",
+        "of their own beside generation, so they never wait behind it. auto: an embedding GGUF "
+        "(non-causal, or with a pooling type in its metadata) embeds only, and the chat routes "
+        "answer 400; a generative one does not embed (its embedding context costs memory: see "
+        "EMBEDDING_CTX). on: both. off: none. only: embeddings, no generation context.",
         **_env("EMBEDDINGS"),
     )
     embedding_pooling: Literal["auto", "mean", "cls", "last", "none"] = Field(
@@ -226,7 +249,9 @@ class Settings(BaseSettings):
     embedding_ctx: int = Field(
         0,
         description="Most tokens of one embedding input, and of one embedding batch (0: the "
-        "model's training context, at most 8192). Longer inputs are refused with a 400, or cut "
+        "model's training context, at most 8192 for an embedding model and 2048 for a "
+        "generative one, whose output layer llama.cpp also runs: its compute buffer holds this "
+        "many tokens x the vocabulary in floats). Longer inputs are refused with a 400, or cut "
         "when the request asks (Vertex autoTruncate).",
         ge=0,
         le=1_048_576,
@@ -557,6 +582,13 @@ class Settings(BaseSettings):
         description="Vertex endpoint id (logged at start-up).",
         **_env("AIP_ENDPOINT_ID"),
     )
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _some_share(cls, value: str | None) -> str | None:
+        if value is not None and not any(float(p) > 0 for p in value.split(",")):
+            raise ValueError("at least one GPU must get a share above 0")
+        return value
 
     @field_validator("embedding_task_prefixes", mode="before")
     @classmethod

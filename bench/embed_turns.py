@@ -38,7 +38,7 @@ DEFAULT_MODEL = "/tmp/vertex-gguf/default/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def start(model: str) -> LlamaEngine:
-    s = Settings(model=model, threads=2, parallel=2, embedding_ctx=2048)
+    s = Settings(model=model, threads=2, parallel=2, embeddings="on", embedding_ctx=2048)
     engine = LlamaEngine(engine_config(s), LoadState(), lambda _: model)
     engine.start()
     for _ in range(3000):  # bounded: 300 s

@@ -267,7 +267,7 @@ def main() -> None:
 
     env = {"MODEL": args.model, "HOST": "127.0.0.1", "THREADS": str(args.threads),
            "PARALLEL": str(args.parallel), "CTX_SIZE": str(args.ctx),
-           "EMBEDDING_CTX": str(args.embedding_ctx)}
+           "EMBEDDINGS": "on", "EMBEDDING_CTX": str(args.embedding_ctx)}
     servers = [("vertex-gguf", [sys.executable, "-m", "app"], env, "/health")]
     if args.llama_server:
         ub = str(args.embedding_ctx)

@@ -24,7 +24,8 @@ TEXTS = ["The cat sat on the mat.", "Paris is the capital of France.", "hello wo
 
 @pytest.fixture(scope="module")
 def server(default_model) -> ServerProcess:
-    env = {"SERVED_MODEL_NAME": "smol,smol-embed", "EMBEDDING_CTX": "256", "PARALLEL": "2"}
+    env = {"SERVED_MODEL_NAME": "smol,smol-embed", "EMBEDDINGS": "on", "EMBEDDING_CTX": "256",
+           "PARALLEL": "2"}
     with running_server(env) as srv:
         yield srv
 
@@ -182,3 +183,18 @@ def test_embedding_model_serves_embeddings_only(bert):
         {"content": "hello " * (N_CTX + 10)}]}, timeout=60).json()["predictions"][0]
     assert cut["embeddings"]["statistics"] == {"token_count": N_CTX, "truncated": True}
     assert requests.get(bert.url("/health"), timeout=10).status_code == 200
+
+
+def test_by_default_a_generative_model_does_not_embed_and_the_log_says_where_it_went(
+        server_factory):
+    """EMBEDDINGS=auto on a chat model: no embedding context (its memory is asked for with
+    EMBEDDINGS=on); the load log names each buffer's device, as a multi-GPU operator needs."""
+    srv = server_factory()
+    srv.wait_ready()
+    r = requests.post(srv.url("/v1/embeddings"), json={"input": "x"}, timeout=30)
+    assert r.status_code == 501 and "EMBEDDINGS=on" in r.json()["error"]["message"]
+    assert "embeddings" not in requests.get(srv.url("/health"), timeout=10).json()
+    logs = srv.logs()
+    assert "placement: " in logs
+    assert "model buffer size" in logs and "KV buffer size" in logs
+    assert "split_mode=layer" in logs

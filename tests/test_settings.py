@@ -87,3 +87,16 @@ def test_readme_settings_table_matches_the_code():
     assert m.group(1).strip() == settings_table().strip(), (
         "README settings table is stale: regenerate with `vertex-gguf settings-table`"
     )
+
+
+@pytest.mark.parametrize("value", ["0,0", "a,b", "1,,2", "-1,2", ""])
+def test_tensor_split_takes_proportions_with_one_above_zero(value):
+    with pytest.raises(ValidationError):
+        Settings(tensor_split=value)
+
+
+def test_split_settings_reach_the_engine_config():
+    from app import engine_config
+
+    cfg = engine_config(Settings(split_mode="row", tensor_split="3, 1", main_gpu=1))
+    assert (cfg.split_mode, cfg.tensor_split, cfg.main_gpu) == ("row", "3, 1", 1)

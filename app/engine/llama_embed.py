@@ -57,6 +57,9 @@ def open_context(ll, model, what: str, hint: str, **params: object) -> tuple[obj
             f"could not create {what} of {cparams.n_ctx} tokens (not enough memory? {hint})")
     return ctx, ll.llama_get_memory(ctx)
 DEFAULT_MAX_CTX = 8192  # EMBEDDING_CTX=0: the training context, at most this
+# ... on a generative model, whose logits llama.cpp computes for every token of a decode too:
+# 2048 tokens x a 49k vocabulary is a 400 MB compute buffer (8192 made it 1.7 GB)
+GENERATIVE_MAX_CTX = 2048
 
 
 class DecodeTurns:

@@ -29,10 +29,12 @@ from typing import Literal
 import numpy as np
 
 from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.engine import llama_log
 from app.engine.embed import POOLING_IDS
 from app.engine.handle import ChannelHandle
 from app.engine.llama_embed import (
     DEFAULT_MAX_CTX,
+    GENERATIVE_MAX_CTX,
     DecodeTurns,
     EmbedConfig,
     LlamaEmbedder,
@@ -71,6 +73,7 @@ from app.state import LoadState
 log = logging.getLogger(__name__)
 
 _FLASH = {"auto": -1, "off": 0, "on": 1}
+_SPLIT = {"none": 0, "layer": 1, "row": 2}  # llama_split_mode
 _PROTECTED = re.compile(f"{PROTECT_OPEN}(.*?){PROTECT_CLOSE}", re.DOTALL)
 PREP_THREADS = 2
 PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
@@ -95,6 +98,9 @@ class EngineConfig:
     model_tags: str | None = setting_default("model_tags")
     max_prompt_bytes: int = setting_default("max_prompt_bytes")  # 0: context x longest token
     grammar_max_step_ms: float = setting_default("grammar_max_step_ms")
+    split_mode: str = setting_default("split_mode")
+    tensor_split: str | None = setting_default("tensor_split")
+    main_gpu: int = setting_default("main_gpu")
     embeddings: Literal["auto", "on", "off", "only"] = setting_default("embeddings")
     embedding_pooling: str = setting_default("embedding_pooling")
     embedding_ctx: int = setting_default("embedding_ctx")
@@ -386,13 +392,11 @@ class LlamaEngine:
             self._stopped.set()
 
     def _load(self, path: str) -> None:
-        import llama_cpp  # imported here: loading the shared library takes time
-        from llama_cpp import llama_cpp as ll
+        from llama_cpp import llama_cpp as ll  # imported here: loading it takes time
 
         self._ll = ll
         cfg = self.config
-        if not cfg.verbose:
-            llama_cpp._logger.set_verbose(False)
+        llama_log.install(ll, cfg.verbose)  # placement lines always; the rest with debug
         if not os.path.isfile(path):
             raise ModelLoadError(f"model {path}: file not found")
         with open(path, "rb") as fh:
@@ -404,6 +408,7 @@ class LlamaEngine:
         mparams = ll.llama_model_default_params()
         gpu = ll.llama_supports_gpu_offload()
         mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
+        self._split_params(mparams)
 
         def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
             self.state.set("loading", progress=float(progress))
@@ -464,14 +469,34 @@ class LlamaEngine:
             control_texts=self._vocab_tables.control_texts,
         )
         log.info(
-            "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, threads=%d",
+            "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, "
+            "split_mode=%s, tensor_split=%s, main_gpu=%d, threads=%d",
             path,
             cfg.parallel,
             self._n_ctx,
             gpu,
             mparams.n_gpu_layers,
+            cfg.split_mode,
+            cfg.tensor_split or "by free memory",
+            cfg.main_gpu,
             n_threads,
         )
+
+    def _split_params(self, mparams) -> None:
+        """SPLIT_MODE, TENSOR_SPLIT and MAIN_GPU into llama.cpp's model parameters; more
+        shares than llama.cpp can take devices is a load error, not a silent cut."""
+        ll, cfg = self._ll, self.config
+        mparams.split_mode = _SPLIT[cfg.split_mode]
+        mparams.main_gpu = cfg.main_gpu
+        if cfg.tensor_split:
+            shares = [float(p) for p in cfg.tensor_split.split(",")]
+            n_max = ll.llama_max_devices()
+            if len(shares) > n_max:
+                raise ModelLoadError(
+                    f"TENSOR_SPLIT has {len(shares)} shares; this build takes at most {n_max} "
+                    "devices")
+            self._tensor_split = (ctypes.c_float * n_max)(*shares)  # alive while loading
+            mparams.tensor_split = self._tensor_split
 
     def _open_generation(self, path: str, n_ctx_train: int, n_threads: int) -> None:
         """The generation context: PARALLEL slots of CTX_SIZE tokens each."""
@@ -511,8 +536,8 @@ class LlamaEngine:
         embedding_model = (self._meta(f"{arch}.attention.causal") == "false"
                            or self._meta(f"{arch}.pooling_type") is not None)
         mode = self.config.embeddings
-        if mode == "auto":
-            mode = "only" if embedding_model else "on"
+        if mode == "auto":  # a generative model's embedding context costs memory: asked for
+            mode = "only" if embedding_model else "off"
         if mode != "off" and self._ll.llama_model_has_encoder(model):
             if mode == "only":
                 raise ModelLoadError("embeddings of encoder-decoder models are not supported")
@@ -527,7 +552,8 @@ class LlamaEngine:
             arch = self._meta("general.architecture") or ""
             code = self._meta(f"{arch}.pooling_type")
             pooling = POOLING_IDS.get(int(code), "none") if code and code.isdigit() else "mean"
-        n_ctx = cfg.embedding_ctx or min(n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+        cap = DEFAULT_MAX_CTX if only else GENERATIVE_MAX_CTX
+        n_ctx = cfg.embedding_ctx or min(n_ctx_train or cap, cap)
         embed_cfg = EmbedConfig(
             pooling=pooling,
             n_ctx=n_ctx,

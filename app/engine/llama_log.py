@@ -1,0 +1,44 @@
+"""llama.cpp's own log lines, through Python logging.
+
+With LOG_LEVEL=debug every line goes through (llama.cpp's verbose output). Otherwise only the
+lines that say where the model went: how many layers were offloaded, and each device's model,
+KV-cache and compute buffers. On a multi-GPU machine that is how an operator sees the split
+(SPLIT_MODE, TENSOR_SPLIT) actually placed; on a CPU it says the model is in host memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+log = logging.getLogger("vertex_gguf.llama")
+
+# llama.cpp's lines about placement (load_tensors, llama_kv_cache, llama_context, device use)
+PLACEMENT = re.compile(
+    r"offloaded \d+/\d+ layers|offloading|buffer size|using device|KV self size",
+    re.IGNORECASE,
+)
+_callback = None  # the ctypes callback, kept alive for as long as llama.cpp may call it
+
+
+def install(ll, verbose: bool) -> None:
+    """Route llama.cpp's log through ``log`` (all of it when ``verbose``)."""
+    global _callback
+    last = [logging.INFO]
+
+    @ll.llama_log_callback
+    def forward(level: int, text: bytes, _user: object) -> None:
+        # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line
+        pylevel = last[0] if level == 5 else {1: logging.DEBUG, 3: logging.WARNING,
+                                              4: logging.ERROR}.get(level, logging.INFO)
+        last[0] = pylevel
+        line = text.decode("utf-8", "replace").rstrip()
+        if not line:
+            return
+        if verbose or pylevel >= logging.ERROR:
+            log.log(pylevel, "%s", line)
+        elif PLACEMENT.search(line) and not line.startswith("~"):  # not the teardown's
+            log.info("placement: %s", line.strip())
+
+    _callback = forward
+    ll.llama_log_set(forward, None)
