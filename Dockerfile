@@ -2,15 +2,26 @@
 # vertex-gguf: one image for Vertex AI, Cloud Run (GPU) and `docker run`.
 #
 # GPU (default): llama.cpp built with CUDA for A100 (sm_80), L4 (sm_89) and H100 (sm_90).
-# CUDA 12.2 matches Cloud Run's L4 driver (535, CUDA 12.2): a newer toolkit would need a newer
-# driver than Cloud Run guarantees.
+# CUDA 12.9, the last CUDA 12 release: NVIDIA deletes a CUDA image's tags six months after the
+# driver branch it shipped with reaches end of life (12.2's, R535, ended June 2026). It runs on
+# Cloud Run's L4 driver (535, CUDA 12.2) by CUDA minor-version compatibility: any 12.x
+# application runs on a driver >= 525, except PTX that driver would have to JIT-compile; the
+# image carries machine code (SASS) for every architecture in CUDA_ARCHS, so nothing is JIT-compiled.
+# The runtime stage is the CUDA `base` image (the CUDA runtime) plus the only CUDA libraries
+# ggml-cuda links: cuBLAS (libcublas, libcublasLt) and NCCL (GGML_CUDA_NCCL is on by default
+# and the devel image has it); libcuda comes from the host's driver. A check at the end of the
+# build fails it if any other library is missing.
 # CPU variant, for a laptop without a GPU:
 #   docker build --build-arg BACKEND=cpu \
 #     --build-arg BUILD_IMAGE=ubuntu:22.04 --build-arg RUNTIME_IMAGE=ubuntu:22.04 -t vertex-gguf:cpu .
+# A model baked into the image (for Cloud Run models too big to download within its startup
+# window): put the GGUF (or a split GGUF's shards) into baked-model/ before building (Cloud
+# Build's _BAKE_MODEL substitution does it from the bucket); it lands in /opt/model, which
+# MODEL=/opt/model serves.
 
-ARG CUDA_VERSION=12.2.2
+ARG CUDA_VERSION=12.9.1
 ARG BUILD_IMAGE=nvidia/cuda:${CUDA_VERSION}-devel-ubuntu22.04
-ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu22.04
+ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-base-ubuntu22.04
 
 # ---- build: compile llama-cpp-python and install the app into /opt/venv -------------------------
 # checkov:skip=CKV_DOCKER_7:the base images are pinned through the CUDA_VERSION build arg, which checkov cannot resolve
@@ -20,6 +31,10 @@ ARG BACKEND=cuda
 ARG CUDA_ARCHS="80;89;90"
 ARG LLAMA_CPP_PYTHON_VERSION=0.3.36
 ARG WITH_DEFAULT_MODEL=1
+# Parallel compile jobs. nvcc compiling llama.cpp's CUDA template instances for three
+# architectures can take several GB per job; unbounded (one job per core) a 32-core build machine
+# with 32 GB runs out of memory. 8 jobs leave about 4 GB each on E2_HIGHCPU_32.
+ARG BUILD_JOBS=8
 
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -35,7 +50,8 @@ ENV PATH=/opt/venv/bin:$PATH
 
 # llama-cpp-python first (the slow, rarely changing layer), built for the chosen backend with
 # GGML_NATIVE off so the binary runs on any host CPU.
-RUN if [ "$BACKEND" = "cuda" ]; then \
+RUN export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" \
+    && if [ "$BACKEND" = "cuda" ]; then \
         export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS} -DGGML_NATIVE=off"; \
     else \
         export CMAKE_ARGS="-DGGML_NATIVE=off"; \
@@ -59,16 +75,34 @@ RUN mkdir -p /var/cache/vertex-gguf \
 # ---- runtime: no compilers, no gcloud ----------------------------------------------------------
 FROM ${RUNTIME_IMAGE} AS runtime
 
+ARG BACKEND=cuda
 ENV DEBIAN_FRONTEND=noninteractive
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
+# cuBLAS and NCCL from NVIDIA's apt repository (configured in the CUDA base image), for the CUDA
+# version of the base image (its CUDA_VERSION variable, e.g. 12.9.1 -> libcublas-12-9).
+# Ubuntu 24.04 images already have a user with uid 1000 (`ubuntu`): it is removed first, so that
+# uid 1000 is `app` on every base.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 libgomp1 ca-certificates \
+    && if [ "$BACKEND" = "cuda" ]; then \
+        cuda_mm="$(echo "${CUDA_VERSION:?the CUDA base image sets CUDA_VERSION}" | cut -d. -f1,2 | tr . -)"; \
+        apt-get install -y --no-install-recommends "libcublas-${cuda_mm}" libnccl2; \
+    fi \
     && rm -rf /var/lib/apt/lists/* \
+    && if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 1000 | cut -d: -f1)"; fi \
     && useradd --uid 1000 --create-home --shell /usr/sbin/nologin app
 
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build --chown=1000:1000 /var/cache/vertex-gguf /var/cache/vertex-gguf
+COPY --chown=1000:1000 baked-model/ /opt/model/
+
+# Every shared library llama.cpp loads must resolve here, except libcuda.so.1, which the GPU
+# host's driver mounts at run time: a missing CUDA library fails the build, not the deployment.
+RUN missing="$(find /opt/venv -name '*.so*' -path '*llama_cpp*' -exec ldd {} + 2>/dev/null \
+        | grep 'not found' | grep -v 'libcuda\.so\.1' | sort -u || true)" \
+    && if [ -n "$missing" ]; then echo "missing shared libraries:"; echo "$missing"; exit 1; fi
 
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -1,11 +1,60 @@
 # Cloud Run with one L4 GPU per instance. The container binds PORT (8080) at once and answers 503
 # on /health until the model is downloaded and loaded: the startup probe is HTTP on /health (a TCP
 # probe would pass before the model is ready).
+#
+# Cloud Run bounds the startup probe: failure_threshold x period_seconds at most 240 s, and
+# initial_delay_seconds at most 240 s; past their sum the instance is shut down. So the model's
+# download + load must fit in 240 s (no initial delay, the default) or 480 s (the full initial
+# delay, which every cold start then waits out before its first probe, even a fast one). Beyond
+# that: bake the GGUF into the image (cloud_run_model_baked), or keep cloud_run_min_instances >= 1
+# so that cold starts are rare (they still have to fit).
+
+variable "cloud_run_region" {
+  description = "Region of the Cloud Run service; empty: var.region. Cloud Run has L4 GPUs in only some regions (us-central1, europe-west1, europe-west4, asia-southeast1; asia-south1 by invitation) and needs the 'without zonal redundancy' L4 quota there. The image and the model bucket stay in var.region: another region works, but every cold start then pulls and downloads across regions."
+  type        = string
+  default     = ""
+}
+
+variable "cloud_run_startup_initial_delay_seconds" {
+  description = "Seconds before Cloud Run's first startup probe (0-240). Every cold start waits at least this long; raise it only for models whose download + load takes more than 240 s."
+  type        = number
+  default     = 0
+  validation {
+    condition     = var.cloud_run_startup_initial_delay_seconds >= 0 && var.cloud_run_startup_initial_delay_seconds <= 240 && floor(var.cloud_run_startup_initial_delay_seconds) == var.cloud_run_startup_initial_delay_seconds
+    error_message = "Cloud Run allows an initial delay of 0 to 240 seconds."
+  }
+}
+
+variable "cloud_run_startup_failure_threshold" {
+  description = "Startup probes, 10 s apart, before Cloud Run gives up on a starting instance: 1-24 (Cloud Run caps failure_threshold x period at 240 s)."
+  type        = number
+  default     = 24
+  validation {
+    condition     = var.cloud_run_startup_failure_threshold >= 1 && var.cloud_run_startup_failure_threshold * 10 <= 240 && floor(var.cloud_run_startup_failure_threshold) == var.cloud_run_startup_failure_threshold
+    error_message = "Cloud Run caps failure_threshold x period_seconds (10) at 240 s: use 1 to 24."
+  }
+}
+
+locals {
+  cloud_run_region = var.cloud_run_region == "" ? var.region : var.cloud_run_region
+  # The period the failure threshold's validation assumes (10 s).
+  cloud_run_startup_period_seconds = 10
+  # Where the container reads the model: the bucket, or the copy baked into the image.
+  cloud_run_model = var.cloud_run_model_baked ? "/opt/model" : local.model_uri
+}
+
+# A warning at plan time, not an error: Google adds GPU regions.
+check "cloud_run_gpu_region" {
+  assert {
+    condition     = !var.deploy_cloud_run || contains(["us-central1", "europe-west1", "europe-west4", "asia-southeast1", "asia-south1"], local.cloud_run_region)
+    error_message = "Cloud Run region ${local.cloud_run_region} was not among the regions with L4 GPUs when this was written (us-central1, europe-west1, europe-west4, asia-southeast1, asia-south1): check https://cloud.google.com/run/docs/configuring/services/gpu before applying."
+  }
+}
 
 resource "google_cloud_run_v2_service" "llm" {
   count               = var.deploy_cloud_run ? 1 : 0
   name                = var.cloud_run_service_name
-  location            = var.region
+  location            = local.cloud_run_region
   ingress             = "INGRESS_TRAFFIC_ALL"
   deletion_protection = false
 
@@ -25,7 +74,7 @@ resource "google_cloud_run_v2_service" "llm" {
     }
 
     containers {
-      image = local.image
+      image = local.image_by_digest
 
       ports {
         container_port = local.port
@@ -43,7 +92,7 @@ resource "google_cloud_run_v2_service" "llm" {
 
       env {
         name  = "MODEL"
-        value = local.model_uri
+        value = local.cloud_run_model
       }
 
       dynamic "env" {
@@ -55,10 +104,10 @@ resource "google_cloud_run_v2_service" "llm" {
       }
 
       startup_probe {
-        initial_delay_seconds = 0
-        period_seconds        = 10
+        initial_delay_seconds = var.cloud_run_startup_initial_delay_seconds
+        period_seconds        = local.cloud_run_startup_period_seconds
         timeout_seconds       = 5
-        failure_threshold     = var.startup_probe_failure_threshold
+        failure_threshold     = var.cloud_run_startup_failure_threshold
         http_get {
           path = local.health_route
           port = local.port
@@ -87,7 +136,7 @@ resource "google_cloud_run_v2_service" "llm" {
 resource "google_cloud_run_v2_service_iam_member" "invokers" {
   for_each = var.deploy_cloud_run ? toset(var.allow_unauthenticated ? ["allUsers"] : var.cloud_run_invokers) : toset([])
   project  = var.project_id
-  location = var.region
+  location = local.cloud_run_region
   name     = google_cloud_run_v2_service.llm[0].name
   role     = "roles/run.invoker"
   member   = each.value

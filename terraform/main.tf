@@ -1,5 +1,6 @@
 locals {
   # The same reference cloudbuild.yaml pushes: ${_REGION}-docker.pkg.dev/${PROJECT_ID}/${_REPOSITORY}/${_IMAGE}:${_TAG}
+  # (a mutable tag: the deployments run local.image_by_digest, build.tf, which resolves it).
   image     = "${var.region}-docker.pkg.dev/${var.project_id}/${var.repository}/${var.image_name}:${var.image_tag}"
   model_uri = "gs://${google_storage_bucket.models.name}/${var.model_path}"
   # The server's own routes (app/settings.py defaults) and port.
@@ -12,12 +13,16 @@ locals {
   )
 }
 
+# The APIs, the repository and the model bucket are created by the first, targeted apply of
+# scripts/deploy.sh, before anything is built: nothing else creates them (no `gcloud artifacts
+# repositories create`, no `gcloud services enable`), so none is created twice.
 resource "google_project_service" "apis" {
   for_each = toset([
     "aiplatform.googleapis.com",
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
     "iam.googleapis.com",
+    "logging.googleapis.com",
     "run.googleapis.com",
     "storage.googleapis.com",
   ])
@@ -51,6 +56,7 @@ resource "google_storage_bucket" "models" {
 resource "google_service_account" "runtime" {
   account_id   = "vertex-gguf-runtime"
   display_name = "vertex-gguf runtime"
+  depends_on   = [google_project_service.apis] # iam.googleapis.com, on a fresh project
 }
 
 resource "google_storage_bucket_iam_member" "runtime_reads_models" {

@@ -106,8 +106,8 @@ def test_dockerfile_structure(dockerfile):
     assert stages[0]["value"] == "${BUILD_IMAGE} AS build"
     assert stages[-1]["value"] == "${RUNTIME_IMAGE} AS runtime"
     args = docker_args(dockerfile)
-    assert "devel" in args["BUILD_IMAGE"] and "runtime" in args["RUNTIME_IMAGE"]
-    assert args["CUDA_VERSION"].startswith("12.2")  # Cloud Run's L4 driver is CUDA 12.2-era
+    assert "devel" in args["BUILD_IMAGE"] and "-base-" in args["RUNTIME_IMAGE"]  # + cuBLAS, NCCL (test_deploy_build)
+    assert args["CUDA_VERSION"].startswith("12.")  # a 12.x runs on Cloud Run's 535 driver (minor-version compatibility)
     assert args["CUDA_ARCHS"] == "80;89;90"
     final = dockerfile.structure[dockerfile.structure.index(stages[-1]):]
     users = [i["value"] for i in final if i["instruction"] == "USER"]
@@ -190,7 +190,7 @@ def test_terraform_cloud_run_gpu_service():
     probe = container["startup_probe"][0]["http_get"][0]
     assert probe["path"] == "${local.health_route}" and probe["port"] == "${local.port}"
     assert container["ports"][0]["container_port"] == "${local.port}"
-    assert container["image"] == "${local.image}"
+    assert container["image"] == "${local.image_by_digest}"
     env_names_set = {unq(e["name"]) for e in container["env"]}
     assert "MODEL" in env_names_set
     assert ("google_cloud_run_v2_service_iam_member", "invokers") in res
