@@ -65,6 +65,15 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 RUN pip install . && rm -rf /src/build
 
+# The CUDA libraries the runtime stage installs, at the versions this build linked against (the
+# devel image's own packages: libcublas-MAJOR-MINOR and the libnccl2 built for this CUDA), so the
+# runtime never picks up a newer NCCL built for another CUDA major. Empty for the CPU variant.
+RUN if [ "$BACKEND" = "cuda" ]; then \
+        cuda_mm="$(echo "${CUDA_VERSION:?the CUDA image sets CUDA_VERSION}" | cut -d. -f1,2 | tr . -)"; \
+        dpkg-query -W -f='${Package}=${Version}\n' "libcublas-${cuda_mm}" libnccl2; \
+    fi > /opt/cuda-runtime-packages.txt \
+    && cat /opt/cuda-runtime-packages.txt
+
 # The embedded default model (SmolLM2-135M-Instruct, sha256-checked), so `docker run` with no
 # model configured serves something.
 RUN mkdir -p /var/cache/vertex-gguf \
@@ -75,22 +84,21 @@ RUN mkdir -p /var/cache/vertex-gguf \
 # ---- runtime: no compilers, no gcloud ----------------------------------------------------------
 FROM ${RUNTIME_IMAGE} AS runtime
 
-ARG BACKEND=cuda
 ENV DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# cuBLAS and NCCL from NVIDIA's apt repository (configured in the CUDA base image), for the CUDA
-# version of the base image (its CUDA_VERSION variable, e.g. 12.9.1 -> libcublas-12-9).
+# cuBLAS and NCCL from NVIDIA's apt repository (configured in the CUDA base image), the exact
+# versions the build stage linked against.
 # Ubuntu 24.04 images already have a user with uid 1000 (`ubuntu`): it is removed first, so that
 # uid 1000 is `app` on every base.
+COPY --from=build /opt/cuda-runtime-packages.txt /tmp/cuda-runtime-packages.txt
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 libgomp1 ca-certificates \
-    && if [ "$BACKEND" = "cuda" ]; then \
-        cuda_mm="$(echo "${CUDA_VERSION:?the CUDA base image sets CUDA_VERSION}" | cut -d. -f1,2 | tr . -)"; \
-        apt-get install -y --no-install-recommends "libcublas-${cuda_mm}" libnccl2; \
+    && if [ -s /tmp/cuda-runtime-packages.txt ]; then \
+        xargs apt-get install -y --no-install-recommends < /tmp/cuda-runtime-packages.txt; \
     fi \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /tmp/cuda-runtime-packages.txt \
     && if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 1000 | cut -d: -f1)"; fi \
     && useradd --uid 1000 --create-home --shell /usr/sbin/nologin app
 

@@ -293,17 +293,27 @@ def test_cuda_base_images_stay_published_and_run_on_cloud_runs_driver(dockerfile
 
 
 def test_runtime_stage_adds_only_the_cuda_libraries_ggml_links(dockerfile):
-    runs = [i["value"] for i in runtime_stage(dockerfile) if i["instruction"] == "RUN"]
+    # the build stage lists the runtime packages it linked against: cuBLAS and NCCL, pinned
+    build_runs = [i["value"] for i in dockerfile.structure[:dockerfile.structure.index(runtime_stage(dockerfile)[0])]
+                  if i["instruction"] == "RUN"]
+    listing = next(r for r in build_runs if "dpkg-query" in r)
+    assert '"libcublas-${cuda_mm}" libnccl2' in listing and "${Package}=${Version}" in listing
+    assert "> /opt/cuda-runtime-packages.txt" in listing
+    # the runtime stage installs exactly that list, and nothing of CUDA's other libraries
+    final = runtime_stage(dockerfile)
+    assert any(i["instruction"] == "COPY" and "--from=build /opt/cuda-runtime-packages.txt" in i["value"]
+               for i in final)
+    runs = [i["value"] for i in final if i["instruction"] == "RUN"]
     install = next(r for r in runs if "apt-get install" in r)
-    assert '"libcublas-${cuda_mm}"' in install and "libnccl2" in install
+    assert "xargs apt-get install -y --no-install-recommends < /tmp/cuda-runtime-packages.txt" in install
     assert "cuda-libraries" not in install and "libcufft" not in install
     # the missing-library check: everything but the host's libcuda must resolve
     check = next(r for r in runs if "ldd" in r)
     assert "not found" in check and "libcuda" in check and "exit 1" in check
-    # libcublas-MAJOR-MINOR from the base image's CUDA_VERSION
-    m = re.search(r'cuda_mm="\$\((.*?)\)";', install)
-    assert m, install
-    expr = m.group(1).replace("${CUDA_VERSION:?the CUDA base image sets CUDA_VERSION}", "${CUDA_VERSION}")
+    # libcublas-MAJOR-MINOR from the devel image's CUDA_VERSION
+    m = re.search(r'cuda_mm="\$\((.*?)\)";', listing)
+    assert m, listing
+    expr = m.group(1).replace("${CUDA_VERSION:?the CUDA image sets CUDA_VERSION}", "${CUDA_VERSION}")
     out = subprocess.run(["bash", "-c", f"echo $({expr})"], capture_output=True, text=True, timeout=30,
                          env={**os.environ, "CUDA_VERSION": "12.9.1"})
     assert out.stdout.strip() == "12-9"
