@@ -56,45 +56,105 @@ variable "deploy_cloud_run" {
 }
 
 variable "vertex_machine_type" {
-  description = "Vertex AI machine type for the deployed model (g2-standard-* carry L4 GPUs)."
+  description = "Vertex AI machine type for the deployed model: g2-standard-* (L4: 1 GPU up to g2-standard-32, 2 on -24, 4 on -48, 8 on -96), a2-highgpu-1g/2g/4g/8g (A100 40 GB), a2-ultragpu-1g/2g/4g/8g (A100 80 GB), a3-highgpu-1g/2g/4g/8g (H100 80 GB), a3-megagpu-8g, a3-ultragpu-8g (H200). The GPU type and count follow from it (vertex_gpus in vertex_rules.tf)."
   type        = string
   default     = "g2-standard-8"
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9]*-[a-z0-9-]+$", var.vertex_machine_type))
+    error_message = "vertex_machine_type must be a Compute Engine machine type name such as g2-standard-8 or a3-highgpu-8g."
+  }
 }
 
 variable "vertex_accelerator_type" {
-  description = "Vertex AI accelerator type."
+  description = "Vertex AI accelerator type (NVIDIA_L4, NVIDIA_TESLA_A100, NVIDIA_A100_80GB, NVIDIA_H100_80GB, ...). null: the one vertex_machine_type carries; set it only for a machine type the table in vertex_rules.tf does not know (then set vertex_accelerator_count too)."
   type        = string
-  default     = "NVIDIA_L4"
+  default     = null
+  validation {
+    condition     = var.vertex_accelerator_type == null ? true : can(regex("^NVIDIA_[A-Z0-9_]+$", var.vertex_accelerator_type))
+    error_message = "vertex_accelerator_type is a Vertex AI AcceleratorType enum name such as NVIDIA_L4 or NVIDIA_H100_80GB (or null to follow the machine type)."
+  }
 }
 
 variable "vertex_accelerator_count" {
-  description = "GPUs per Vertex AI replica."
+  description = "GPUs per Vertex AI replica. null: as many as vertex_machine_type carries (a plan fails when a set value disagrees with a known machine type). The server spreads the model over them (SPLIT_MODE / TENSOR_SPLIT)."
   type        = number
-  default     = 1
+  default     = null
+  validation {
+    condition     = var.vertex_accelerator_count == null ? true : contains([1, 2, 4, 8, 16], var.vertex_accelerator_count)
+    error_message = "vertex_accelerator_count must be 1, 2, 4, 8 or 16 (or null to follow the machine type)."
+  }
 }
 
 variable "vertex_min_replicas" {
-  description = "Minimum Vertex AI replicas."
+  description = "Minimum Vertex AI replicas (at least 1: a Vertex endpoint does not scale to zero)."
   type        = number
   default     = 1
+  validation {
+    condition     = var.vertex_min_replicas >= 1 && floor(var.vertex_min_replicas) == var.vertex_min_replicas
+    error_message = "vertex_min_replicas must be a whole number >= 1."
+  }
 }
 
 variable "vertex_max_replicas" {
-  description = "Maximum Vertex AI replicas."
+  description = "Maximum Vertex AI replicas (>= vertex_min_replicas). A rollout runs the old and the new deployment side by side, so it needs up to twice this many machines' GPUs in quota."
   type        = number
   default     = 1
+  validation {
+    condition     = var.vertex_max_replicas >= 1 && floor(var.vertex_max_replicas) == var.vertex_max_replicas
+    error_message = "vertex_max_replicas must be a whole number >= 1."
+  }
 }
 
 variable "vertex_dedicated_endpoint" {
-  description = "Use a dedicated endpoint: needed for streamRawPredict (streaming), 10 MB bodies and timeouts past 60 s."
+  description = "Use a dedicated endpoint (its own DNS name): needed for streamRawPredict (streaming), 10 MB bodies and requests past 60 s. A dedicated endpoint refuses calls on the shared {region}-aiplatform.googleapis.com host: use the vertex_* URL outputs."
   type        = bool
   default     = true
 }
 
+variable "vertex_endpoint_id" {
+  description = "Vertex AI endpoint id. Empty: a number derived from project, region and vertex_dedicated_endpoint, so a replaced endpoint (create before destroy) never collides with the old one and two stacks in different regions never share one."
+  type        = string
+  default     = ""
+  validation {
+    condition     = var.vertex_endpoint_id == "" || can(regex("^([1-9][0-9]{0,9}|[a-z][a-z0-9-]{0,62})$", var.vertex_endpoint_id))
+    error_message = "vertex_endpoint_id must be empty, a number of at most 10 digits without a leading zero, or lowercase letters, digits and hyphens starting with a letter (at most 63)."
+  }
+}
+
 variable "deployment_timeout_seconds" {
-  description = "How long Vertex waits for the container to become healthy (model download + load); Model Garden uses 7200."
+  description = "How long Vertex AI waits for a new deployment to become healthy (model download + load); the API allows at most 7200 (2 h), which Model Garden uses."
   type        = number
   default     = 7200
+  validation {
+    condition     = var.deployment_timeout_seconds >= 60 && var.deployment_timeout_seconds <= 7200
+    error_message = "deployment_timeout_seconds must be between 60 and 7200 (the Vertex AI limit: 2 hours)."
+  }
+}
+
+variable "vertex_startup_probe" {
+  description = "Vertex AI startup probe: an HTTP GET of the health route (503 until the model is loaded, then 200) every period_seconds, each given timeout_seconds; the container is restarted after failure_threshold failures. The API's Probe message says period_seconds must be less than timeout_seconds and timeout_seconds greater than or equal to period_seconds: timeout_seconds > period_seconds satisfies both. Its budget, period_seconds x failure_threshold (default 7200 s), is the time a replica has to download and load the model, and must not exceed deployment_timeout_seconds."
+  type = object({
+    period_seconds    = number
+    timeout_seconds   = number
+    failure_threshold = number
+  })
+  default = {
+    period_seconds    = 10
+    timeout_seconds   = 15
+    failure_threshold = 720
+  }
+  validation {
+    condition     = var.vertex_startup_probe.period_seconds >= 1 && var.vertex_startup_probe.failure_threshold >= 1
+    error_message = "vertex_startup_probe.period_seconds and failure_threshold must be >= 1."
+  }
+  validation {
+    condition     = var.vertex_startup_probe.timeout_seconds > var.vertex_startup_probe.period_seconds
+    error_message = "vertex_startup_probe.timeout_seconds must be greater than period_seconds (the Vertex AI Probe message: period_seconds must be less than timeout_seconds)."
+  }
+  validation {
+    condition     = var.vertex_startup_probe.period_seconds * var.vertex_startup_probe.failure_threshold >= 300
+    error_message = "vertex_startup_probe gives a replica period_seconds x failure_threshold seconds to download and load the model; under 300 s a multi-GB GGUF never starts (the default is 10 x 720 = 7200 s)."
+  }
 }
 
 variable "cloud_run_service_name" {
@@ -134,7 +194,7 @@ variable "cloud_run_max_instances" {
 }
 
 variable "request_timeout_seconds" {
-  description = "Cloud Run request timeout (up to 3600 s, for long streams). The server's REQUEST_TIMEOUT is set 10 s below it so clients get a clean error event."
+  description = "Cloud Run request timeout (up to 3600 s, for long streams). The server's REQUEST_TIMEOUT is set 10 s below it so clients get a clean error event. Vertex AI has its own, fixed limit (see vertex_rules.tf)."
   type        = number
   default     = 3600
 }

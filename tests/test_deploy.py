@@ -206,18 +206,17 @@ def test_terraform_vertex_endpoint_and_deployment():
     assert triggers["image"] == "${local.image}" and triggers["model_uri"] == "${local.model_uri}"
     execs = [p['"local-exec"'] for p in deploy["provisioner"]]
     env = execs[0]["environment"]
-    assert env["IMAGE"] == "${local.image}" and env["ARTIFACT_URI"] == "${local.model_uri}"
-    assert env["PORT"] == "${local.port}"
-    assert env["HEALTH_ROUTE"] == "${local.health_route}" and env["PREDICT_ROUTE"] == "${local.predict_route}"
+    assert env["UPLOAD_BODY"] == "${self.triggers_replace.upload_body}"
+    assert triggers["upload_body"] == "${local.vertex_upload_body}"
+    upload = tf_locals()["vertex_upload_body"]  # the container spec (REST models.upload)
+    for field in ("imageUri = local.image", "containerPort = local.port", "healthRoute = local.health_route",
+                  "predictRoute = local.predict_route", "deploymentTimeout = "):
+        assert field in upload
     assert unq(execs[1]["when"]) in {"destroy", "${destroy}"}
     variables = tf_variables()
     assert unq(variables["vertex_machine_type"]["default"]).startswith("g2-standard")
-    assert unq(variables["vertex_accelerator_type"]["default"]) == "NVIDIA_L4"
+    assert variables["vertex_accelerator_type"]["default"] is None  # follows the machine type (vertex_rules.tf)
     assert variables["deployment_timeout_seconds"]["default"] >= 1800
-    script = (TF / "scripts" / "vertex_deploy.sh").read_text()
-    for flag in ("--container-ports=", "--container-health-route=", "--container-predict-route=",
-                 "--artifact-uri=", "--accelerator=", "--container-deployment-timeout-seconds="):
-        assert flag in script
 
 
 def test_terraform_shared_resources_and_bucket_access():
