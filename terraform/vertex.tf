@@ -27,7 +27,7 @@ locals {
       displayName = "__MODEL_ID__"
       labels      = { app = "vertex-gguf", managed-by = "terraform" }
       containerSpec = {
-        imageUri          = local.image
+        imageUri          = local.image_by_digest
         env               = [for k, v in local.vertex_env : { name = k, value = v }]
         ports             = [{ containerPort = local.port }]
         healthRoute       = local.health_route
@@ -88,7 +88,7 @@ resource "terraform_data" "vertex_deployment" {
     project      = var.project_id
     region       = var.region
     endpoint_id  = google_vertex_ai_endpoint.llm[0].name
-    image        = local.image
+    image        = local.image_by_digest
     model_uri    = local.model_uri
     upload_body  = local.vertex_upload_body
     deploy_body  = local.vertex_deploy_body

@@ -203,13 +203,13 @@ def test_terraform_vertex_endpoint_and_deployment():
     assert ("google_vertex_ai_endpoint", "llm") in res
     deploy = res[("terraform_data", "vertex_deployment")]
     triggers = deploy["triggers_replace"]
-    assert triggers["image"] == "${local.image}" and triggers["model_uri"] == "${local.model_uri}"
+    assert triggers["image"] == "${local.image_by_digest}" and triggers["model_uri"] == "${local.model_uri}"
     execs = [p['"local-exec"'] for p in deploy["provisioner"]]
     env = execs[0]["environment"]
     assert env["UPLOAD_BODY"] == "${self.triggers_replace.upload_body}"
     assert triggers["upload_body"] == "${local.vertex_upload_body}"
     upload = tf_locals()["vertex_upload_body"]  # the container spec (REST models.upload)
-    for field in ("imageUri = local.image", "containerPort = local.port", "healthRoute = local.health_route",
+    for field in ("imageUri = local.image_by_digest", "containerPort = local.port", "healthRoute = local.health_route",
                   "predictRoute = local.predict_route", "deploymentTimeout = "):
         assert field in upload
     assert unq(execs[1]["when"]) in {"destroy", "${destroy}"}

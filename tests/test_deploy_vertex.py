@@ -85,6 +85,7 @@ def test_rollout_creates_before_destroying_and_destroy_is_scoped():
     assert triggers["upload_body"] == "${local.vertex_upload_body}"
     assert triggers["deploy_body"] == "${local.vertex_deploy_body}"
     assert triggers["endpoint_id"] == "${google_vertex_ai_endpoint.llm[0].name}"
+    assert triggers["image"] == "${local.image_by_digest}"  # a rebuild (new digest) rolls out; a re-apply does not
     assert "${terraform_data.vertex_rules}" in deploy["depends_on"]
 
 
@@ -107,7 +108,7 @@ def test_upload_body_probe_env_and_model():
                   "timeoutSeconds = var.vertex_startup_probe.timeout_seconds",
                   "failureThreshold = var.vertex_startup_probe.failure_threshold",
                   'deploymentTimeout = "${var.deployment_timeout_seconds}s"',
-                  "imageUri = local.image", "healthRoute = local.health_route",
+                  "imageUri = local.image_by_digest", "healthRoute = local.health_route",
                   "predictRoute = local.predict_route", "env = [for k, v in local.vertex_env"):
         assert field in upload, field
     assert "artifactUri" not in upload  # R5: the model comes from MODEL=gs://..., as on Cloud Run
@@ -248,6 +249,56 @@ def test_validations_fail_at_plan_time(rules_dir, args, ok, message):
     text = re.sub(r"\s+", " ", proc.stdout + proc.stderr)
     assert (proc.returncode == 0) == ok, text[-3000:]
     assert message in text, text[-3000:]
+
+
+STUBS = """
+locals {
+  image_by_digest = "r-docker.pkg.dev/p/vertex-gguf/vertex-gguf@sha256:abc"
+  model_uri       = "gs://b/m/"
+  port            = 8080
+  health_route    = "/health"
+  predict_route   = "/predict"
+  server_env      = { REQUEST_TIMEOUT = "3590", MODEL_FILE = "*q4*.gguf" }
+  stub_sa         = "vertex-gguf-runtime@p.iam.gserviceaccount.com"
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def bodies_dir(tmp_path_factory) -> Path:
+    """vertex.tf's locals block (the REST bodies) with the other files' locals stubbed: real JSON."""
+    d = tmp_path_factory.mktemp("vertex_bodies")
+    for name in ("variables.tf", "vertex_rules.tf"):
+        shutil.copy(TF / name, d / name)
+    text = (TF / "vertex.tf").read_text()
+    block = text[text.index("locals {"):text.index('resource "google_vertex_ai_endpoint"')]
+    (d / "bodies.tf").write_text(block.replace("google_service_account.runtime.email", "local.stub_sa") + STUBS)
+    return d
+
+
+def test_rest_bodies_as_terraform_builds_them(bodies_dir):
+    upload = json.loads(json.loads(console(bodies_dir, "local.vertex_upload_body")))
+    spec = upload["model"]["containerSpec"]
+    assert upload["modelId"] == "__MODEL_ID__"
+    assert spec["imageUri"].endswith("@sha256:abc")
+    assert spec["ports"] == [{"containerPort": 8080}]
+    assert spec["healthRoute"] == "/health" and spec["predictRoute"] == "/predict"
+    assert spec["deploymentTimeout"] == "7200s"
+    assert spec["startupProbe"] == {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 10,
+                                    "timeoutSeconds": 15, "failureThreshold": 720}
+    env = {e["name"]: e["value"] for e in spec["env"]}
+    assert env == {"MODEL": "gs://b/m/", "MODEL_FILE": "*q4*.gguf", "REQUEST_TIMEOUT": "590"}
+    assert "artifactUri" not in upload["model"]
+    deploy = json.loads(json.loads(console(bodies_dir, "local.vertex_deploy_body",
+                                           "-var", "vertex_machine_type=a3-highgpu-8g", "-var", "vertex_max_replicas=2")))
+    dm = deploy["deployedModel"]
+    assert deploy["trafficSplit"] == {"0": 100}
+    assert dm["id"] == "__DEPLOYED_MODEL_ID__"
+    assert dm["model"] == "projects/p/locations/us-central1/models/__MODEL_ID__"
+    assert dm["serviceAccount"] == "vertex-gguf-runtime@p.iam.gserviceaccount.com"
+    assert dm["dedicatedResources"] == {
+        "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
+        "minReplicaCount": 1, "maxReplicaCount": 2}
 
 
 def console(d: Path, expr: str, *args: str) -> str:
@@ -556,3 +607,14 @@ def test_nounset_with_nothing_deployed_and_no_optional_env(vertex):
     assert "unbound variable" not in proc.stderr
     proc = vertex.run("deploy", "4444")
     assert proc.returncode == 0 and "unbound variable" not in proc.stderr
+
+
+def test_script_with_the_bodies_terraform_builds(vertex, bodies_dir):
+    upload = json.loads(console(bodies_dir, "local.vertex_upload_body"))
+    deploy = json.loads(console(bodies_dir, "local.vertex_deploy_body"))
+    proc = vertex.run("deploy", "5555", UPLOAD_BODY=upload, DEPLOY_BODY=deploy)
+    assert proc.returncode == 0, proc.stderr
+    sent = [c["body"] for c in vertex.calls() if c["method"] == "POST"]
+    assert "__" not in json.dumps(sent)
+    assert sent[0]["modelId"] == "vertex-gguf-5555" and sent[1]["deployedModel"]["id"] == "5555"
+    assert sent[1]["deployedModel"]["model"] == "projects/p/locations/us-central1/models/vertex-gguf-5555"
