@@ -29,7 +29,6 @@ FROM ${BUILD_IMAGE} AS build
 
 ARG BACKEND=cuda
 ARG CUDA_ARCHS="80;89;90"
-ARG LLAMA_CPP_PYTHON_VERSION=0.3.36
 ARG WITH_DEFAULT_MODEL=1
 # Parallel compile jobs. nvcc compiling llama.cpp's CUDA template instances for three
 # architectures can take several GB per job; unbounded (one job per core) a 32-core build machine
@@ -48,8 +47,19 @@ RUN apt-get update \
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# llama-cpp-python first (the slow, rarely changing layer), built for the chosen backend with
-# GGML_NATIVE off so the binary runs on any host CPU.
+# The Python dependencies, all from requirements/image.lock: every package pinned (==) with the
+# sha256 of its files, which pip checks (--require-hashes), so two builds of one commit install the
+# same files. llama-cpp-python comes as its pinned sdist, compiled here for the chosen backend with
+# GGML_NATIVE off so the binary runs on any host CPU: the slow layer (the CUDA compile), rebuilt
+# only when the lock file changes. Its build backend (scikit-build-core) is fetched by pip's build
+# isolation and is not in the lock. After changing pyproject.toml's dependencies, regenerate the
+# lock (runtime dependencies only, for this image's Python 3.11 on Linux x86_64; any host) with
+#   uv pip compile --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_35 \
+#     --output-file requirements/image.lock pyproject.toml
+# or, on Linux with Python 3.11, pip-tools:
+#   pip-compile --generate-hashes --output-file requirements/image.lock pyproject.toml
+# (tests/test_deploy.py checks the lock against pyproject.toml).
+COPY requirements/image.lock /tmp/image.lock
 RUN export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" \
     && if [ "$BACKEND" = "cuda" ]; then \
         export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS} -DGGML_NATIVE=off"; \
@@ -57,13 +67,15 @@ RUN export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" \
         export CMAKE_ARGS="-DGGML_NATIVE=off"; \
     fi \
     && pip install --upgrade "pip==25.3" \
-    && pip install "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}"
+    && pip install --require-hashes -r /tmp/image.lock \
+    && rm /tmp/image.lock
 
-# The app, by the same route CI installs it: `pip install .`
+# The app itself, without its dependencies (the lock installed them); `pip check` fails the build
+# when the lock no longer satisfies pyproject.toml's requirements.
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN pip install . && rm -rf /src/build
+RUN pip install --no-deps . && pip check && rm -rf /src/build
 
 # The CUDA libraries the runtime stage installs, at the versions this build linked against (the
 # devel image's own packages: libcublas-MAJOR-MINOR and the libnccl2 built for this CUDA), so the

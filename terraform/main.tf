@@ -30,13 +30,70 @@ resource "google_project_service" "apis" {
   disable_on_destroy = false
 }
 
+variable "registry_untagged_retention_days" {
+  description = "Artifact Registry cleanup: delete image versions (manifests) that no tag points at any more once they are this many days old: the images a rebuild of the same tag replaced, and the build cache manifests each build's `buildcache` replaced (multi-GB CUDA layers). The most recent registry_keep_recent_versions versions are kept whatever their age."
+  type        = number
+  default     = 14
+  validation {
+    condition     = var.registry_untagged_retention_days >= 1 && var.registry_untagged_retention_days <= 3650 && floor(var.registry_untagged_retention_days) == var.registry_untagged_retention_days
+    error_message = "registry_untagged_retention_days must be a whole number of days, 1 to 3650."
+  }
+}
+
+variable "registry_keep_recent_versions" {
+  description = "Artifact Registry cleanup: the most recent versions of the image (tagged or not: images and `buildcache` manifests, about two per build) that are never deleted, so a recently replaced digest (one a running revision or deployment may still use, a rollback target) survives the untagged rule."
+  type        = number
+  default     = 10
+  validation {
+    condition     = var.registry_keep_recent_versions >= 2 && floor(var.registry_keep_recent_versions) == var.registry_keep_recent_versions
+    error_message = "registry_keep_recent_versions must be a whole number >= 2 (the image and its build cache)."
+  }
+}
+
+locals {
+  # older_than is a duration in seconds.
+  registry_untagged_older_than = "${var.registry_untagged_retention_days * 86400}s"
+}
+
 resource "google_artifact_registry_repository" "images" {
   # checkov:skip=CKV_GCP_84:images hold public code and no data; Google-managed encryption is enough (add kms_key_name for CMEK)
   location      = var.region
   repository_id = var.repository
   format        = "DOCKER"
   description   = "vertex-gguf images"
-  depends_on    = [google_project_service.apis]
+
+  # Cleanup (applied by Artifact Registry about once a day; a version matching a KEEP policy is
+  # never deleted, whatever DELETE policy matches it too). Only untagged versions are deleted:
+  # anything a tag points at stays, the deployed image_tag and `buildcache` above all; the
+  # keep-tagged-image policy says so explicitly, so a broader DELETE policy added later cannot
+  # remove the tag the deployments resolve.
+  cleanup_policy_dry_run = false
+  cleanup_policies {
+    id     = "delete-untagged"
+    action = "DELETE"
+    condition {
+      tag_state  = "UNTAGGED"
+      older_than = local.registry_untagged_older_than
+    }
+  }
+  cleanup_policies {
+    id     = "keep-tagged-image"
+    action = "KEEP"
+    condition {
+      tag_state    = "TAGGED"
+      tag_prefixes = [var.image_tag]
+    }
+  }
+  cleanup_policies {
+    id     = "keep-recent-versions"
+    action = "KEEP"
+    most_recent_versions {
+      package_name_prefixes = [var.image_name]
+      keep_count            = var.registry_keep_recent_versions
+    }
+  }
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_storage_bucket" "models" {

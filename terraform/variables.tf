@@ -105,6 +105,26 @@ variable "vertex_max_replicas" {
   }
 }
 
+variable "vertex_autoscaling_gpu_duty_cycle" {
+  description = "Vertex AI autoscaling target: the average GPU duty cycle (percent, 1-100) across replicas above which Vertex adds replicas (up to vertex_max_replicas) and below which it removes them (down to vertex_min_replicas). null: Vertex AI's default target (60). Sent as deployModel's autoscalingMetricSpecs (aiplatform.googleapis.com/prediction/online/accelerator/duty_cycle); matters only when vertex_max_replicas > vertex_min_replicas. Changing it rolls out a new deployment."
+  type        = number
+  default     = null
+  validation {
+    condition     = var.vertex_autoscaling_gpu_duty_cycle == null ? true : (var.vertex_autoscaling_gpu_duty_cycle >= 1 && var.vertex_autoscaling_gpu_duty_cycle <= 100 && floor(var.vertex_autoscaling_gpu_duty_cycle) == var.vertex_autoscaling_gpu_duty_cycle)
+    error_message = "vertex_autoscaling_gpu_duty_cycle must be null (Vertex AI's default) or a whole percentage from 1 to 100."
+  }
+}
+
+variable "vertex_invokers" {
+  description = "Members allowed to call the Vertex AI endpoint (predict, rawPredict, streamRawPredict), e.g. user:me@example.com, serviceAccount:app@p.iam.gserviceaccount.com, group:team@example.com. Granted roles/aiplatform.user on the project (see vertex.tf), which covers every Vertex AI resource in it, not this endpoint alone."
+  type        = list(string)
+  default     = []
+  validation {
+    condition     = alltrue([for m in var.vertex_invokers : can(regex("^(user|serviceAccount|group|domain|principal|principalSet):.+$", m))])
+    error_message = "Each of vertex_invokers is an IAM member such as user:me@example.com, serviceAccount:NAME@PROJECT.iam.gserviceaccount.com, group:team@example.com or domain:example.com (allUsers / allAuthenticatedUsers cannot be granted a project role)."
+  }
+}
+
 variable "vertex_dedicated_endpoint" {
   description = "Use a dedicated endpoint (its own DNS name): needed for streamRawPredict (streaming), 10 MB bodies and requests past 60 s. A dedicated endpoint refuses calls on the shared {region}-aiplatform.googleapis.com host: use the vertex_* URL outputs."
   type        = bool

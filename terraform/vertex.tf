@@ -43,6 +43,19 @@ locals {
     }
   })
 
+  # Autoscaling on the GPU duty cycle, only when a target is set: without one the body carries no
+  # autoscalingMetricSpecs (Vertex's default), as before the variable existed, so adding the
+  # variable rolls out nothing. (A map from a for expression: a conditional between {} and an
+  # object with attributes would not type-check.)
+  vertex_autoscaling = {
+    for k, v in {
+      autoscalingMetricSpecs = [{
+        metricName = "aiplatform.googleapis.com/prediction/online/accelerator/duty_cycle"
+        target     = var.vertex_autoscaling_gpu_duty_cycle
+      }]
+    } : k => v if var.vertex_autoscaling_gpu_duty_cycle != null
+  }
+
   # endpoints.deployModel body; trafficSplit {"0": 100} gives the new deployment all traffic when
   # it is ready (and 0 to every other one), in the same operation.
   vertex_deploy_body = jsonencode({
@@ -51,7 +64,7 @@ locals {
       model          = "projects/${var.project_id}/locations/${var.region}/models/__MODEL_ID__"
       displayName    = "__MODEL_ID__"
       serviceAccount = google_service_account.runtime.email
-      dedicatedResources = {
+      dedicatedResources = merge({
         machineSpec = {
           machineType      = var.vertex_machine_type
           acceleratorType  = local.vertex_accelerator_type
@@ -59,7 +72,7 @@ locals {
         }
         minReplicaCount = var.vertex_min_replicas
         maxReplicaCount = var.vertex_max_replicas
-      }
+      }, local.vertex_autoscaling)
     }
     trafficSplit = { "0" = 100 }
   })
@@ -79,6 +92,19 @@ resource "google_vertex_ai_endpoint" "llm" {
     # The deploy script moves traffic; Terraform must never send its own (empty) split back.
     ignore_changes = [traffic_split]
   }
+}
+
+# Who may call the endpoint: roles/aiplatform.user (it holds aiplatform.endpoints.predict, which
+# predict, rawPredict and streamRawPredict check) for each of var.vertex_invokers. On the project,
+# not the endpoint: the endpoint-level IAM resources (google_vertex_ai_endpoint_iam_*) exist only
+# in the google-beta provider, which this configuration does not use. The project role also lets
+# those members use (and change) the project's other Vertex AI resources: grant it to callers you
+# would trust with that, or bind endpoint IAM yourself with google-beta.
+resource "google_project_iam_member" "vertex_invokers" {
+  for_each = var.deploy_vertex ? toset(var.vertex_invokers) : toset([])
+  project  = var.project_id
+  role     = "roles/aiplatform.user"
+  member   = each.value
 }
 
 resource "terraform_data" "vertex_deployment" {

@@ -21,6 +21,8 @@ import hcl2
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from app.settings import Settings, env_names
 
@@ -117,7 +119,7 @@ def test_dockerfile_structure(dockerfile):
     run_lines = " ".join(i["value"] for i in dockerfile.structure if i["instruction"] == "RUN")
     assert "CMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}" in run_lines
     assert "-DGGML_NATIVE=off" in run_lines
-    assert "pip install ." in run_lines  # the same route CI installs by
+    assert "pip install --no-deps ." in run_lines  # the app as CI installs it, its dependencies from the lock
     # no compilers in the runtime stage
     final_runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
     assert "build-essential" not in final_runs and "cmake" not in final_runs
@@ -130,16 +132,65 @@ def test_dockerfile_sets_no_aip_variable(dockerfile):
             assert "AIP_" not in inst["value"], inst
 
 
-def test_llama_cpp_python_pin_agrees_with_pyproject(dockerfile):
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pin = next(d for d in deps if d.startswith("llama-cpp-python=="))
-    assert docker_args(dockerfile)["LLAMA_CPP_PYTHON_VERSION"] == pin.split("==")[1]
+LOCK = ROOT / "requirements" / "image.lock"
+
+
+def lock_pins() -> dict[str, tuple[str, list[str]]]:
+    """requirements/image.lock as {normalized name: (version, hashes)}; every line must be a pin."""
+    text = re.sub(r"\\\n\s*", " ", LOCK.read_text())  # join the backslash-continued lines
+    pins = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        req, *options = [part.strip() for part in line.split(" --")]
+        assert re.fullmatch(r"[A-Za-z0-9._-]+==[A-Za-z0-9.+!_-]+", req.strip()), f"not pinned with ==: {line}"
+        hashes = [o.removeprefix("hash=") for o in options if o.startswith("hash=sha256:")]
+        assert hashes and len(hashes) == len(options), f"without --hash=sha256: (or with another option): {line}"
+        name, version = req.strip().split("==")
+        pins[canonicalize_name(name)] = (version, hashes)
+    return pins
+
+
+def test_image_dependencies_come_from_a_hashed_lock(dockerfile):
+    """R11: the image installs requirements/image.lock with --require-hashes, then the app --no-deps."""
+    pins = lock_pins()
+    assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for _, hashes in pins.values() for h in hashes)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dep in project["dependencies"]:  # the runtime dependencies, each pinned inside its range
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is missing from the lock: regenerate it (see the Dockerfile)"
+        assert req.specifier.contains(pins[name][0], prereleases=True), f"{dep} vs {pins[name][0]}"
+    deps = [Requirement(d) for d in project["dependencies"]]
+    llama = next(r for r in deps if r.name == "llama-cpp-python")
+    assert str(llama.specifier) == f"=={pins['llama-cpp-python'][0]}"  # pyproject's exact pin
+    assert len(pins["llama-cpp-python"][1]) == 1  # its only file: the sdist, compiled in the image
+    # not the test extra: none of its packages that the runtime does not need
+    for dep in project["optional-dependencies"]["test"]:
+        name = canonicalize_name(Requirement(dep).name)
+        assert name not in pins or name == "requests", f"test-only {name} in the image lock"  # requests: storage's
+    assert "vertex-gguf" not in pins
+    # the Dockerfile: the lock with --require-hashes (llama-cpp-python's compile under the CMake
+    # args), then the app without dependencies, then pip check
+    runs = [i["value"] for i in dockerfile.structure if i["instruction"] == "RUN"]
+    lock_run = next(r for r in runs if "--require-hashes" in r)
+    assert "pip install --require-hashes -r /tmp/image.lock" in lock_run
+    assert "CMAKE_ARGS=" in lock_run and "-DGGML_CUDA=on" in lock_run and "CMAKE_BUILD_PARALLEL_LEVEL" in lock_run
+    app_run = next(r for r in runs if "pip install --no-deps ." in r)
+    assert "pip check" in app_run
+    assert runs.index(lock_run) < runs.index(app_run)
+    assert not any(re.search(r"pip install (?!--upgrade \"pip==|--require-hashes|--no-deps \.)", r) for r in runs), runs
+    copies = [i["value"] for i in dockerfile.structure if i["instruction"] == "COPY"]
+    assert "requirements/image.lock /tmp/image.lock" in copies
+    assert "LLAMA_CPP_PYTHON_VERSION" not in docker_args(dockerfile)  # one pin, in pyproject and the lock
+    assert "uv pip compile --generate-hashes" in (ROOT / "Dockerfile").read_text()  # how to regenerate
 
 
 def test_dockerignore_keeps_the_build_context_small():
     text = (ROOT / ".dockerignore").read_text()
     assert text.splitlines()[1] == "*" or "*" in text.splitlines()
-    for needed in ("!pyproject.toml", "!README.md", "!app/"):
+    for needed in ("!requirements/image.lock", "!pyproject.toml", "!README.md", "!app/"):
         assert needed in text
 
 

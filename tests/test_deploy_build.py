@@ -173,6 +173,71 @@ def test_deployments_run_the_image_by_digest():
     assert outputs["image_by_digest"]["value"] == "${local.image_by_digest}"
 
 
+# ---- Artifact Registry cleanup (R10, review section 4 item 10) ---------------------------------
+
+
+def test_registry_cleanup_deletes_only_untagged_and_keeps_recent_versions():
+    repo = tf_blocks("resource")[("google_artifact_registry_repository", "images")]
+    assert repo["cleanup_policy_dry_run"] is False  # the policies act, not only report
+    policies = {unq(p["id"]): p for p in repo["cleanup_policies"]}
+    assert {unq(p["action"]) for p in policies.values()} == {"DELETE", "KEEP"}
+    deletes = [p for p in policies.values() if unq(p["action"]) == "DELETE"]
+    assert len(deletes) == 1  # the only DELETE: untagged versions past the retention
+    cond = deletes[0]["condition"][0]
+    assert unq(cond["tag_state"]) == "UNTAGGED"
+    assert cond["older_than"] == "${local.registry_untagged_older_than}"
+    # what the deployments resolve (image_tag) is kept explicitly, whatever DELETE is added later
+    keep_tag = policies["keep-tagged-image"]
+    assert unq(keep_tag["action"]) == "KEEP"
+    assert unq(keep_tag["condition"][0]["tag_state"]) == "TAGGED"
+    assert keep_tag["condition"][0]["tag_prefixes"] == ["${var.image_tag}"]
+    # the most recent versions of the image package (images and buildcache manifests) are kept
+    recent = policies["keep-recent-versions"]
+    assert unq(recent["action"]) == "KEEP"
+    mrv = recent["most_recent_versions"][0]
+    assert mrv["keep_count"] == "${var.registry_keep_recent_versions}"
+    assert mrv["package_name_prefixes"] == ["${var.image_name}"]
+    # buildcache lives in the same package as the image (cloudbuild.yaml's --cache-to), so the
+    # policies above are the ones that apply to it
+    build_args = " ".join(yaml.safe_load((ROOT / "cloudbuild.yaml").read_text())["steps"][-1]["args"])
+    assert "/${_IMAGE}:buildcache" in build_args
+    variables = tf_blocks("variable")
+    assert variables["registry_untagged_retention_days"]["default"] >= 1
+    assert variables["registry_keep_recent_versions"]["default"] >= 2
+
+
+def test_registry_cleanup_values_as_terraform_evaluates_them(tmp_path):
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform not installed (the static test above still checks the policies)")
+    names = ["registry_untagged_retention_days", "registry_keep_recent_versions"]
+    text = (TF / "main.tf").read_text()
+    loc = re.search(r"^locals \{\n  # older_than.*?^\}\n", text, re.M | re.S)
+    assert loc
+    (tmp_path / "main.tf").write_text(variable_blocks(TF / "main.tf", names) + "\n" + loc.group(0))
+    env = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
+
+    def console(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([terraform, "console", *args], cwd=tmp_path, input="local.registry_untagged_older_than",
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    proc = console()
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip()) == "1209600s"  # 14 days, in the API's seconds
+    proc = console("-var", "registry_untagged_retention_days=30")
+    assert json.loads(proc.stdout.strip()) == "2592000s"
+    init = subprocess.run([terraform, "init", "-input=false", "-no-color"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert init.returncode == 0, init.stdout + init.stderr
+    for value, ok in (("registry_untagged_retention_days=1", True), ("registry_keep_recent_versions=2", True),
+                      ("registry_untagged_retention_days=0", False), ("registry_untagged_retention_days=1.5", False),
+                      ("registry_keep_recent_versions=1", False), ("registry_keep_recent_versions=2.5", False)):
+        proc = subprocess.run([terraform, "plan", "-input=false", "-no-color", f"-var={value}"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert (proc.returncode == 0) == ok, (value, proc.stdout + proc.stderr)
+        assert ok or "Invalid value for variable" in proc.stderr, (value, proc.stderr)
+
+
 # ---- Cloud Build: its own service account (R10) ----------------------------------------------
 
 
@@ -358,7 +423,8 @@ def test_gcloudignore_uploads_only_the_build_context(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "app", tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "baked-model", tmp_path / "baked-model")
-    for junk in (".venv/lib/x.py", "models/big.gguf", "baked-model/big.gguf", "tests/test_x.py",
+    shutil.copytree(ROOT / "requirements", tmp_path / "requirements")
+    for junk in ("requirements/dev.txt", ".venv/lib/x.py", "models/big.gguf", "baked-model/big.gguf", "tests/test_x.py",
                  "bench/RESULTS.md", "terraform/terraform.tfstate", "app/__pycache__/x.pyc"):
         (tmp_path / junk).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / junk).write_text("x")
@@ -366,8 +432,8 @@ def test_gcloudignore_uploads_only_the_build_context(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     listed = set(proc.stdout.split())
-    expected = {"Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "baked-model/README.md",
-                "baked-model/.gitignore"}
+    expected = {"Dockerfile", ".dockerignore", "requirements/image.lock", "pyproject.toml", "README.md",
+                "baked-model/README.md", "baked-model/.gitignore"}
     apps = {p for p in listed if p.startswith("app/")}
     assert listed == expected | apps
     assert apps == {str(p.relative_to(tmp_path)) for p in (tmp_path / "app").rglob("*")

@@ -133,6 +133,31 @@ def test_deploy_body_moves_traffic_and_carries_the_gpus():
         assert field in body, field
 
 
+def test_callers_get_aiplatform_user_on_the_project():
+    """Review section 4, item 5: vertex_invokers may call the endpoint; project-level, as endpoint IAM is beta-only."""
+    grant = resources("vertex.tf")[("google_project_iam_member", "vertex_invokers")]
+    assert unq(grant["role"]) == "roles/aiplatform.user"
+    assert grant["project"] == "${var.project_id}"
+    assert grant["member"] == "${each.value}"
+    assert "var.vertex_invokers" in grant["for_each"] and "var.deploy_vertex" in grant["for_each"]
+    var = variables()["vertex_invokers"]
+    assert var["default"] == [] and "list(string)" in var["type"]
+    text = (TF / "vertex.tf").read_text()
+    assert "google-beta" in text[:text.index('resource "google_project_iam_member" "vertex_invokers"')]
+    # no endpoint-level IAM (beta provider only) and no other grant of the role
+    assert not any(rtype.startswith("google_vertex_ai_endpoint_iam") for rtype, _ in resources("vertex.tf"))
+
+
+def test_autoscaling_target_only_when_set():
+    """Review section 4, item 12: the GPU duty cycle target reaches deployModel's dedicatedResources."""
+    loc = local_values("vertex.tf")
+    assert "aiplatform.googleapis.com/prediction/online/accelerator/duty_cycle" in loc["vertex_autoscaling"]
+    assert "if var.vertex_autoscaling_gpu_duty_cycle != null" in loc["vertex_autoscaling"]
+    assert "local.vertex_autoscaling" in loc["vertex_deploy_body"]
+    var = variables()["vertex_autoscaling_gpu_duty_cycle"]
+    assert var["default"] is None and "number" in var["type"]
+
+
 def test_probe_defaults_within_the_api_rules():
     var = variables()
     probe = var["vertex_startup_probe"]["default"]
@@ -243,6 +268,14 @@ def plan(d: Path, *args: str) -> subprocess.CompletedProcess:
     (["-var", "vertex_endpoint_id=0123"], False, "vertex_endpoint_id must be empty"),
     (["-var", "vertex_endpoint_id=vertex-gguf"], True, ""),
     (["-var", "deploy_vertex=false", "-var", "vertex_machine_type=n1-standard-8"], True, ""),
+    (["-var", "vertex_autoscaling_gpu_duty_cycle=70"], True, ""),
+    (["-var", "vertex_autoscaling_gpu_duty_cycle=100"], True, ""),
+    (["-var", "vertex_autoscaling_gpu_duty_cycle=0"], False, "whole percentage from 1 to 100"),
+    (["-var", "vertex_autoscaling_gpu_duty_cycle=101"], False, "whole percentage from 1 to 100"),
+    (["-var", "vertex_autoscaling_gpu_duty_cycle=60.5"], False, "whole percentage from 1 to 100"),
+    (["-var", 'vertex_invokers=["user:me@example.com","serviceAccount:a@p.iam.gserviceaccount.com"]'], True, ""),
+    (["-var", 'vertex_invokers=["me@example.com"]'], False, "Each of vertex_invokers is an IAM member"),
+    (["-var", 'vertex_invokers=["allUsers"]'], False, "Each of vertex_invokers is an IAM member"),
 ])
 def test_validations_fail_at_plan_time(rules_dir, args, ok, message):
     proc = plan(rules_dir, *args)
@@ -299,6 +332,21 @@ def test_rest_bodies_as_terraform_builds_them(bodies_dir):
     assert dm["dedicatedResources"] == {
         "machineSpec": {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8},
         "minReplicaCount": 1, "maxReplicaCount": 2}
+
+
+def test_deploy_body_autoscaling_as_terraform_builds_it(bodies_dir):
+    def resources_of(*args: str) -> dict:
+        body = json.loads(json.loads(console(bodies_dir, "local.vertex_deploy_body", *args)))
+        return body["deployedModel"]["dedicatedResources"]
+
+    # no target: no autoscalingMetricSpecs at all (Vertex's default; the body, and so the
+    # deployment's trigger, is what it was before the variable existed)
+    assert "autoscalingMetricSpecs" not in resources_of()
+    got = resources_of("-var", "vertex_autoscaling_gpu_duty_cycle=70", "-var", "vertex_max_replicas=3")
+    assert got["autoscalingMetricSpecs"] == [
+        {"metricName": "aiplatform.googleapis.com/prediction/online/accelerator/duty_cycle", "target": 70}]
+    assert got["minReplicaCount"] == 1 and got["maxReplicaCount"] == 3
+    assert got["machineSpec"] == {"machineType": "g2-standard-8", "acceleratorType": "NVIDIA_L4", "acceleratorCount": 1}
 
 
 def console(d: Path, expr: str, *args: str) -> str:
