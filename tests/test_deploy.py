@@ -12,86 +12,46 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import hcl2
 import pytest
-import yaml
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from app.settings import Settings, env_names
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-TF = ROOT / "terraform"
-
-
-def tool(name: str) -> str:
-    path = BIN / name
-    return str(path) if path.exists() else (shutil.which(name) or pytest.fail(f"{name} not installed"))
-
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-
-
-def unq(value):
-    """python-hcl2 keeps the quotes of string literals and keys: drop them."""
-    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1]
-    return value
+from tests.deploy_files import (
+    ROOT,
+    TF,
+    cloudbuild_config,
+    docker_args,
+    dockerfile_parser,
+    run,
+    tf_blocks,
+    tf_locals,
+    tool,
+    unq,
+)
 
 
 def tf_resources() -> dict[tuple[str, str], dict]:
-    out = {}
-    for f in sorted(TF.glob("*.tf")):
-        for block in hcl2.load(f.open()).get("resource", []):
-            for rtype, named in block.items():
-                for name, body in named.items():
-                    out[(unq(rtype), unq(name))] = body
-    return out
-
-
-def tf_locals() -> dict:
-    out = {}
-    for f in sorted(TF.glob("*.tf")):
-        for block in hcl2.load(f.open()).get("locals", []):
-            out.update({k: unq(v) for k, v in block.items() if not k.startswith("__")})
-    return out
+    return tf_blocks("resource")
 
 
 def tf_variables() -> dict[str, dict]:
-    out = {}
-    for block in hcl2.load((TF / "variables.tf").open())["variable"]:
-        for name, body in block.items():
-            out[unq(name)] = body
-    return out
+    return tf_blocks("variable", ["variables.tf"])
 
 
 @pytest.fixture(scope="module")
 def dockerfile() -> DockerfileParser:
-    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
-    return parser
-
-
-def docker_args(parser: DockerfileParser) -> dict[str, str | None]:
-    """Every ARG of every stage, with its default (the parser's .args sees one stage only)."""
-    out: dict[str, str | None] = {}
-    for inst in parser.structure:
-        if inst["instruction"] == "ARG":
-            name, _, default = inst["value"].partition("=")
-            out[name] = default.strip('"') if default else None
-    return out
+    return dockerfile_parser()
 
 
 @pytest.fixture(scope="module")
 def cloudbuild() -> dict:
-    return yaml.safe_load((ROOT / "cloudbuild.yaml").read_text())
+    return cloudbuild_config()
 
 
 # ---- Dockerfile ------------------------------------------------------------------------------

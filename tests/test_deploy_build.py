@@ -18,52 +18,27 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hcl2
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-TF = ROOT / "terraform"
+from tests.deploy_files import (
+    ROOT,
+    TF,
+    cloudbuild_config,
+    docker_args,
+    dockerfile_parser,
+    tf_blocks,
+    tf_locals,
+    tool,
+    unq,
+)
+
 DEPLOY = ROOT / "scripts" / "deploy.sh"
 
 # Cloud Run's startup probe limits: failure_threshold x period_seconds <= 240 s, initial delay <= 240 s.
 CLOUD_RUN_PROBE_WINDOW_MAX = 240
 CLOUD_RUN_INITIAL_DELAY_MAX = 240
-
-
-def tool(name: str) -> str:
-    path = BIN / name
-    return str(path) if path.exists() else (shutil.which(name) or pytest.fail(f"{name} not installed"))
-
-
-def unq(value):
-    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1]
-    return value
-
-
-def tf_blocks(kind: str) -> dict:
-    """Every block of one kind across terraform/*.tf, keyed by its labels (quotes dropped)."""
-    out: dict = {}
-    for f in sorted(TF.glob("*.tf")):
-        for block in hcl2.load(f.open()).get(kind, []):
-            for label, body in block.items():
-                if kind in {"resource", "data"}:
-                    for name, inner in body.items():
-                        out[(unq(label), unq(name))] = inner
-                else:
-                    out[unq(label)] = body
-    return out
-
-
-def tf_locals() -> dict:
-    out = {}
-    for f in sorted(TF.glob("*.tf")):
-        for block in hcl2.load(f.open()).get("locals", []):
-            out.update({k: unq(v) for k, v in block.items() if not k.startswith("__")})
-    return out
 
 
 def cloud_run_container() -> dict:
@@ -243,17 +218,7 @@ def test_registry_cleanup_values_as_terraform_evaluates_them(tmp_path):
 
 @pytest.fixture(scope="module")
 def cloudbuild() -> dict:
-    return yaml.safe_load((ROOT / "cloudbuild.yaml").read_text())
-
-
-def test_cloudbuild_schema_and_lint():
-    proc = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.cloudbuild", "cloudbuild.yaml"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = subprocess.run([tool("yamllint"), "-d",
-                           "{extends: default, rules: {line-length: {max: 130}, document-start: disable}}",
-                           "cloudbuild.yaml"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return cloudbuild_config()  # its schema and lint: tests/test_deploy.py
 
 
 def test_build_service_account_has_only_what_a_build_needs(cloudbuild):
@@ -322,26 +287,12 @@ def test_cloudbuild_bakes_the_model_before_the_image_build(tmp_path, cloudbuild,
 
 @pytest.fixture(scope="module")
 def dockerfile() -> DockerfileParser:
-    return DockerfileParser(path=str(ROOT / "Dockerfile"))
-
-
-def docker_args(parser: DockerfileParser) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for inst in parser.structure:
-        if inst["instruction"] == "ARG":
-            name, _, default = inst["value"].partition("=")
-            out[name] = default.strip('"') if default else None
-    return out
+    return dockerfile_parser()  # hadolint on it: tests/test_deploy.py
 
 
 def runtime_stage(parser: DockerfileParser) -> list[dict]:
     froms = [i for i, inst in enumerate(parser.structure) if inst["instruction"] == "FROM"]
     return parser.structure[froms[-1]:]
-
-
-def test_hadolint_clean():
-    proc = subprocess.run([tool("hadolint"), "Dockerfile"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_cuda_base_images_stay_published_and_run_on_cloud_runs_driver(dockerfile):

@@ -19,46 +19,28 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hcl2
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-TF = ROOT / "terraform"
+from tests.deploy_files import TF, tf_blocks, tf_file, tf_locals, unq
+
 SCRIPT = TF / "scripts" / "vertex_deploy.sh"
-
-
-def unq(value):
-    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1]
-    return value
-
-
-def load(name: str) -> dict:
-    return hcl2.load((TF / name).open())
+load = tf_file
 
 
 def resources(name: str) -> dict[tuple[str, str], dict]:
-    out = {}
-    for block in load(name).get("resource", []):
-        for rtype, named in block.items():
-            for rname, body in named.items():
-                out[(unq(rtype), unq(rname))] = body
-    return out
+    return tf_blocks("resource", [name])
 
 
 def local_values(name: str) -> dict:
-    out = {}
-    for block in load(name).get("locals", []):
-        out.update({k: v for k, v in block.items() if not k.startswith("__")})
-    return out
+    return tf_locals([name], unquote=False)
 
 
 def variables() -> dict[str, dict]:
-    return {unq(k): v for block in load("variables.tf")["variable"] for k, v in block.items()}
+    return tf_blocks("variable", ["variables.tf"])
 
 
 def outputs() -> dict[str, dict]:
-    return {unq(k): v for block in load("outputs.tf")["output"] for k, v in block.items()}
+    return tf_blocks("output", ["outputs.tf"])
 
 
 # ---- Terraform: rollout, endpoint, env, probe, outputs ----------------------------------------
