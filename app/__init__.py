@@ -67,7 +67,7 @@ def create_app(
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm)."""
-    from app import api, routes
+    from app import api, auth, logs, routes
     from app.core.service import Service
 
     if engine is None:
@@ -92,4 +92,7 @@ def create_app(
     gevent.spawn(service.warm)
     api.register(app, settings, service)
     routes.register(app, settings.health_route)
+    auth.register(app, settings)  # API keys: before every route but health (and public /metrics)
+    # request ids, trace and the access log around everything (streams included)
+    app.wsgi_app = logs.RequestLog(app.wsgi_app, quiet=[settings.health_route])  # type: ignore[method-assign]
     return app

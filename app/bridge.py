@@ -18,6 +18,7 @@ import gevent
 import gevent.event
 from gevent.monkey import get_original
 
+from app import reqctx
 from app.errors import Overloaded, RequestTimeout
 
 _start_new_thread = get_original("_thread", "start_new_thread")
@@ -96,6 +97,7 @@ def offload(fn: Callable[..., Any], *args: Any, timeout: float | None = None) ->
     free for every other connection; exceptions come back as raised. Past ``timeout`` the
     caller gets a 503 (the thread finishes on its own: the work is bounded by the limits)."""
 
+    @reqctx.carry  # the request's id (log lines) and key scope go with the work
     def run() -> tuple[bool, Any]:
         try:
             return True, fn(*args)

@@ -6,7 +6,6 @@ Every Settings field is a flag; a flag given on the command line wins over its e
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import typing
 from pathlib import Path
@@ -84,11 +83,9 @@ def load_settings(argv: list[str] | None = None) -> tuple[str, Settings, argpars
 
 def main(argv: list[str] | None = None) -> int:
     command, settings, ns = load_settings(argv)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from app import logs
+
+    logs.setup(settings)  # LOG_FORMAT: text, or Cloud Logging's JSON entries
     if command == "settings-table":
         from app.settings import settings_table
 

@@ -48,6 +48,12 @@ class ContextOverflow(BadRequest):
     code = "context_length_exceeded"
 
 
+class Unauthorized(ServiceError):
+    """No API key, or a wrong one (the message never carries what was sent)."""
+
+    code = "invalid_api_key"
+
+
 class NotFound(ServiceError):
     code = "not_found"
 

@@ -18,6 +18,7 @@ from typing import Any
 import gevent
 from gunicorn.workers.ggevent import GeventWorker
 
+from app import logs
 from app.settings import Settings
 
 # gunicorn's arbiter halts the whole server (exit code 4) when a worker exits with this code:
@@ -108,6 +109,8 @@ def options(settings: Settings) -> dict[str, Any]:
         "timeout": 120,
         "keepalive": 75,
         "loglevel": settings.log_level,
+        # gunicorn's own lines through the app's formatter (LOG_FORMAT), to stderr
+        "logconfig_dict": logs.logconfig(settings),
         "accesslog": "-" if settings.log_level == "debug" else None,
         "preload_app": False,
         "worker_exit": worker_exit,

@@ -7,6 +7,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from app import auth
 from app.gunicorn_conf import exit_worker_on_load_failure, options
 from app.settings import Settings
 
@@ -32,6 +33,10 @@ class Server(BaseApplication):
 
 def serve(settings: Settings) -> None:
     s = settings
+    try:
+        auth.load_keys(s)  # a bad key file stops the server here, before it binds
+    except ValueError as exc:
+        raise SystemExit(f"vertex-gguf: {exc}") from None
     log.info(
         "vertex-gguf starting on %s:%d (health %s, predict %s, model %s)",
         s.host, s.port, s.health_route, s.predict_route, s.model or "default",

@@ -286,6 +286,51 @@ class Settings(BaseSettings):
         **_env("EMBEDDING_TASK_PREFIXES"),
     )
 
+    # --- operations (see README "Security" and "Logs and request ids") -----------------------
+    api_key: str | None = Field(
+        None,
+        description="API keys, comma-separated: when set (or API_KEY_FILE), every route but "
+        "the health routes needs `Authorization: Bearer <key>` or `x-api-key: <key>`; a "
+        "missing or wrong key is a 401. Never logged nor shown.",
+        min_length=1,
+        max_length=65536,
+        repr=False,
+        **_env("API_KEY"),
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="File of API keys, one a line (blank lines and # comments ignored), read "
+        "at start; adds to API_KEY. A file without a key stops the server.",
+        repr=False,
+        **_env("API_KEY_FILE"),
+    )
+    metrics_public: bool = Field(
+        False,
+        description="Serve /metrics without an API key when keys are configured (a scraper "
+        "inside the network); off: /metrics needs a key like every other route.",
+        **_env("METRICS_PUBLIC"),
+    )
+    log_format: Literal["auto", "json", "text"] = Field(
+        "auto",
+        description="Log lines: json (one Cloud Logging structured entry a line: severity, "
+        "trace, request id, httpRequest) or text; auto: json when K_SERVICE (Cloud Run) or "
+        "AIP_MODE (Vertex AI) is set, else text.",
+        **_env("LOG_FORMAT"),
+    )
+    google_cloud_project: str | None = Field(
+        None,
+        description="Project id for trace links in JSON logs (projects/<id>/traces/<trace>); "
+        "unset: the trace id alone.",
+        min_length=1,
+        max_length=128,
+        **_env("GOOGLE_CLOUD_PROJECT"),
+    )
+    k_service: str | None = Field(
+        None,
+        description="Cloud Run service name (set by Cloud Run; makes LOG_FORMAT=auto json).",
+        **_env("K_SERVICE"),
+    )
+
     # --- HTTP --------------------------------------------------------------------------------
     host: str = Field(
         "0.0.0.0",
@@ -691,9 +736,16 @@ def name_list(value: str | None) -> tuple[str, ...]:
 
 
 def api_key_configured(settings: Settings) -> bool:
-    """Whether the server requires an API key. There is no API-key setting yet, so never;
-    SLOTS_ENDPOINT=auto reads it through here, so the key's setting only has to answer it."""
-    return False
+    """Whether the server requires an API key (API_KEY or API_KEY_FILE set: a file without a
+    key stops the server at start, so a configured file always means keys)."""
+    return settings.api_key is not None or settings.api_key_file is not None
+
+
+def log_json(settings: Settings) -> bool:
+    """LOG_FORMAT, resolved: auto is json on Cloud Run (K_SERVICE) and Vertex AI (AIP_MODE)."""
+    if settings.log_format == "auto":
+        return bool(settings.k_service or settings.aip_mode)
+    return settings.log_format == "json"
 
 
 def slots_endpoint_on(settings: Settings) -> bool:

@@ -37,7 +37,7 @@ def assert_error(resp, status: int, kind: str, needle: str | None = None) -> str
     assert resp.status_code == status, resp.get_data(as_text=True)
     assert resp.headers["Content-Type"].startswith("application/json")
     body = resp.get_json()
-    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert set(body) == {"type", "error", "request_id"} and body["type"] == "error"
     assert set(body["error"]) == {"type", "message"}
     assert body["error"]["type"] == kind, body
     if needle is not None:

@@ -31,7 +31,7 @@ def aliased(**settings: Any) -> tuple[FakeEngine, Any]:
 def openai_error(resp, status: int) -> dict[str, Any]:
     assert resp.status_code == status, resp.get_data(as_text=True)
     body = resp.get_json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert set(body) == {"error", "request_id"} and set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
 
 
@@ -334,7 +334,8 @@ def test_props_shows_no_secret_and_no_location():
                              chat_template="/SENTINEL-dir/template.jinja")
     app = create_app(settings, engine=FakeEngine())
     app.testing = True
-    resp = app.test_client().get("/props")
+    # api_key is a real setting now: /props needs it, and must not show it
+    resp = app.test_client().get("/props", headers={"x-api-key": "SENTINEL-api-key"})
     text = resp.get_data(as_text=True)
     assert resp.status_code == 200 and "SENTINEL" not in text
     shown = resp.get_json()["settings"]

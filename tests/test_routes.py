@@ -16,7 +16,7 @@ REPLY = "Hello from the fake engine. It speaks in short words."
 def assert_openai_error(resp, status: int, param: str | None = None):
     assert resp.status_code == status, resp.get_data(as_text=True)
     body = resp.get_json()
-    assert set(body) == {"error"}
+    assert set(body) == {"error", "request_id"}
     err = body["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["message"]

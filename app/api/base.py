@@ -10,6 +10,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -17,7 +18,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from gevent import select
 from werkzeug.exceptions import HTTPException
 
-from app import bridge
+from app import bridge, reqctx
 from app.core.events import Result, fold
 from app.core.input import ChatInput, TextInput
 from app.core.service import Run, Service
@@ -100,7 +101,11 @@ def error_response(exc: BaseException,
     """Any exception as an HTTP error: its status and headers from the shared table, its body
     in the shape ``render`` writes."""
     err = as_error(exc)
-    resp = jsonify(render(err))
+    body = render(err)
+    info = reqctx.current()
+    if info is not None:
+        body["request_id"] = info.request_id
+    resp = jsonify(body)
     resp.status_code = status_of(err)
     resp.headers.update(headers_of(err))
     return resp
@@ -167,13 +172,19 @@ class Api:
             parsed.append(req)
             return inp
 
+        reqctx.note_api(self.name)
         plan = self.service.prepare(build)
+        # the API key's scope: a generation reuses only KV its own key wrote
+        plan.generation = replace(plan.generation, cache_scope=reqctx.cache_scope())
         return parsed[0], self.service.start(plan, self.new_id())
 
     def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
         """The whole answer. ``gone`` tells whether the client hung up (then it is cancelled)."""
         req, run = self.start(body)
-        return self.render(req, run, fold(run.events(gone=gone), run.n))
+        try:
+            return self.render(req, run, fold(run.events(gone=gone), run.n))
+        finally:
+            note_run(run)
 
     def stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
         req, run = self.start(body)
@@ -218,3 +229,10 @@ def _closing(frames: Iterator[bytes], run: Run) -> Iterator[bytes]:
         yield from frames
     finally:
         run.close()
+        note_run(run)
+
+
+def note_run(run: Run) -> None:
+    """The run's tokens and finish reason, for the request's access-log line."""
+    reqctx.note_run(run.prompt_tokens, run.completion_tokens, run.cached_tokens,
+                    run.finish_reason)

@@ -17,6 +17,7 @@ import numpy as np
 from flask import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from app import reqctx
 from app.api.base import Answer, Api, json_off_hub
 from app.core.embed import Embeddings, EmbedInput, EmbedResult, Vector
 from app.core.service import Service
@@ -251,7 +252,8 @@ class VertexEmbeddings(EmbeddingApi):
                 slots[i] = (self.error_body(item) if isinstance(item, ServiceError)
                             else _prediction(item))
 
-        gevent.joinall([gevent.spawn(run, k, m) for k, m in groups.items()], raise_error=True)
+        gevent.joinall([gevent.spawn(reqctx.carry(run), k, m) for k, m in groups.items()],
+                       raise_error=True)
         return [s for s in slots if s is not None]
 
 

@@ -15,6 +15,7 @@ import gevent
 import gevent.pool
 from flask import Response, jsonify, request
 
+from app import reqctx
 from app.api.base import Answer, Api, error_response, gone_probe, json_off_hub, read_body
 from app.core.service import Service
 from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
@@ -93,9 +94,12 @@ class Predict:
         for name, indices in self._by_api(items).items():
             if self.apis[name].answers_many:  # the API batches them itself (embeddings)
                 group = [items[i] for i in indices]
-                jobs.append((indices, gevent.spawn(self._batch, name, group, gone)))
+                jobs.append((indices, gevent.spawn(reqctx.carry(self._batch), name, group, gone)))
             else:
-                jobs += [([i], pool.spawn(self._instance, items[i], gone)) for i in indices]
+                # each instance in its own greenlet, in a copy of this request's context (its
+                # id for log lines, its key's cache scope)
+                jobs += [([i], pool.spawn(reqctx.carry(self._instance), items[i], gone))
+                         for i in indices]
         gevent.joinall([j for _, j in jobs])
         for indices, job in jobs:
             for i, slot in zip(indices, job.value, strict=True):

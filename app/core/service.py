@@ -157,6 +157,8 @@ class Run:
         self._decoders: dict[int, replies.ReplyStream] = {}
         self._ended: dict[int, Finished] = {}
         self._over = False
+        self.finish_reason: str | None = None  # the first choice's, once it has ended
+        self.cached_tokens: int | None = None  # prompt tokens reused, once every choice ended
         if self._guard.watching and plan.reasoning_control:
             svc._live[rid] = self._guard
 
@@ -224,14 +226,18 @@ class Run:
                 if reason == "stop" and len(dec.result().calls) > len(cut):
                     reason = "tool_calls"
             stop = ev.stop_sequence if reason == "stop" else None
+            if ev.index == 0:
+                self.finish_reason = reason
             out.append(ChoiceEnd(reason, ev.completion_tokens, stop, cut, ev.index))  # type: ignore[arg-type]
             if len(self._ended) == self.n:
                 self._over = True
                 first = self._ended[0]
+                self.cached_tokens = first.cached_tokens
                 out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens))
             return out
         if isinstance(ev, Failed):
             self._over = True
+            self.finish_reason = "error"
             log.warning("generation failed mid-way: %s", ev.error.message)
             return [Failure(ev.error)]
         return []

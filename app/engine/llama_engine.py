@@ -145,6 +145,7 @@ class _Slot:
     n_prompt_done: int = 0  # prompt tokens decoded so far
     last_token: int = -1
     i_batch: int = -1  # index in the current batch whose logits this slot samples
+    scope: str = ""  # cache_scope of the request whose KV the slot holds (an API key's digest)
 
 
 class LlamaHandle(ChannelHandle):
@@ -751,7 +752,11 @@ class LlamaEngine:
                 return  # FIFO: the next request waits for enough slots for all its choices
             job = self._waiting.popleft()
             prompt = np.asarray(job.tokens, dtype=np.int32)
-            shared = {id(s): _common_prefix(s.cached, prompt) for s in free}
+            scope = job.request.cache_scope
+            # KV is reused only within a scope (an API key): cached_tokens is no oracle for
+            # another key's prompts
+            shared = {id(s): _common_prefix(s.cached, prompt) if s.scope == scope else 0
+                      for s in free}
             slot = max(free, key=lambda s: (shared[id(s)], -s.last_used))
             n_common = min(shared[id(slot)], len(job.tokens) - 1)
             if not job.request.cache_prompt:
@@ -766,6 +771,7 @@ class LlamaEngine:
             for follower in job.followers:
                 follower.cached_tokens = n_common
             slot.job = job
+            slot.scope = scope
             slot.n_past = n_common
             slot.n_prompt_done = n_common
             slot.last_token = -1
@@ -779,6 +785,7 @@ class LlamaEngine:
                 self._ll.llama_memory_seq_rm(self._mem, fslot.seq_id, -1, -1)
                 fslot.cached.clear()
                 fslot.job = follower
+                fslot.scope = scope
                 fslot.follows = slot
                 fslot.n_past = fslot.n_prompt_done = 0
                 fslot.last_token = -1

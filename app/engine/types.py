@@ -59,6 +59,9 @@ class GenerationRequest:
     timeout: float | None = None  # seconds from submission; past it the job fails (504)
     cache_prompt: bool = True  # reuse a slot's KV for a shared prompt prefix
     n: int = 1  # choices: sequences sharing the prompt's KV, each sampled on its own
+    # who may reuse this prompt's KV: only a request of the same scope (its API key's digest;
+    # "" without keys), so cached_tokens tells nobody about another key's prompts
+    cache_scope: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@ from app.errors import (
     QueueFull,
     RequestTimeout,
     ServiceError,
+    Unauthorized,
     Unavailable,
     UnsupportedMediaType,
 )
 
 STATUS: dict[type[ServiceError], int] = {
     BadRequest: 400,
+    Unauthorized: 401,
     NotFound: 404,
     MethodNotAllowed: 405,
     RequestTimeout: 408,
@@ -54,7 +56,10 @@ def status_of(err: ServiceError) -> int:
 
 
 def headers_of(err: ServiceError) -> dict[str, str]:
-    return {"Retry-After": str(err.retry_after)} if err.retry_after is not None else {}
+    headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else {}
+    if isinstance(err, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    return headers
 
 
 def lookup(table: dict[type[ServiceError], str], err: ServiceError, default: str) -> str:

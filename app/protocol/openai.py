@@ -18,6 +18,7 @@ from app.errors import (
     NotSupported,
     QueueFull,
     ServiceError,
+    Unauthorized,
     Unavailable,
 )
 from app.protocol import validate
@@ -370,6 +371,7 @@ def model_meta(info: ModelInfo) -> dict[str, Any]:
 # OpenAI's error type names, by domain error (the nearest class wins).
 ERROR_TYPES: dict[type[ServiceError], str] = {
     BadRequest: "invalid_request_error",
+    Unauthorized: "invalid_request_error",  # OpenAI's, with code invalid_api_key
     NotFound: "not_found_error",
     ModelNotFound: "invalid_request_error",  # OpenAI's own type for code model_not_found
     NotSupported: "not_supported_error",  # llama-server's (a disabled /slots)
