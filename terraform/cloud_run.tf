@@ -35,6 +35,28 @@ variable "cloud_run_startup_failure_threshold" {
   }
 }
 
+variable "api_key_secret" {
+  description = "Secret Manager secret (its id in this project, or projects/P/secrets/S) whose value is the Cloud Run service's API_KEY (one key, or several comma-separated): every request but the health probes then needs `Authorization: Bearer <key>` or `x-api-key: <key>`. null: no key (the service is guarded by invoker IAM only). Create the secret and its versions yourself: Terraform only grants the runtime account access, so the key never enters the state."
+  type        = string
+  default     = null
+}
+
+variable "api_key_secret_version" {
+  description = "Version of api_key_secret the service reads at each instance start: latest, or a version number (pin it to roll keys with a new revision)."
+  type        = string
+  default     = "latest"
+}
+
+# The runtime account may read the API key's secret (and nothing else of Secret Manager).
+resource "google_secret_manager_secret_iam_member" "runtime_reads_api_key" {
+  count      = var.deploy_cloud_run && var.api_key_secret != null ? 1 : 0
+  project    = var.project_id
+  secret_id  = var.api_key_secret
+  role       = "roles/secretmanager.secretAccessor"
+  member     = "serviceAccount:${google_service_account.runtime.email}"
+  depends_on = [google_project_service.apis] # secretmanager.googleapis.com
+}
+
 locals {
   cloud_run_region = var.cloud_run_region == "" ? var.region : var.cloud_run_region
   # The period the failure threshold's validation assumes (10 s).
@@ -103,6 +125,20 @@ resource "google_cloud_run_v2_service" "llm" {
         }
       }
 
+      # API keys from Secret Manager (never in the Terraform state or the service's config)
+      dynamic "env" {
+        for_each = var.api_key_secret == null ? [] : [var.api_key_secret]
+        content {
+          name = "API_KEY"
+          value_source {
+            secret_key_ref {
+              secret  = env.value
+              version = var.api_key_secret_version
+            }
+          }
+        }
+      }
+
       startup_probe {
         initial_delay_seconds = var.cloud_run_startup_initial_delay_seconds
         period_seconds        = local.cloud_run_startup_period_seconds
@@ -130,6 +166,7 @@ resource "google_cloud_run_v2_service" "llm" {
     google_project_service.apis,
     google_storage_bucket_iam_member.runtime_reads_models,
     google_artifact_registry_repository_iam_member.runtime_pulls_images,
+    google_secret_manager_secret_iam_member.runtime_reads_api_key,
   ]
 }
 

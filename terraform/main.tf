@@ -8,7 +8,13 @@ locals {
   health_route  = "/health"
   predict_route = "/predict"
   server_env = merge(
-    { REQUEST_TIMEOUT = tostring(var.request_timeout_seconds - 10) },
+    {
+      REQUEST_TIMEOUT = tostring(var.request_timeout_seconds - 10)
+      # Cloud Logging structured entries (severity, trace, httpRequest); the project makes the
+      # trace field projects/<id>/traces/<trace>, so log lines group under their request's trace
+      LOG_FORMAT           = "json"
+      GOOGLE_CLOUD_PROJECT = var.project_id
+    },
     var.model_file == "" ? {} : { MODEL_FILE = var.model_file },
   )
 }
@@ -17,7 +23,7 @@ locals {
 # scripts/deploy.sh, before anything is built: nothing else creates them (no `gcloud artifacts
 # repositories create`, no `gcloud services enable`), so none is created twice.
 resource "google_project_service" "apis" {
-  for_each = toset([
+  for_each = toset(concat([
     "aiplatform.googleapis.com",
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
@@ -25,7 +31,7 @@ resource "google_project_service" "apis" {
     "logging.googleapis.com",
     "run.googleapis.com",
     "storage.googleapis.com",
-  ])
+  ], var.api_key_secret == null ? [] : ["secretmanager.googleapis.com"]))
   service            = each.value
   disable_on_destroy = false
 }
