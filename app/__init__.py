@@ -67,8 +67,12 @@ def create_app(
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm)."""
+    from prometheus_client import CollectorRegistry
+
     from app import api, auth, logs, routes
     from app.core.service import Service
+    from app.metrics import PREDICT, Metrics
+    from app.metrics import install as install_metrics
 
     if engine is None:
         from app import model_source
@@ -86,12 +90,22 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    service = Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout)
+    # this app's own registry: tests build many apps in one process
+    metrics = Metrics(CollectorRegistry())
+    metrics.watch(engine)
+    app.extensions["vertex_gguf_metrics"] = metrics
+    service = Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
+                      metrics=metrics)
     app.extensions["vertex_gguf"] = service
     app.extensions["vertex_gguf_settings"] = settings
     gevent.spawn(service.warm)
-    api.register(app, settings, service)
+    apis = api.register(app, settings, service)
     routes.register(app, settings.health_route)
+    # GET /metrics; every API route's requests counted and timed (a 401 included)
+    endpoints = {rule.endpoint: a.label for rule in app.url_map.iter_rules() for a in apis
+                 if rule.rule in a.paths and rule.endpoint.startswith(f"{a.name}.")}
+    endpoints["predict"] = PREDICT
+    install_metrics(app, metrics, endpoints)
     auth.register(app, settings)  # API keys: before every route but health (and public /metrics)
     # request ids, trace and the access log around everything (streams included)
     app.wsgi_app = logs.RequestLog(app.wsgi_app, quiet=[settings.health_route])  # type: ignore[method-assign]

@@ -19,6 +19,9 @@ class LoadState:
         self.download: dict[str, Any] | None = None
         self.started = time.monotonic()
         self.version = 0  # bumped on every change, so watchers can tell
+        # for /metrics: when each stage was last entered, and how long it lasted when last left
+        self.entered: dict[str, float] = {"starting": self.started}
+        self.seconds: dict[str, float] = {}
 
     @property
     def ready(self) -> bool:
@@ -28,6 +31,9 @@ class LoadState:
         assert stage in STAGES, stage
         if stage != self.stage:
             self.detail = None
+            now = time.monotonic()
+            self.seconds[self.stage] = now - self.entered.get(self.stage, now)
+            self.entered[stage] = now
         self.stage = stage
         self.progress = progress
         if detail is not None:

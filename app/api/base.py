@@ -5,6 +5,7 @@ parse its request, render the core's result and events, and shape its errors; th
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import secrets
@@ -30,6 +31,7 @@ from app.errors import (
     UnsupportedMediaType,
     as_service_error,
 )
+from app.metrics import API_LABELS
 from app.protocol import jsonbody, validate
 from app.protocol.http_status import HttpStatusError, headers_of, status_of
 from app.protocol.sse import HEADERS, policy_of
@@ -126,6 +128,13 @@ class Api:
         self.service = service
         # seconds without an event before a stream sends its keep-alive (None: never)
         self.heartbeat = policy_of(settings).heartbeat_seconds or None
+        self.label = API_LABELS.get(self.name, self.name)  # the metrics' ``api`` label
+
+    def relabelled(self, label: str) -> Api:
+        """This API under another metrics label (the predict route's)."""
+        other = copy.copy(self)
+        other.label = label
+        return other
 
     # ---- what an API says ---------------------------------------------------------------
     def looks_like(self, body: dict[str, Any]) -> bool:
@@ -176,7 +185,7 @@ class Api:
         plan = self.service.prepare(build)
         # the API key's scope: a generation reuses only KV its own key wrote
         plan.generation = replace(plan.generation, cache_scope=reqctx.cache_scope())
-        return parsed[0], self.service.start(plan, self.new_id())
+        return parsed[0], self.service.start(plan, self.new_id(), self.label)
 
     def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
         """The whole answer. ``gone`` tells whether the client hung up (then it is cancelled)."""

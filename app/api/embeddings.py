@@ -106,7 +106,7 @@ class OpenAIEmbeddings(EmbeddingApi):
         # validating up to MAX_BODY_BYTES of token ids, and listing a thousand vectors' floats,
         # are done on a worker thread: on the hub they would pause every stream
         inp, req = self.service.offload(lambda: self.parse(body))
-        result = self.embeddings.run(inp, gone)
+        result = self.embeddings.run(inp, gone, self.label)
         err = result.first_error()
         if err is not None:
             if len(result.items) > 1:
@@ -242,7 +242,7 @@ class VertexEmbeddings(EmbeddingApi):
         def run(key: tuple[bool, int | None], members: list) -> None:
             inp = EmbedInput(tuple(x for _, x in members), truncate=key[0], dimensions=key[1])
             try:
-                result = self.embeddings.run(inp, gone)
+                result = self.embeddings.run(inp, gone, self.label)
             except Exception as exc:  # noqa: BLE001 - a request-wide error fills its slots
                 err = self.error_body(as_service_error(exc))
                 for i, _ in members:

@@ -19,13 +19,15 @@ from app import reqctx
 from app.api.base import Answer, Api, error_response, gone_probe, json_off_hub, read_body
 from app.core.service import Service
 from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
+from app.metrics import PREDICT
 from app.protocol import openai, vertex
 
 
 class Predict:
     def __init__(self, apis: list[Api], service: Service, max_instances: int,
                  slots_per_request: int):
-        self.apis = {a.name: a for a in apis}
+        # the same APIs, counted in the metrics as the predict route's
+        self.apis = {a.name: a.relabelled(PREDICT) for a in apis}
         self.service = service
         self.max_instances = max_instances
         self.slots_per_request = slots_per_request

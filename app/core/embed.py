@@ -15,7 +15,7 @@ import numpy as np
 
 from app.core.service import GONE_POLL, Service
 from app.engine.embed import Embedder, Embedding, EmbedHandle, EmbedRequest
-from app.errors import BadRequest, ClientGone, NotSupported, ServiceError
+from app.errors import BadRequest, ClientGone, GenerationTimeout, NotSupported, ServiceError
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,22 @@ class Embeddings:
             )
         return model, emb
 
-    def run(self, inp: EmbedInput, gone: Callable[[], bool] | None = None) -> EmbedResult:
+    def run(self, inp: EmbedInput, gone: Callable[[], bool] | None = None,
+            api: str = "embeddings") -> EmbedResult:
         """Every input's vector or error; request-wide errors (bad dimensions, queue full,
-        model loading, the client gone) are raised."""
+        model loading, the client gone) are raised. ``api``: the metrics' label."""
         model, emb = self.check(inp)
         handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout))
-        outcomes = self._wait(handle, gone)
-        return EmbedResult(model, [self._finish(o, inp.dimensions) for o in outcomes])
+        outcomes = self._wait(handle, gone, api)
+        result = EmbedResult(model, [self._finish(o, inp.dimensions) for o in outcomes])
+        m = self.service.metrics.api(api)
+        m.prompt_tokens.inc(result.tokens)
+        if any(isinstance(o, GenerationTimeout) for o in outcomes):
+            m.timeouts.inc()
+        return result
 
-    def _wait(self, handle: EmbedHandle, gone: Callable[[], bool] | None) -> list:
+    def _wait(self, handle: EmbedHandle, gone: Callable[[], bool] | None,
+              api: str = "embeddings") -> list:
         """The outcomes; polls ``gone`` while waiting (then the rest is skipped)."""
         limit = (self.timeout or 3600.0) + 60.0  # the engine answers by its own deadline
         deadline = time.monotonic() + limit
@@ -106,6 +113,7 @@ class Embeddings:
                     return handle.result(GONE_POLL if gone else limit)
                 except TimeoutError:
                     if gone is not None and gone():
+                        self.service.metrics.api(api).gone()
                         raise ClientGone("the client went away") from None
                     if time.monotonic() > deadline:
                         raise

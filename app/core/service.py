@@ -22,6 +22,7 @@ from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
 from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
 from app.errors import BadRequest, ClientGone, ModelNotFound, ModelNotReady
+from app.metrics import ABORT, Metrics
 from app.protocol import reasoning, replies
 
 # How often a run whose reader is not streaming checks that its client is still connected.
@@ -34,8 +35,10 @@ T = TypeVar("T")
 
 
 class Service:
-    def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float):
+    def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float,
+                 metrics: Metrics | None = None):
         self.engine = engine
+        self.metrics = metrics if metrics is not None else Metrics()  # its own registry
         self.options = options
         self.prepare_timeout = prepare_timeout
         self._live: dict[str, _ThoughtGuard] = {}  # runs open to reasoning control, by id
@@ -121,8 +124,10 @@ class Service:
                               timeout=self.prepare_timeout)
 
     # ---- running --------------------------------------------------------------------------
-    def start(self, plan: Plan, rid: str) -> Run:
-        """Submit and wait for acceptance, so that errors arrive before the first byte."""
+    def start(self, plan: Plan, rid: str, api: str = "other") -> Run:
+        """Submit and wait for acceptance, so that errors arrive before the first byte.
+        ``api``: the metrics' label for the route the request came through."""
+        submitted = time.monotonic()
         handle = self.engine.submit(plan.generation)
         try:
             first = handle.next_event()
@@ -132,7 +137,7 @@ class Service:
         if isinstance(first, Failed):
             raise first.error
         assert isinstance(first, Accepted), first
-        return Run(self, plan, handle, first.prompt_tokens, rid)
+        return Run(self, plan, handle, first.prompt_tokens, rid, api, submitted)
 
     def control(self, rid: str) -> bool:
         """End the thought of the running request ``rid`` now; False if it has none open."""
@@ -143,7 +148,8 @@ class Service:
 class Run:
     """One accepted generation: its events, once, in order."""
 
-    def __init__(self, svc: Service, plan: Plan, handle: Handle, prompt_tokens: int, rid: str):
+    def __init__(self, svc: Service, plan: Plan, handle: Handle, prompt_tokens: int, rid: str,
+                 api: str = "other", submitted: float | None = None):
         self.id = rid
         self.created = int(time.time())
         self.model = plan.model or svc.info().name  # the request's alias, else the id
@@ -157,6 +163,12 @@ class Run:
         self._decoders: dict[int, replies.ReplyStream] = {}
         self._ended: dict[int, Finished] = {}
         self._over = False
+        # metrics: time to first token and between tokens (first choice), counted once at the end
+        self._m = svc.metrics.api(api)
+        self._submitted = time.monotonic() if submitted is None else submitted
+        self._last_token: float | None = None
+        self._seen = 0  # the first choice's tokens so far
+        self._counted = False
         self.finish_reason: str | None = None  # the first choice's, once it has ended
         self.cached_tokens: int | None = None  # prompt tokens reused, once every choice ended
         if self._guard.watching and plan.reasoning_control:
@@ -204,17 +216,22 @@ class Run:
         if not self._over:
             self._over = True
             self._handle.cancel()
+            self._end(ABORT)
             log.info("client went away mid-stream: generation cancelled after %d tokens",
                      self.completion_tokens)
 
     def _on(self, ev: object) -> list[Event]:
         if isinstance(ev, TextPiece):
+            if ev.index == 0 and ev.completion_tokens > self._seen:
+                self._token_seen(ev.completion_tokens)
             self.tokens[ev.index] = ev.completion_tokens
             self._guard.on_piece(ev)
             if self._plan.reply is None:
                 return [Text(ev.text, ev.index)] if ev.text else []
             return self._decoder(ev.index).feed(ev.text)
         if isinstance(ev, Finished):
+            if ev.index == 0 and ev.completion_tokens > self._seen:
+                self._token_seen(ev.completion_tokens)
             self.tokens[ev.index] = ev.completion_tokens
             self._ended[ev.index] = ev
             out: list[Event] = []
@@ -234,13 +251,44 @@ class Run:
                 first = self._ended[0]
                 self.cached_tokens = first.cached_tokens
                 out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens))
+                self._end(self.finish_reason or "stop", first)
             return out
         if isinstance(ev, Failed):
             self._over = True
             self.finish_reason = "error"
+            self._end(self._m.failed(ev.error))
             log.warning("generation failed mid-way: %s", ev.error.message)
             return [Failure(ev.error)]
         return []
+
+    def _token_seen(self, count: int) -> None:
+        """The first choice has ``count`` tokens now: its first token's time, or the time per
+        token since the last (a piece can carry several)."""
+        now = time.monotonic()
+        if self._last_token is None:
+            self._m.ttft.observe(now - self._submitted)
+        else:
+            k = count - self._seen
+            gap = (now - self._last_token) / k
+            for _ in range(k):
+                self._m.itl.observe(gap)
+        self._last_token = now
+        self._seen = count
+
+    def _end(self, reason: str, first: Finished | None = None) -> None:
+        """Count this generation once, however it ends (``first``: choice 0's Finished)."""
+        if self._counted:
+            return
+        self._counted = True
+        m = self._m
+        m.finished(reason).inc()
+        m.prompt_tokens.inc(self.prompt_tokens)
+        m.generation_tokens.inc(self.completion_tokens)
+        if first is not None:
+            m.cached_tokens.inc(first.cached_tokens)
+            m.queue.observe(first.queue_seconds)
+        if reason == ABORT:
+            m.gone()
 
     def _decoder(self, index: int) -> replies.ReplyStream:
         dec = self._decoders.get(index)

@@ -132,6 +132,8 @@ class _Job:
     n_generated: int = 0
     assembler: TextAssembler | None = None
     sampler: Sampler | None = None  # built on a prep thread; freed when the job is over
+    submitted: float = field(default_factory=time.monotonic)
+    queued: float = 0.0  # seconds from submission to a slot (for /metrics)
 
 
 @dataclass(eq=False)
@@ -751,6 +753,7 @@ class LlamaEngine:
             if len(free) < 1 + len(self._waiting[0].followers):
                 return  # FIFO: the next request waits for enough slots for all its choices
             job = self._waiting.popleft()
+            job.queued = time.monotonic() - job.submitted
             prompt = np.asarray(job.tokens, dtype=np.int32)
             scope = job.request.cache_scope
             # KV is reused only within a scope (an API key): cached_tokens is no oracle for
@@ -937,7 +940,7 @@ class LlamaEngine:
         if tail:
             job.sink(TextPiece(tail, job.n_generated, job.index))
         job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
-                          job.assembler.stopped_by))
+                          job.assembler.stopped_by, queue_seconds=job.queued))
         self._release(slot, keep_cache=True)
 
     def _release(self, slot: _Slot, keep_cache: bool = False) -> None:

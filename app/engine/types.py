@@ -88,6 +88,7 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not decoded again
     index: int = 0  # the choice; a request is over when every choice has finished
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
+    queue_seconds: float = 0.0  # from submission to a slot (the first choice's wait)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,293 @@
+"""``GET /metrics``: Prometheus text format, with the official prometheus-client.
+
+Names follow vLLM's (``vllm:time_to_first_token_seconds`` ...) with a ``vertex_gguf_`` prefix (a
+colon is legal but reserved for recording rules). Every app has its own registry (tests build
+many apps in one process), kept in ``app.extensions["vertex_gguf_metrics"]``.
+
+Where each figure is taken, at the narrowest point that knows it:
+- a generation (app.core.service.Run): time to first token, inter-token latency, queue time,
+  tokens, how it finished, the client going away, timeouts (:class:`ApiMetrics`);
+- an HTTP request (:func:`install`): end-to-end latency and the request counter by status,
+  once the response has ended (a stream when its generator closes);
+- the engine and load state: gauges read at scrape time (:class:`EngineCollector`), so nothing
+  is written on the engine thread or the hub for them.
+
+``api`` is the route the request came through: chat, completions, messages, responses,
+embeddings, predict (every Vertex AI predict call, whatever its instances are).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+
+from app.errors import GenerationTimeout, ServiceError
+
+if TYPE_CHECKING:  # the core imports this module: Flask only where HTTP is
+    from flask import Flask, Response
+
+log = logging.getLogger(__name__)
+
+# One series less per counter and histogram: ``*_created`` timestamps (Managed Prometheus bills
+# by sample, and nothing here reads them). Process-wide, as the client library offers it.
+prometheus_client.disable_created_metrics()
+
+PREFIX = "vertex_gguf_"
+
+# Api.name -> the ``api`` label
+API_LABELS = {
+    "chat": "chat",
+    "completion": "completions",
+    "messages": "messages",
+    "responses": "responses",
+    "embeddings_openai": "embeddings",
+    "embeddings": "embeddings",
+}
+PREDICT = "predict"
+
+# Buckets that resolve both a GPU (milliseconds) and a CPU (seconds to minutes).
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0,
+    15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+)
+E2E_BUCKETS = LATENCY_BUCKETS + (180.0, 300.0, 600.0)
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+)
+
+# How a generation ended: its first choice's reason, or one of these.
+ABORT, ERROR, TIMEOUT = "abort", "error", "timeout"
+
+
+@dataclass(frozen=True)
+class ApiMetrics:
+    """One API's children of every labelled metric, resolved once (a label lookup takes a lock
+    and a dict probe; a token takes only an observe())."""
+
+    ttft: Any
+    itl: Any
+    queue: Any
+    prompt_tokens: Any
+    cached_tokens: Any
+    generation_tokens: Any
+    disconnects: Any
+    timeouts: Any
+    finished: Callable[[str], Any]  # finish reason -> its counter
+
+    def gone(self) -> None:
+        self.disconnects.inc()
+
+    def failed(self, err: ServiceError) -> str:
+        """Count a generation's failure; the finish reason it ends with."""
+        if isinstance(err, GenerationTimeout):
+            self.timeouts.inc()
+            return TIMEOUT
+        return ERROR
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        api = ["api"]
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Seconds from submitting a generation to its first token (queue and prefill "
+            "included).", api, buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Seconds between two generated tokens of a choice (the first choice of each "
+            "request).", api, buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Seconds from a request's arrival to the end of its response (a stream's last "
+            "byte).", api, buckets=E2E_BUCKETS, registry=r)
+        self.queue = Histogram(
+            PREFIX + "request_queue_time_seconds",
+            "Seconds a generation waited for a slot (submitted to admitted into the batch).",
+            api, buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of finished requests (embedding inputs "
+            "included).", api, registry=r)
+        self.cached_tokens = Counter(
+            PREFIX + "prompt_tokens_cached", "Prompt tokens whose KV cache was reused from a "
+            "slot's previous request (not computed again).", api, registry=r)
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Tokens generated (every choice; a cancelled "
+            "request's tokens so far included).", api, registry=r)
+        self.requests = Counter(
+            PREFIX + "requests", "HTTP requests to the generation and embedding routes, by "
+            "status code, counted when the response ends.", ["api", "status"], registry=r)
+        self.finished = Counter(
+            PREFIX + "request_finished", "Generations ended, by finish reason: stop, length, "
+            "tool_calls, abort (client gone), error, timeout.", ["api", "finish_reason"],
+            registry=r)
+        self.disconnects = Counter(
+            PREFIX + "client_disconnects", "Requests whose client went away before the answer "
+            "was complete (the generation is cancelled).", api, registry=r)
+        self.timeouts = Counter(
+            PREFIX + "timeouts", "Requests that ran past REQUEST_TIMEOUT.", api, registry=r)
+        self._apis: dict[str, ApiMetrics] = {}
+
+    def api(self, label: str) -> ApiMetrics:
+        found = self._apis.get(label)
+        if found is None:
+            finished: dict[str, Any] = {}
+
+            def finish(reason: str) -> Any:
+                child = finished.get(reason)
+                if child is None:
+                    child = finished[reason] = self.finished.labels(label, reason)
+                return child
+
+            found = self._apis[label] = ApiMetrics(
+                ttft=self.ttft.labels(label),
+                itl=self.itl.labels(label),
+                queue=self.queue.labels(label),
+                prompt_tokens=self.prompt_tokens.labels(label),
+                cached_tokens=self.cached_tokens.labels(label),
+                generation_tokens=self.generation_tokens.labels(label),
+                disconnects=self.disconnects.labels(label),
+                timeouts=self.timeouts.labels(label),
+                finished=finish,
+            )
+        return found
+
+    def request_done(self, label: str, started: float, status: int) -> None:
+        self.e2e.labels(label).observe(time.monotonic() - started)
+        self.requests.labels(label, str(status)).inc()
+
+    def watch(self, engine: Any) -> None:
+        """The engine's gauges, read at each scrape."""
+        self.registry.register(EngineCollector(engine))
+
+    def exposition(self, accept: str | None) -> Response:
+        from flask import Response
+
+        encode, content_type = choose_encoder(accept or "")
+        return Response(encode(self.registry), headers={"Content-Type": content_type})
+
+
+class EngineCollector:
+    """Gauges read from the engine at scrape time: slots, KV cells, queues, the load."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def describe(self) -> list:
+        return []  # no describe at registration: collect() reads a live engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from app.state import STAGES
+
+        engine = self.engine
+        state = engine.state
+        stage = GaugeMetricFamily(
+            PREFIX + "model_load_state", "1 for the stage the model is in, 0 for the others.",
+            labels=["stage"])
+        stages = dict.fromkeys(STAGES)
+        stages[state.stage] = None
+        for name in stages:
+            stage.add_metric([name], 1.0 if name == state.stage else 0.0)
+        yield stage
+        timing = getattr(state, "seconds", {})
+        if "ready" in getattr(state, "entered", {}):
+            yield GaugeMetricFamily(
+                PREFIX + "model_load_seconds", "Seconds the last model load took from the local "
+                "file to ready (loading and warm-up; a download is counted apart).",
+                value=timing.get("loading", 0.0) + timing.get("warming_up", 0.0))
+        download = state.download
+        if download is not None:
+            yield GaugeMetricFamily(
+                PREFIX + "model_download_bytes", "Bytes downloaded from Cloud Storage for the "
+                "model (the last download).", value=float(download["downloaded_bytes"]))
+            yield GaugeMetricFamily(
+                PREFIX + "model_download_size_bytes", "Bytes the model download had to fetch "
+                "from Cloud Storage (what the cache lacked).", value=float(download["total_bytes"]))
+            secs = timing.get("downloading")
+            entered = getattr(state, "entered", {}).get("downloading")
+            if state.stage == "downloading" and entered is not None:
+                secs = time.monotonic() - entered
+            if secs is not None:
+                yield GaugeMetricFamily(
+                    PREFIX + "model_download_seconds", "Seconds the model download from Cloud "
+                    "Storage took (so far, while it runs).", value=secs)
+        try:
+            rows = engine.slots() if engine.info is not None else []
+            stats = engine.stats()
+        except Exception:  # noqa: BLE001 - a scrape must not fail on a model mid-(un)load
+            log.debug("metrics: engine figures unavailable", exc_info=True)
+            return
+        busy = [r for r in rows if r["is_processing"]]
+        yield GaugeMetricFamily(
+            PREFIX + "num_requests_running", "Requests generating in a slot.",
+            value=sum(1 for r in busy if r.get("choice", 0) == 0))
+        yield GaugeMetricFamily(
+            PREFIX + "num_requests_waiting", "Generation requests accepted and waiting for a "
+            "slot (or being prepared).", value=float(stats.get("waiting", 0)))
+        yield GaugeMetricFamily(PREFIX + "slots_busy", "Slots generating (a request with n "
+                                "choices takes n).", value=len(busy))
+        yield GaugeMetricFamily(PREFIX + "slots_total", "Slots (PARALLEL).", value=len(rows))
+        used = float(sum(r["n_kv"] for r in rows))
+        total = float(sum(r["n_ctx"] for r in rows))
+        yield GaugeMetricFamily(PREFIX + "kv_cache_used_cells", "KV cache cells holding tokens "
+                                "(running requests, and idle slots' reusable prefixes).",
+                                value=used)
+        yield GaugeMetricFamily(PREFIX + "kv_cache_total_cells", "KV cache cells (PARALLEL x "
+                                "the context of a slot).", value=total)
+        yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "KV cache cells used, 0 to 1.",
+                                value=used / total if total else 0.0)
+        embedder = getattr(engine, "embedder", None)
+        if embedder is not None:
+            waiting = embedder.stats().get("waiting", 0)
+            yield GaugeMetricFamily(PREFIX + "embedding_requests_waiting", "Embedding requests "
+                                    "queued for the embedding context.", value=float(waiting))
+
+
+def install(app: Flask, metrics: Metrics, endpoints: dict[str, str]) -> None:
+    """Count the requests to ``endpoints`` (Flask endpoint -> api label) and time them to the
+    end of their response; serve ``GET /metrics``."""
+    from flask import request
+
+    key = "vertex_gguf.metrics"
+
+    @app.before_request
+    def _arrived() -> None:
+        label = endpoints.get(request.endpoint or "")
+        if label is not None:
+            request.environ[key] = (label, time.monotonic())
+
+    @app.after_request
+    def _answered(resp: Response) -> Response:
+        mark = request.environ.pop(key, None)
+        if mark is None:
+            return resp
+        label, started = mark
+        if resp.is_streamed:  # counted when the stream ends, however it ends
+            resp.response = _on_end(resp.response,
+                                    lambda: metrics.request_done(label, started, resp.status_code))
+        else:
+            metrics.request_done(label, started, resp.status_code)
+        return resp
+
+    app.add_url_rule("/metrics", "metrics",
+                     lambda: metrics.exposition(request.headers.get("Accept")), methods=["GET"])
+
+
+def _on_end(body: Any, done: Callable[[], None]) -> Iterator[bytes]:
+    try:
+        yield from body
+    finally:
+        try:
+            done()
+        except Exception:  # noqa: BLE001 - metrics never break a response
+            log.warning("metrics: recording a stream's end failed", exc_info=True)
