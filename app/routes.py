@@ -40,6 +40,7 @@ def health() -> tuple[Response, int]:
         body["model"] = info.name
     body["queue"] = engine.queue_depth()
     body["engine"] = engine.stats()
+    body["sleeping"] = bool(getattr(engine, "sleeping", False))  # still 200: it wakes on demand
     embedder = getattr(engine, "embedder", None)
     if embedder is not None:
         body["embeddings"] = embedder.stats()

@@ -209,6 +209,15 @@ class Settings(BaseSettings):
         le=100_000,
         **_env("MAX_QUEUE"),
     )
+    sleep_idle_seconds: float = Field(
+        0,
+        description="After this many seconds without a request, free the model, contexts and "
+        "KV cache (a shared GPU's memory given back); the next request reloads it from the "
+        "local file and waits. Health stays 200 and says sleeping. 0: never sleep.",
+        ge=0,
+        le=7 * 86400,
+        **_env("SLEEP_IDLE_SECONDS"),
+    )
 
     reasoning_format: Literal["auto", "parsed", "inline"] = Field(
         "auto",

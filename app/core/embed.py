@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app import bridge
 from app.core.service import GONE_POLL, Service
 from app.engine.embed import Embedder, Embedding, EmbedHandle, EmbedRequest
 from app.errors import BadRequest, ClientGone, GenerationTimeout, NotSupported, ServiceError
@@ -92,9 +93,21 @@ class Embeddings:
             api: str = "embeddings") -> EmbedResult:
         """Every input's vector or error; request-wide errors (bad dimensions, queue full,
         model loading, the client gone) are raised. ``api``: the metrics' label."""
-        model, emb = self.check(inp)
-        handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout))
-        outcomes = self._wait(handle, gone, api)
+        engine = self.service.engine
+        hold = getattr(engine, "acquire_model", None)  # an engine that sleeps when idle
+        if hold is not None and not hold(wait=False):
+            try:
+                bridge.offload(engine.wait_awake)  # asleep: woken; wait off the hub
+            except BaseException:
+                engine.release_model()
+                raise
+        try:
+            model, emb = self.check(inp)
+            handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout))
+            outcomes = self._wait(handle, gone, api)
+        finally:
+            if hold is not None:
+                engine.release_model()
         result = EmbedResult(model, [self._finish(o, inp.dimensions) for o in outcomes])
         m = self.service.metrics.api(api)
         m.prompt_tokens.inc(result.tokens)

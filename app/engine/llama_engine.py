@@ -28,7 +28,13 @@ from typing import Literal
 
 import numpy as np
 
-from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.bridge import (
+    Channel,
+    ThreadEvent,
+    allocate_lock,
+    original_sleep,
+    start_native_thread,
+)
 from app.engine import llama_log
 from app.engine.embed import POOLING_IDS
 from app.engine.handle import ChannelHandle
@@ -92,6 +98,7 @@ class EngineConfig:
     batch_size: int = setting_default("batch_size")
     flash_attn: Literal["auto", "on", "off"] = setting_default("flash_attn")
     max_queue: int = setting_default("max_queue")
+    sleep_idle_seconds: float = setting_default("sleep_idle_seconds")
     parallel: int = setting_default("parallel")
     prefill_chunk: int = setting_default("prefill_chunk")
     served_model_name: str | None = setting_default("served_model_name")
@@ -208,6 +215,13 @@ class LlamaEngine:
         self._embedder: LlamaEmbedder | None = None
         self._turns = DecodeTurns()  # generation steps and embedding decodes alternate
         self._generates = True  # False: an embedding-only model, no generation context
+        # idle sleep: the model freed after SLEEP_IDLE_SECONDS; anything that needs it wakes it
+        self._asleep = False
+        self._users = 0  # holders of the model outside the queue (count_tokens, embeddings, ...)
+        self._wake_requested = False
+        self._reloading = False
+        self._last_activity = time.monotonic()
+        self._path = ""
 
     # ---- greenlet side ---------------------------------------------------------------------
     @property
@@ -226,7 +240,50 @@ class LlamaEngine:
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         self._check_generates()
-        return len(self._prompt_tokens(request))
+        self.acquire_model()
+        try:
+            return len(self._prompt_tokens(request))
+        finally:
+            self.release_model()
+
+    @property
+    def sleeping(self) -> bool:
+        return self._asleep
+
+    def acquire_model(self, wait: bool = True, timeout: float = 3600.0) -> bool:
+        """Hold the model for a use outside the generation queue (it cannot fall asleep until
+        ``release_model``); asleep, it is woken. With ``wait`` (a native thread) this returns
+        once it is awake; without, False says the caller must ``wait_awake`` off the hub."""
+        with self._count_lock:
+            self._users += 1
+            self._last_activity = time.monotonic()
+            if not self._asleep:
+                return True
+            self._wake_requested = True
+        self._wake.set()
+        if not wait:
+            return False
+        try:
+            self.wait_awake(timeout)
+        except BaseException:
+            self.release_model()
+            raise
+        return True
+
+    def wait_awake(self, timeout: float = 3600.0) -> None:
+        """Block this native thread until the model is loaded again."""
+        deadline = time.monotonic() + timeout
+        while self._asleep:  # bounded by the deadline
+            if self.state.stage == "failed":
+                raise ModelNotReady("the model could not be loaded again after sleeping")
+            if time.monotonic() > deadline:
+                raise ModelNotReady(f"the model did not wake up within {timeout:g} s")
+            original_sleep(0.02)
+
+    def release_model(self) -> None:
+        with self._count_lock:
+            self._users -= 1
+            self._last_activity = time.monotonic()
 
     def _check_generates(self) -> None:
         if not self._generates:
@@ -289,6 +346,9 @@ class LlamaEngine:
                     f"server is busy: {self.config.max_queue} requests already waiting"
                 )
             self._in_flight += n
+            self._last_activity = time.monotonic()
+            if self._asleep:
+                self._wake_requested = True
         self._prep.append(job)
         self._prep_wake.set()
         waiting = self.queue_depth()
@@ -320,7 +380,8 @@ class LlamaEngine:
     # ---- prep threads ----------------------------------------------------------------------
     def _prep_main(self, me: int) -> None:
         while True:
-            job = self._prep.popleft() if self._prep else None
+            with self._count_lock:  # never while asleep: the model is freed (and reloading)
+                job = self._prep.popleft() if self._prep and not self._asleep else None
             if job is None:
                 if self._closed or (self._stopping and not self._prep):
                     return
@@ -358,6 +419,7 @@ class LlamaEngine:
     def _thread_main(self) -> None:
         try:
             path = self._resolve_model(self.state)
+            self._path = path  # a reload after sleep reads this local file, never the network
             self._load(path)
             if self._generates:
                 self._warm_up()
@@ -407,14 +469,14 @@ class LlamaEngine:
                 raise ModelLoadError(f"model {path}: not a GGUF file (bad magic)")
         ll.llama_backend_init()
 
-        self.state.set("loading", progress=0.0, detail=os.path.basename(path))
+        self._stage("loading", progress=0.0, detail=os.path.basename(path))
         mparams = ll.llama_model_default_params()
         gpu = ll.llama_supports_gpu_offload()
         mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
         self._split_params(mparams)
 
         def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
-            self.state.set("loading", progress=float(progress))
+            self._stage("loading", progress=float(progress))
             return True
 
         self._progress_cb = ll.llama_progress_callback(on_progress)
@@ -580,7 +642,7 @@ class LlamaEngine:
         """Before declaring the model ready, run what the first burst of requests will: a full
         prefill chunk, then every slot generating in one batch (llama.cpp sizes its buffers and
         the OS maps the KV cache's pages on first use, which the first burst paid for before)."""
-        self.state.set("warming_up", progress=None)
+        self._stage("warming_up", progress=None)
         events: list[Event] = []
         text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
         long = self._tokenize(text, add_bos=self._add_bos)[: self.config.prefill_chunk]
@@ -597,7 +659,8 @@ class LlamaEngine:
                 sink=events.append,
             )
             self._prepare(job)
-            self._in_flight += 1
+            with self._count_lock:  # a reload's warm-up runs beside submissions
+                self._in_flight += 1
             self._waiting.append(job)
             jobs.append(job)
         for _ in range(100 + 4 * len(jobs)):
@@ -615,8 +678,21 @@ class LlamaEngine:
         self._steps = 0
         self._widths.clear()
 
+    def _stage(self, stage: str, **kw: object) -> None:
+        """The load stage health reports; a reload after sleep reports none (health stays 200)."""
+        if not self._reloading:
+            self.state.set(stage, **kw)
+
     def _loop(self) -> None:
         while True:
+            if self._asleep:
+                if self._stopping:
+                    return
+                if self._prep or self._wake_requested:
+                    self._reload()
+                else:
+                    self._wake.wait(0.5)
+                continue
             try:
                 busy = self._step_once()
             except Exception:  # a bug: fail the jobs in flight, keep serving the next ones
@@ -626,8 +702,69 @@ class LlamaEngine:
             if self._stopping and not busy and not (self._prep or self._prep_busy or self._inbox
                                                     or self._waiting):
                 return
-            if not busy:
+            if not busy and not self._fall_asleep():
                 self._wake.wait(0.5)
+
+    def _fall_asleep(self) -> bool:
+        """Free the model once nothing has needed it for SLEEP_IDLE_SECONDS. Decided under the
+        lock every submission and model holder takes, so a request arriving at that moment
+        either counts (no sleep) or finds the engine asleep and wakes it."""
+        idle = self.config.sleep_idle_seconds
+        if not idle or self._stopping or time.monotonic() - self._last_activity < idle:
+            return False
+        with self._count_lock:
+            if (self._in_flight or self._users or self._prep or self._inbox or self._waiting
+                    or self._prep_busy or any(s.job for s in self._slots)):
+                return False
+            self._asleep = True
+            self._wake_requested = False
+        self._release_llama()
+        log.info("asleep after %g s without a request: model, contexts and KV cache freed", idle)
+        return True
+
+    def _release_llama(self) -> None:
+        ll = self._ll
+        if self._embedder:
+            self._embedder.close()
+        for slot in self._slots:
+            slot.cached.clear()
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def _reload(self) -> None:
+        """Load the model again from the local file (engine thread); everything that waited
+        goes on. A failure here is fatal, as at start-up."""
+        started = time.monotonic()
+        info = self._info
+        self._reloading = True
+        try:
+            self._load(self._path)
+            if self._generates:
+                self._warm_up()
+            if self._embedder:
+                self._embedder.open()
+                self._embedder.start()
+        except Exception as exc:
+            msg = f"reloading the model after sleep failed: {exc}"
+            log.error("%s", msg)
+            self.state.fail(msg)
+            if self._on_fatal:
+                self._on_fatal(msg)
+            raise
+        finally:
+            self._reloading = False
+        self._info = info  # the same model: its card (created, name) does not change
+        with self._count_lock:
+            self._asleep = False
+            self._wake_requested = False
+            self._last_activity = time.monotonic()
+        self._prep_wake.set()
+        log.info("woke up: model reloaded in %.1f s", time.monotonic() - started)
 
     def _step_once(self) -> bool:
         """Take new jobs, admit waiting ones, decode one batch. False when there was no work."""
@@ -1111,6 +1248,13 @@ class LlamaEngine:
         templates' sake; this one answers exactly what llama.cpp says, as llama-server does)."""
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
+        try:
+            return self._tokenize_exact(text, add_special, parse_special)
+        finally:
+            self.release_model()
+
+    def _tokenize_exact(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         ll = self._ll
         try:
             data = text.encode("utf-8")
@@ -1138,18 +1282,22 @@ class LlamaEngine:
                 f"token id {bad} is not in the vocabulary (0..{self._n_vocab - 1})",
                 param="tokens",
             )
-        ll, vocab = self._ll, self._vocab
-        size = 256
-        buf = ctypes.create_string_buffer(size)
-        out: list[bytes] = []
-        for tok in tokens:
-            n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
-            if n < 0:
-                size = -n
-                buf = ctypes.create_string_buffer(size)
+        self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
+        try:
+            ll, vocab = self._ll, self._vocab
+            size = 256
+            buf = ctypes.create_string_buffer(size)
+            out: list[bytes] = []
+            for tok in tokens:
                 n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
-            out.append(buf.raw[: max(n, 0)])
-        return out
+                if n < 0:
+                    size = -n
+                    buf = ctypes.create_string_buffer(size)
+                    n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
+                out.append(buf.raw[: max(n, 0)])
+            return out
+        finally:
+            self.release_model()
 
     def slots(self) -> list[dict[str, object]]:
         """Each slot as the engine thread left it: the job is read once, so a row is never
