@@ -119,3 +119,15 @@ def test_a_request_racing_the_fall_into_sleep_succeeds(server, offset):
             fut.result(timeout=120)
     assert health(server)["status"] == "ok"
     assert os.path.exists(f"/proc/{server.proc.pid}")
+
+
+def test_idle_counts_from_ready_and_from_the_last_requests_end(server_factory):
+    """A server that took longer to load than SLEEP_IDLE_SECONDS is awake when ready, and a
+    request that runs longer than it is not followed at once by sleep."""
+    srv = server_factory({"SLEEP_IDLE_SECONDS": "3", "PARALLEL": "2"})
+    srv.wait_ready()
+    assert not health(srv)["sleeping"]
+    body = {**CHAT, "max_tokens": 400, "ignore_eos": True}  # longer than the idle time here
+    assert requests.post(srv.url("/v1/chat/completions"), json=body, timeout=300).ok
+    assert not health(srv)["sleeping"]
+    assert "woke up" not in srv.logs()

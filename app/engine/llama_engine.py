@@ -437,6 +437,7 @@ class LlamaEngine:
             start_native_thread(lambda i=i: self._prep_main(i), stack_size=PREP_STACK_BYTES)
         if self._embedder:
             self._embedder.start()
+        self._last_activity = time.monotonic()  # idle counts from ready, not from construction
         self.state.set("ready", progress=1.0)
         log.info("model ready: %s (n_ctx=%d)", self._info.name, self._n_ctx)
         try:
@@ -1108,6 +1109,7 @@ class LlamaEngine:
             job.done = True
             with self._count_lock:
                 self._in_flight -= 1
+                self._last_activity = time.monotonic()  # idle counts from a request's end
 
     def _drop(self, job: _Job, err: ServiceError | None = None) -> None:
         """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
