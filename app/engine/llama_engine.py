@@ -724,6 +724,8 @@ class LlamaEngine:
         return True
 
     def _release_llama(self) -> None:
+        """Free every llama.cpp object (to sleep, or at exit); the embedding context goes
+        before the model it runs on."""
         ll = self._ll
         if self._embedder:
             self._embedder.close()
@@ -1222,21 +1224,12 @@ class LlamaEngine:
         return sampler
 
     def _free(self) -> None:
-        ll = self._ll
-        if ll is None:
+        if self._ll is None:
             return
-        if self._embedder:
-            self._embedder.close()  # its context goes before the model it runs on
         for slot in getattr(self, "_slots", []):
             if slot.job is not None and slot.job.sampler is not None:
                 slot.job.sampler.free()
-        if getattr(self, "_ctx", None):
-            ll.llama_batch_free(self._batch)
-            ll.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
-            self._model = None
+        self._release_llama()
 
     # ---- introspection (/tokenize, /detokenize, /slots): any thread but the engine's ---------
     @staticmethod
