@@ -1,8 +1,11 @@
-"""Real agent clients driving a running server, shared by the tool-call tests."""
+"""Shared client drives: real agent clients against a running server (the tool-call tests),
+and a paused fake-engine stream for the in-process tests."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -48,3 +51,21 @@ def pydantic_ai_streamed_sum(base_url: str, api: str = "openai") -> tuple[Any, s
     output, messages = asyncio.run(run())
     assert isinstance(output, Sum)
     return output, {p.tool_name for m in messages for p in getattr(m, "parts", []) if p.part_kind == "tool-call"}
+
+
+@contextlib.contextmanager
+def paused_stream(client: Any, engine: Any, body: dict[str, Any],
+                  path: str = "/v1/chat/completions") -> Iterator[tuple[Any, Iterator[bytes]]]:
+    """A streamed request to the fake engine, read up to its first word (the caller set
+    ``engine.hold_after``, so the generation is paused there); yields the response and its
+    frames; on exit the generation is resumed and the response closed."""
+    resp = client.post(path, json={**body, "stream": True}, buffered=False)
+    frames = iter(resp.response)
+    try:
+        for _ in range(10):  # the role chunk, then the first word
+            if b"Hello" in next(frames):
+                break
+        yield resp, frames
+    finally:
+        engine.resume.set()
+        resp.close()

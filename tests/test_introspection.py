@@ -17,6 +17,7 @@ from app import settings as settings_mod
 from app.engine.fake import FakeEngine
 from app.protocol import introspect
 from app.settings import Settings, name_list, slots_endpoint_on
+from tests.clients import paused_stream
 from tests.conftest import make_client
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -365,12 +366,7 @@ def test_slots_show_a_running_generation():
     engine = FakeEngine()
     engine.hold_after = 1  # the generation pauses after its first word until resumed
     client = make_client(engine)
-    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, buffered=False)
-    frames = iter(resp.response)
-    try:
-        for _ in range(10):  # the role chunk, then the first word
-            if b"Hello" in next(frames):
-                break
+    with paused_stream(client, engine, CHAT) as (_, frames):
         rows = client.get("/slots").get_json()
         (busy,) = [r for r in rows if r["is_processing"]]
         assert busy["n_prompt_tokens"] == engine.handles[-1].prompt_tokens > 0
@@ -379,9 +375,6 @@ def test_slots_show_a_running_generation():
         engine.resume.set()
         rest = b"".join(frames)
         assert b"[DONE]" in rest
-    finally:
-        engine.resume.set()
-        resp.close()
     deadline = time.monotonic() + 5  # the fake's thread frees its slot just after the last event
     while any(r["is_processing"] for r in client.get("/slots").get_json()):
         assert time.monotonic() < deadline
@@ -393,17 +386,9 @@ def test_slots_fail_on_no_slot():
     engine.hold_after = 1
     client = make_client(engine)
     assert client.get("/slots?fail_on_no_slot=1").status_code == 200
-    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, buffered=False)
-    frames = iter(resp.response)
-    try:
-        for _ in range(10):
-            if b"Hello" in next(frames):
-                break
+    with paused_stream(client, engine, CHAT):
         assert client.get("/slots").status_code == 200
         assert openai_error(client.get("/slots?fail_on_no_slot=1"), 503)["message"] == "no slot available"
-    finally:
-        engine.resume.set()
-        resp.close()
 
 
 def test_slots_off_is_501_as_llama_server():

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine.fake import FakeEngine
 from app.engine.fake_embed import FakeEmbedder
+from tests.clients import paused_stream
 from tests.conftest import make_client
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello to everyone here"}]}
@@ -101,12 +102,7 @@ def test_a_stream_is_counted_once_at_its_end():
     engine = FakeEngine()
     engine.hold_after = 2
     client = make_client(engine)
-    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, buffered=False)
-    frames = iter(resp.response)
-    try:
-        for _ in range(10):
-            if b"Hello" in next(frames):
-                break
+    with paused_stream(client, engine, CHAT) as (_, frames):
         m = scrape(client)  # mid-stream: not counted yet, but running
         assert value(m, "vertex_gguf_requests_total", api="chat", status="200") == 0
         assert value(m, "vertex_gguf_e2e_request_latency_seconds_count", api="chat") == 0
@@ -117,9 +113,6 @@ def test_a_stream_is_counted_once_at_its_end():
         engine.resume.set()
         rest = b"".join(frames)
         assert b"[DONE]" in rest
-    finally:
-        engine.resume.set()
-        resp.close()
     m = scrape(client)
     assert value(m, "vertex_gguf_requests_total", api="chat", status="200") == 1
     assert value(m, "vertex_gguf_e2e_request_latency_seconds_count", api="chat") == 1
@@ -134,15 +127,8 @@ def test_a_client_that_goes_away_mid_stream_is_counted():
     engine = FakeEngine()
     engine.hold_after = 2
     client = make_client(engine)
-    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, buffered=False)
-    frames = iter(resp.response)
-    try:
-        for _ in range(10):
-            if b"Hello" in next(frames):
-                break
-    finally:
-        resp.close()  # the client hangs up: the generator is closed
-        engine.resume.set()
+    with paused_stream(client, engine, CHAT) as (resp, _):
+        resp.close()  # the client hangs up (before the generation resumes): the generator closes
     m = scrape(client)
     assert value(m, "vertex_gguf_client_disconnects_total", api="chat") == 1
     assert value(m, "vertex_gguf_request_finished_total", api="chat", finish_reason="abort") == 1
