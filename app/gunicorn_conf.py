@@ -111,7 +111,7 @@ def options(settings: Settings) -> dict[str, Any]:
         "loglevel": settings.log_level,
         # gunicorn's own lines through the app's formatter (LOG_FORMAT), to stderr
         "logconfig_dict": logs.logconfig(settings),
-        "accesslog": "-" if settings.log_level == "debug" else None,
+        "accesslog": None,  # app.logs writes the access line (path only, never a query string)
         "preload_app": False,
         "worker_exit": worker_exit,
         "proc_name": "vertex-gguf",

@@ -126,7 +126,9 @@ def logconfig(settings: Settings) -> dict[str, Any]:
         "root": {"level": level, "handlers": ["stderr"]},
         "loggers": {
             "gunicorn.error": {"level": level, "handlers": [], "propagate": True},
-            "gunicorn.access": {"level": "INFO", "handlers": [], "propagate": True},
+            # gunicorn's own access line is off: it would log a query string and a Basic user
+            # (where a key sent the wrong way would show); vertex_gguf.access replaces it
+            "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
         },
     }
 
