@@ -79,7 +79,7 @@ def test_metrics_after_real_traffic(server):
     assert value(m, "vertex_gguf_prompt_tokens_total", api="chat") == prompt
     assert value(m, "vertex_gguf_generation_tokens_total", api="chat") == completion
     assert value(m, "vertex_gguf_inter_token_latency_seconds_count", api="chat") > 0
-    assert 0 < value(m, "vertex_gguf_time_to_first_token_seconds_sum", api="chat") < 60
+    assert value(m, "vertex_gguf_time_to_first_token_seconds_sum", api="chat") > 0
     assert value(m, "vertex_gguf_requests_total", api="completions", status="200") == 1
     assert value(m, "vertex_gguf_prompt_tokens_total", api="completions") == c.usage.prompt_tokens
     assert value(m, "vertex_gguf_generation_tokens_total",
