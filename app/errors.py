@@ -64,6 +64,16 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class EmbeddingOnly(BadRequest):
+    """A generation asked of a model that only embeds (an embedding GGUF, EMBEDDINGS=only)."""
+
+    code = "model_not_supported"
+
+    def __init__(self) -> None:
+        super().__init__("this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use "
+                         "/v1/embeddings")
+
+
 class NotSupported(ServiceError):
     """A feature this server was configured without (llama-server's 501 not_supported_error)."""
 

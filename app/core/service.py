@@ -21,7 +21,7 @@ from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
 from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
 from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
-from app.errors import BadRequest, ClientGone, ModelNotFound, ModelNotReady
+from app.errors import ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
 from app.metrics import ABORT, Metrics
 from app.protocol import reasoning, replies
 
@@ -103,11 +103,7 @@ class Service:
         self.info()  # 503 at once while loading
         embedder = getattr(self.engine, "embedder", None)
         if embedder is not None and embedder.info.only:
-            raise BadRequest(
-                "this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use "
-                "/v1/embeddings",
-                code="model_not_supported",
-            )
+            raise EmbeddingOnly()  # before planning: such a GGUF often has no chat template
         return bridge.offload(self.plan, build, timeout=self.prepare_timeout)
 
     def offload(self, fn: Callable[[], T]) -> T:

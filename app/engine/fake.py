@@ -23,6 +23,7 @@ from app.engine.types import (
     GenerationRequest,
     ModelInfo,
     TextPiece,
+    outside_vocab,
     slot_row,
 )
 from app.errors import (
@@ -135,9 +136,9 @@ class FakeEngine:
     def pieces(self, tokens: list[int]) -> list[bytes]:
         if not self.state.ready:
             raise ModelNotReady(f"model is {self.state.stage}")
-        bad = [t for t in tokens if not 0 <= t < N_VOCAB]
-        if bad:
-            raise BadRequest(f"token id {bad[0]} is not in the vocabulary (0..{N_VOCAB - 1})",
+        bad = outside_vocab(tokens, N_VOCAB)
+        if bad is not None:
+            raise BadRequest(f"token id {bad} is not in the vocabulary (0..{N_VOCAB - 1})",
                              param="tokens")
         return [SPECIALS[t].encode() if t < len(SPECIALS) else bytes([t - len(SPECIALS)])
                 for t in tokens]

@@ -27,6 +27,7 @@ import numpy as np
 
 from app.bridge import Channel, ThreadEvent, allocate_lock, original_sleep, start_native_thread
 from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
+from app.engine.types import outside_vocab
 from app.errors import (
     BadRequest,
     ContextOverflow,
@@ -364,10 +365,9 @@ class LlamaEmbedder:
                 item = data[: self._max_input_bytes].decode("utf-8", "ignore")
             toks = self._tokenize(item)
         else:
-            ids = np.asarray(item, dtype=np.int64)
-            bad = ids[(ids < 0) | (ids >= self._n_vocab)]
-            if len(bad):
-                raise BadRequest(f"token id {int(bad[0])} is not in the vocabulary "
+            bad = outside_vocab(item, self._n_vocab)
+            if bad is not None:
+                raise BadRequest(f"token id {bad} is not in the vocabulary "
                                  f"(0..{self._n_vocab - 1})", param="input")
             toks = list(item)
         if not toks:

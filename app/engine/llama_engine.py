@@ -60,10 +60,12 @@ from app.engine.types import (
     SamplingParams,
     Sink,
     TextPiece,
+    outside_vocab,
 )
 from app.errors import (
     BadRequest,
     ContextOverflow,
+    EmbeddingOnly,
     EngineFailure,
     GenerationTimeout,
     ModelLoadError,
@@ -287,11 +289,7 @@ class LlamaEngine:
 
     def _check_generates(self) -> None:
         if not self._generates:
-            raise BadRequest(
-                "this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use "
-                "/v1/embeddings",
-                code="model_not_supported",
-            )
+            raise EmbeddingOnly()
 
     def queue_depth(self) -> int:
         """Requests submitted but not yet admitted to a slot."""
@@ -595,12 +593,16 @@ class LlamaEngine:
         n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
+    def _arch_meta(self, key: str) -> str | None:
+        """A metadata value under the model's architecture prefix (``bert.pooling_type``)."""
+        return self._meta(f"{self._meta('general.architecture') or ''}.{key}")
+
     def _embedding_mode(self, model) -> str:
         """EMBEDDINGS resolved for this model: an embedding GGUF (non-causal attention, or a
-        pooling type in its metadata) embeds only under auto; a generative one does both."""
-        arch = self._meta("general.architecture") or ""
-        embedding_model = (self._meta(f"{arch}.attention.causal") == "false"
-                           or self._meta(f"{arch}.pooling_type") is not None)
+        pooling type in its metadata) embeds only under auto; a generative one embeds only when
+        asked (EMBEDDINGS=on: the embedding context costs memory)."""
+        embedding_model = (self._arch_meta("attention.causal") == "false"
+                           or self._arch_meta("pooling_type") is not None)
         mode = self.config.embeddings
         if mode == "auto":  # a generative model's embedding context costs memory: asked for
             mode = "only" if embedding_model else "off"
@@ -615,8 +617,7 @@ class LlamaEngine:
         cfg = self.config
         pooling = cfg.embedding_pooling
         if pooling == "auto":
-            arch = self._meta("general.architecture") or ""
-            code = self._meta(f"{arch}.pooling_type")
+            code = self._arch_meta("pooling_type")
             pooling = POOLING_IDS.get(int(code), "none") if code and code.isdigit() else "mean"
         cap = DEFAULT_MAX_CTX if only else GENERATIVE_MAX_CTX
         n_ctx = cfg.embedding_ctx or min(n_ctx_train or cap, cap)
@@ -814,10 +815,9 @@ class LlamaEngine:
                     "tokens (and at least one must be left to generate)",
                     param="prompt",
                 )
-            ids = np.asarray(req.prompt, dtype=np.int64)
-            bad = ids[(ids < 0) | (ids >= self._n_vocab)]
-            if len(bad):
-                raise BadRequest(f"prompt token id {int(bad[0])} is out of range", param="prompt")
+            bad = outside_vocab(req.prompt, self._n_vocab)
+            if bad is not None:
+                raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
             return list(req.prompt)
 
     def _prepare(self, job: _Job) -> None:
@@ -842,10 +842,10 @@ class LlamaEngine:
                 f"context of {self._n_ctx} tokens",
                 param="max_tokens",
             )
-        bad_bias = [t for t, _ in params.logit_bias if not 0 <= t < self._n_vocab]
-        if bad_bias:
+        bad_bias = outside_vocab((t for t, _ in params.logit_bias), self._n_vocab)
+        if bad_bias is not None:
             raise BadRequest(
-                f"logit_bias: token id {bad_bias[0]} is not in the vocabulary (0..{self._n_vocab - 1})",
+                f"logit_bias: token id {bad_bias} is not in the vocabulary (0..{self._n_vocab - 1})",
                 param="logit_bias",
             )
         job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
@@ -1271,7 +1271,7 @@ class LlamaEngine:
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         # llama.cpp does not check: an id past the vocabulary would crash it (ints of any size)
-        bad = next((t for t in tokens if not 0 <= t < self._n_vocab), None)
+        bad = outside_vocab(tokens, self._n_vocab)
         if bad is not None:
             raise BadRequest(
                 f"token id {bad} is not in the vocabulary (0..{self._n_vocab - 1})",

@@ -6,7 +6,7 @@ sampling parameters and emits events; the protocol layer turns those into API ob
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,6 +98,12 @@ class Failed:
 
 Event = Accepted | TextPiece | Finished | Failed
 Sink = Callable[[Event], None]
+
+
+def outside_vocab(ids: Iterable[int], n_vocab: int) -> int | None:
+    """The first id not in ``0..n_vocab-1`` (llama.cpp does not check: such an id crashes it),
+    or None. Python ints: an id past 64 bits is refused like any other."""
+    return next((t for t in ids if not 0 <= t < n_vocab), None)
 
 
 @dataclass(frozen=True)
