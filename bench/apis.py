@@ -19,15 +19,14 @@ import argparse
 import concurrent.futures as cf
 import contextlib
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anthropic
 import openai
-from common import free_port, serve, wait_ready
+from common import process, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -111,21 +110,11 @@ def drive(base: str, call: Call, n: int, c: int, tokens: int) -> dict:
             "errors": errors}
 
 
-@contextlib.contextmanager
-def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-         "-c", str(ctx * slots), "-t", str(threads), "--jinja"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, "/health", proc, timeout=300)
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(30)
+def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int
+                 ) -> contextlib.AbstractContextManager[str]:
+    return process([binary, "-m", model, "--host", "127.0.0.1", "--port", "{port}", "-np",
+                    str(slots), "-c", str(ctx * slots), "-t", str(threads), "--jinja"],
+                   None, "/health", "llama-server", 300)
 
 
 def main() -> None:

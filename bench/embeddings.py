@@ -31,14 +31,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import contextlib
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -47,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import requests
-from common import free_port, wait_ready
+from common import process
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -79,38 +76,6 @@ class Texts:
 
     def take(self, n: int) -> list[str]:
         return [next(self._it) for _ in range(n)]
-
-
-@contextlib.contextmanager
-def process(cmd: list[str], env: dict[str, str] | None, health: str, name: str,
-            timeout: float) -> Iterator[str]:
-    """A server on a free loopback port (``{port}`` in cmd), ready; its base URL. Its log goes
-    to a temporary file, whose tail is printed if it dies (removed if not); it is stopped (then
-    killed) after."""
-    port = free_port()
-    full_env = {**os.environ, **(env or {}), "PORT": str(port)}
-    with tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log",
-                                     delete=False) as log:
-        proc = subprocess.Popen([c.replace("{port}", str(port)) for c in cmd], cwd=ROOT,
-                                env=full_env, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base, health, proc, timeout=timeout)
-            yield base
-        finally:
-            died = proc.poll() is not None
-            if died:
-                tail = Path(log.name).read_text(errors="replace")[-3000:]
-                print(f"[{name} exited with {proc.returncode}; log {log.name}]\n{tail}",
-                      file=sys.stderr)
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
-            if not died:
-                Path(log.name).unlink(missing_ok=True)
 
 
 def client(base: str, timeout: float) -> openai.OpenAI:
