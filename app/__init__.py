@@ -70,6 +70,7 @@ def create_app(
     from prometheus_client import CollectorRegistry
 
     from app import api, auth, logs, routes
+    from app.api import webui
     from app.core.service import Service
     from app.metrics import PREDICT, Metrics
     from app.metrics import install as install_metrics
@@ -101,6 +102,7 @@ def create_app(
     gevent.spawn(service.warm)
     apis = api.register(app, settings, service)
     routes.register(app, settings.health_route)
+    webui.register(app, settings)  # the playground page at / (WEBUI)
     # GET /metrics; every API route's requests counted and timed (a 401 included)
     endpoints = {rule.endpoint: a.label for rule in app.url_map.iter_rules() for a in apis
                  if rule.rule in a.paths and rule.endpoint.startswith(f"{a.name}.")}

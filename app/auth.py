@@ -1,5 +1,6 @@
 """API keys: API_KEY (comma-separated) and API_KEY_FILE (one a line), checked before every
-route but the health routes (and /metrics with METRICS_PUBLIC).
+route but the health routes (and /metrics with METRICS_PUBLIC, and the playground page's
+static files with WEBUI=on).
 
 A request passes when any key it presents (``Authorization: Bearer <key>`` as the openai SDK
 sends it, ``x-api-key: <key>`` as the anthropic SDK does) equals a configured key. Keys are
@@ -111,6 +112,10 @@ def register(app: Flask, settings: Settings) -> KeyCheck | None:
     exempt = {"/health", settings.health_route}
     if settings.metrics_public:
         exempt.add("/metrics")
+    if settings.webui == "on":  # the page loads without a key, then asks for one
+        from app.api import webui
+
+        exempt |= webui.public_paths()
     check = KeyCheck(keys, exempt)
     app.before_request(check)
     log.info("API keys: %d configured; every route but %s needs one", len(keys),

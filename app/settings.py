@@ -319,6 +319,13 @@ class Settings(BaseSettings):
         "inside the network); off: /metrics needs a key like every other route.",
         **_env("METRICS_PUBLIC"),
     )
+    webui: Literal["on", "off"] = Field(
+        "on",
+        description="The playground page at / (chat with streaming, thoughts, tool calls, "
+        "settings; conversations kept in the browser). It needs no key to load, and asks for "
+        "one when keys are set; off: / is a 404. Vertex AI never routes / to the container.",
+        **_env("WEBUI"),
+    )
     log_format: Literal["auto", "json", "text"] = Field(
         "auto",
         description="Log lines: json (one Cloud Logging structured entry a line: severity, "
