@@ -85,6 +85,22 @@ resource "google_cloud_run_v2_service" "llm" {
     timeout                          = "${var.request_timeout_seconds}s"
     max_instance_request_concurrency = var.cloud_run_concurrency
     gpu_zonal_redundancy_disabled    = true
+    # Best effort: a reconnect carrying Cloud Run's affinity cookie tends to reach the same
+    # instance, and so its resumable stream in memory (README: resumable streams across replicas).
+    session_affinity = var.cloud_run_session_affinity
+
+    # Direct VPC egress (no connector), only to reach a Redis on the VPC (streams.tf): traffic to
+    # private ranges goes through the VPC, everything else (Cloud Storage, Google APIs) as before.
+    dynamic "vpc_access" {
+      for_each = local.cloud_run_vpc_egress ? [1] : []
+      content {
+        egress = "PRIVATE_RANGES_ONLY"
+        network_interfaces {
+          network    = var.stream_store_network
+          subnetwork = var.stream_store_subnetwork
+        }
+      }
+    }
 
     scaling {
       min_instance_count = var.cloud_run_min_instances
@@ -122,6 +138,16 @@ resource "google_cloud_run_v2_service" "llm" {
         content {
           name  = env.key
           value = env.value
+        }
+      }
+
+      # Resumable streams: STREAM_STORE (streams.tf: the Memorystore instance, an existing Redis,
+      # or unset: memory). The tuning variables come with server_env.
+      dynamic "env" {
+        for_each = local.cloud_run_stream_store_set ? ["STREAM_STORE"] : []
+        content {
+          name  = env.value
+          value = local.cloud_run_stream_store
         }
       }
 

@@ -16,6 +16,7 @@ locals {
       GOOGLE_CLOUD_PROJECT = var.project_id
     },
     var.model_file == "" ? {} : { MODEL_FILE = var.model_file },
+    local.stream_tuning_env, # STREAM_BUFFER_BYTES, STREAM_SESSION_TTL when set (streams_rules.tf)
   )
 }
 
@@ -23,15 +24,22 @@ locals {
 # scripts/deploy.sh, before anything is built: nothing else creates them (no `gcloud artifacts
 # repositories create`, no `gcloud services enable`), so none is created twice.
 resource "google_project_service" "apis" {
-  for_each = toset(concat([
-    "aiplatform.googleapis.com",
-    "artifactregistry.googleapis.com",
-    "cloudbuild.googleapis.com",
-    "iam.googleapis.com",
-    "logging.googleapis.com",
-    "run.googleapis.com",
-    "storage.googleapis.com",
-  ], var.api_key_secret == null ? [] : ["secretmanager.googleapis.com"]))
+  for_each = toset(concat(
+    [
+      "aiplatform.googleapis.com",
+      "artifactregistry.googleapis.com",
+      "cloudbuild.googleapis.com",
+      "iam.googleapis.com",
+      "logging.googleapis.com",
+      "run.googleapis.com",
+      "storage.googleapis.com",
+    ],
+    var.api_key_secret == null ? [] : ["secretmanager.googleapis.com"],
+    # Resumable streams (streams.tf): Memorystore, and the Compute Engine network that Cloud
+    # Run's Direct VPC egress joins
+    var.stream_store_redis ? ["redis.googleapis.com"] : [],
+    local.cloud_run_vpc_egress ? ["compute.googleapis.com"] : [],
+  ))
   service            = each.value
   disable_on_destroy = false
 }

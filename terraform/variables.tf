@@ -236,3 +236,117 @@ variable "cloud_run_invokers" {
   type        = list(string)
   default     = []
 }
+
+# ---- Resumable streams (X-Conversation-Id; the server's STREAM_STORE) ---------------------------
+# Where a resumable stream's bytes live, so that a resume (GET /v1/stream) can land on another
+# replica than the one generating. streams.tf and streams_rules.tf use these; README.md,
+# "Resumable streams across replicas (Redis)", says when each is needed.
+
+variable "stream_store_redis" {
+  description = "Create a Memorystore for Redis instance (streams.tf) in the Cloud Run region, on stream_store_network, and point the Cloud Run service's STREAM_STORE at it (redis://HOST:PORT/0, through Direct VPC egress). Vertex AI cannot reach it: a public or dedicated Vertex endpoint has internet egress only (see vertex_stream_store). false: nothing is created and each replica keeps its streams in memory."
+  type        = bool
+  default     = false
+}
+
+variable "stream_store_redis_tier" {
+  description = "Memorystore tier: BASIC (one node; a failure or maintenance loses the sessions, and the server falls back to in-process sessions meanwhile) or STANDARD_HA (a replica in another zone with automatic failover)."
+  type        = string
+  default     = "BASIC"
+  validation {
+    condition     = contains(["BASIC", "STANDARD_HA"], var.stream_store_redis_tier)
+    error_message = "stream_store_redis_tier must be BASIC or STANDARD_HA."
+  }
+}
+
+variable "stream_store_redis_memory_size_gb" {
+  description = "Memorystore capacity in GiB (1-300, Memorystore's range). A live session holds at most STREAM_BUFFER_BYTES (4 MiB by default) and a finished one is kept STREAM_SESSION_TTL seconds, so 1 GiB holds about 250 full-size sessions at once."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.stream_store_redis_memory_size_gb >= 1 && var.stream_store_redis_memory_size_gb <= 300 && floor(var.stream_store_redis_memory_size_gb) == var.stream_store_redis_memory_size_gb
+    error_message = "stream_store_redis_memory_size_gb must be a whole number of GiB from 1 to 300."
+  }
+}
+
+variable "stream_store_redis_version" {
+  description = "Memorystore Redis version (the API's redisVersion: REDIS_6_X, REDIS_7_0, REDIS_7_2, ...)."
+  type        = string
+  default     = "REDIS_7_2"
+  validation {
+    condition     = can(regex("^REDIS_[0-9]+_[0-9X]+$", var.stream_store_redis_version))
+    error_message = "stream_store_redis_version is a Memorystore redisVersion such as REDIS_7_2 or REDIS_6_X."
+  }
+}
+
+variable "stream_store_network" {
+  description = "VPC network the Memorystore instance is reachable on and Cloud Run's Direct VPC egress joins: a network name in project_id (default: the project's auto-mode `default` network) or projects/PROJECT/global/networks/NAME. Used only with stream_store_redis or stream_store_url_on_vpc."
+  type        = string
+  default     = "default"
+  validation {
+    condition     = can(regex("^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/]+/global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$", var.stream_store_network))
+    error_message = "stream_store_network is a VPC network name (lowercase letters, digits and hyphens) or projects/PROJECT/global/networks/NAME."
+  }
+}
+
+variable "stream_store_subnetwork" {
+  description = "Subnetwork of stream_store_network, in the Cloud Run region, that Cloud Run's Direct VPC egress takes instance addresses from (about two per instance). Default: `default`, the auto-mode network's subnet in every region."
+  type        = string
+  default     = "default"
+  validation {
+    condition     = can(regex("^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/]+/regions/[^/]+/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$", var.stream_store_subnetwork))
+    error_message = "stream_store_subnetwork is a subnetwork name or projects/PROJECT/regions/REGION/subnetworks/NAME."
+  }
+}
+
+variable "stream_store_url" {
+  description = "An existing Redis for the Cloud Run service's STREAM_STORE instead of creating one: redis://[:PASSWORD@]HOST:PORT/DB or rediss://... null: none (memory, or the instance stream_store_redis creates). A host on the VPC (an existing Memorystore instance) also needs stream_store_url_on_vpc = true. Sensitive: hidden in plans, but it is stored in the state and in the service's env (visible to whoever can view the service)."
+  type        = string
+  default     = null
+  sensitive   = true
+  validation {
+    condition     = var.stream_store_url == null ? true : can(regex("^rediss?://[^[:space:]]+$", var.stream_store_url))
+    error_message = "stream_store_url must be null or a redis:// or rediss:// URL."
+  }
+}
+
+variable "stream_store_url_on_vpc" {
+  description = "stream_store_url's host is an internal address on stream_store_network (an existing Memorystore instance, a Redis VM): give Cloud Run Direct VPC egress to it, as stream_store_redis does."
+  type        = bool
+  default     = false
+}
+
+variable "vertex_stream_store" {
+  description = "STREAM_STORE for the Vertex AI deployment: null (the server's default, memory: each replica keeps its own sessions, complete while vertex_max_replicas is 1) or a Redis URL reachable from the public internet (rediss:// with a password, e.g. a managed Redis with TLS). A public or dedicated Vertex endpoint's containers have internet egress only, so Memorystore (private addresses only) is out of their reach. The URL is part of the Model's container spec (visible to whoever can read the Model) and of the plan and the state: it is not marked sensitive, as that would hide the deploy script's log."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.vertex_stream_store == null ? true : can(regex("^(memory|rediss?://[^[:space:]]+)$", var.vertex_stream_store))
+    error_message = "vertex_stream_store must be null, memory, or a redis:// or rediss:// URL."
+  }
+}
+
+variable "stream_buffer_bytes" {
+  description = "STREAM_BUFFER_BYTES on both platforms: the newest bytes of a resumable stream kept for a resume (256 to 268435456). null: the server's default, 4 MiB."
+  type        = number
+  default     = null
+  validation {
+    condition     = var.stream_buffer_bytes == null ? true : (var.stream_buffer_bytes >= 256 && var.stream_buffer_bytes <= 268435456 && floor(var.stream_buffer_bytes) == var.stream_buffer_bytes)
+    error_message = "stream_buffer_bytes must be null or a whole number of bytes from 256 to 268435456 (256 MiB), the server's bounds."
+  }
+}
+
+variable "stream_session_ttl_seconds" {
+  description = "STREAM_SESSION_TTL on both platforms: seconds a finished resumable stream can still be replayed (1 to 604800). null: the server's default, 300."
+  type        = number
+  default     = null
+  validation {
+    condition     = var.stream_session_ttl_seconds == null ? true : (var.stream_session_ttl_seconds >= 1 && var.stream_session_ttl_seconds <= 604800 && floor(var.stream_session_ttl_seconds) == var.stream_session_ttl_seconds)
+    error_message = "stream_session_ttl_seconds must be null or a whole number of seconds from 1 to 604800 (7 days), the server's bounds."
+  }
+}
+
+variable "cloud_run_session_affinity" {
+  description = "Cloud Run session affinity: a client that sends back Cloud Run's affinity cookie reaches the same instance again, so a resume usually finds its stream in memory. Best effort: an instance that restarts, scales in or is at its concurrency or CPU limit breaks it (use Redis for a guarantee)."
+  type        = bool
+  default     = false
+}

@@ -3,7 +3,7 @@ terraform {
   required_providers {
     google = {
       source  = "hashicorp/google"
-      version = ">= 6.50, < 8.0"
+      version = ">= 7.8, < 8.0" # 7.8: google_redis_instance.deletion_protection (streams.tf)
     }
   }
 }

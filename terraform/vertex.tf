@@ -18,7 +18,11 @@ locals {
   vertex_env = merge(local.server_env, {
     MODEL           = local.model_uri
     REQUEST_TIMEOUT = tostring(local.vertex_request_timeout_s)
-  })
+    },
+    # Resumable streams: a Redis reachable from the internet, or unset (memory). Vertex endpoints
+    # have no way into the VPC for this deployment's endpoint type (streams_rules.tf).
+    var.vertex_stream_store == null ? {} : { STREAM_STORE = var.vertex_stream_store },
+  )
 
   # models.upload body (v1 REST); __MODEL_ID__ is filled in by the script.
   vertex_upload_body = jsonencode({
