@@ -30,22 +30,27 @@ output "vertex_endpoint_dns" {
 
 output "vertex_predict_url" {
   description = "POST a predict envelope ({\"instances\": [...], \"parameters\": {...}}) here with a Google access token."
-  value       = var.deploy_vertex ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}:predict" : null
+  value       = var.deploy_vertex && !var.vertex_invoke_routes ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}:predict" : null
 }
 
 output "vertex_raw_predict_url" {
   description = "POST an OpenAI, Anthropic Messages or Responses body here; the answer comes back as is."
-  value       = var.deploy_vertex ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}:rawPredict" : null
+  value       = var.deploy_vertex && !var.vertex_invoke_routes ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}:rawPredict" : null
 }
 
 output "vertex_stream_raw_predict_url" {
   description = "As vertex_raw_predict_url, for streamed answers (\"stream\": true): server-sent events."
-  value       = var.deploy_vertex ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}:streamRawPredict" : null
+  value       = var.deploy_vertex && !var.vertex_invoke_routes ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}:streamRawPredict" : null
+}
+
+output "vertex_invoke_url" {
+  description = "With vertex_invoke_routes: POST here + a container path (e.g. /v1/chat/completions, /predict), with a Google access token; Vertex forwards it to that path. Google documents the invoke method as POST only. null otherwise."
+  value       = var.deploy_vertex && var.vertex_invoke_routes ? "https://${local.vertex_host}/v1/${local.vertex_endpoint_path}/invoke" : null
 }
 
 output "vertex_openai_base_url" {
   description = "base_url for openai.OpenAI(base_url=..., api_key=<access token>): Vertex AI's OpenAI-compatible chat completions method (v1beta1 .../endpoints/ID/chat/completions) on the endpoint's own host."
-  value       = var.deploy_vertex ? "https://${local.vertex_host}/v1beta1/${local.vertex_endpoint_path}" : null
+  value       = var.deploy_vertex && !var.vertex_invoke_routes ? "https://${local.vertex_host}/v1beta1/${local.vertex_endpoint_path}" : null
 }
 
 output "vertex_deployed_model_id" {

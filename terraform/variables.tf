@@ -131,6 +131,12 @@ variable "vertex_dedicated_endpoint" {
   default     = true
 }
 
+variable "vertex_invoke_routes" {
+  description = "Deploy with Vertex AI's invoke method (the Model's invokeRoutePrefix \"/*\", a preview feature, dedicated endpoints only) instead of the predict route: every container path is reachable as POST https://DEDICATED_DNS/v1/projects/P/locations/R/endpoints/E/invoke/PATH (output vertex_invoke_url), e.g. .../invoke/v1/chat/completions, and :predict, :rawPredict and :streamRawPredict are off (their outputs are null). Changing it rolls out a new deployment."
+  type        = bool
+  default     = false
+}
+
 variable "vertex_endpoint_id" {
   description = "Vertex AI endpoint id. Empty: a number derived from project, region and vertex_dedicated_endpoint, so a replaced endpoint (create before destroy) never collides with the old one and two stacks in different regions never share one."
   type        = string

@@ -30,12 +30,11 @@ locals {
     model = {
       displayName = "__MODEL_ID__"
       labels      = { app = "vertex-gguf", managed-by = "terraform" }
-      containerSpec = {
+      containerSpec = merge({
         imageUri          = local.image_by_digest
         env               = [for k, v in local.vertex_env : { name = k, value = v }]
         ports             = [{ containerPort = local.port }]
         healthRoute       = local.health_route
-        predictRoute      = local.predict_route
         deploymentTimeout = "${var.deployment_timeout_seconds}s"
         startupProbe = {
           httpGet          = { path = local.health_route, port = local.port }
@@ -43,7 +42,14 @@ locals {
           timeoutSeconds   = var.vertex_startup_probe.timeout_seconds
           failureThreshold = var.vertex_startup_probe.failure_threshold
         }
-      }
+        },
+        # The predict route (predict, rawPredict, streamRawPredict), or, with vertex_invoke_routes,
+        # Vertex's invoke method instead: POST .../invoke/PATH reaches PATH on the container, and
+        # :predict, :rawPredict and the other methods are off. Google ("Use arbitrary custom
+        # routes", preview): "/*" is the only value, dedicated endpoints only, and only one of
+        # predictRoute and invokeRoutePrefix may be set.
+        var.vertex_invoke_routes ? { invokeRoutePrefix = "/*" } : { predictRoute = local.predict_route },
+      )
     }
   })
 

@@ -74,6 +74,10 @@ resource "terraform_data" "vertex_rules" {
       error_message = "vertex_machine_type ${var.vertex_machine_type} carries ${local.vertex_machine_gpus == null ? "" : "${local.vertex_machine_gpus.count} x ${local.vertex_machine_gpus.type}"}: leave vertex_accelerator_type and vertex_accelerator_count null, or set exactly that."
     }
     precondition {
+      condition     = !var.vertex_invoke_routes || var.vertex_dedicated_endpoint
+      error_message = "vertex_invoke_routes needs vertex_dedicated_endpoint = true: Vertex AI deploys an invoke-enabled Model to a dedicated endpoint only."
+    }
+    precondition {
       condition     = var.vertex_max_replicas >= var.vertex_min_replicas
       error_message = "vertex_max_replicas must be >= vertex_min_replicas."
     }

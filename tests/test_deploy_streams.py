@@ -307,6 +307,27 @@ def test_vertex_upload_body_carries_stream_store_and_tuning(streams_dir):
     assert ok, text[-2000:]
 
 
+def test_vertex_invoke_routes_replace_the_predict_route(streams_dir):
+    """The invoke method (GET/DELETE /v1/stream on Vertex need it): invokeRoutePrefix "/*" and no predictRoute."""
+    spec = json.loads(console(streams_dir, "local.vertex_upload_body", "-var", "vertex_invoke_routes=true"))
+    spec = spec["model"]["containerSpec"]
+    assert spec["invokeRoutePrefix"] == "/*" and "predictRoute" not in spec  # the API takes one of the two
+    assert spec["healthRoute"] == "/health"
+    spec = json.loads(console(streams_dir, "local.vertex_upload_body"))["model"]["containerSpec"]
+    assert spec["predictRoute"] == "/predict" and "invokeRoutePrefix" not in spec
+    ok, text = plan(streams_dir, "-var", "vertex_invoke_routes=true", "-var", "vertex_dedicated_endpoint=false")
+    assert not ok and "Vertex AI deploys an invoke-enabled Model to a dedicated endpoint only" in text, text[-2000:]
+    ok, text = plan(streams_dir, "-var", "vertex_invoke_routes=true")
+    assert ok, text[-2000:]
+    out = tf_blocks("output")
+    assert out["vertex_invoke_url"]["value"] == (
+        "${var.deploy_vertex && var.vertex_invoke_routes ? "
+        '"https://${local.vertex_host}/v1/${local.vertex_endpoint_path}/invoke" : null}')
+    for name in ("vertex_predict_url", "vertex_raw_predict_url", "vertex_stream_raw_predict_url",
+                 "vertex_openai_base_url"):
+        assert out[name]["value"].startswith("${var.deploy_vertex && !var.vertex_invoke_routes ? "), name
+
+
 @pytest.mark.parametrize("args, ok, message", [
     (["-var", "stream_store_redis_tier=STANDARD_HA", "-var", "stream_store_redis=true"], True, ""),
     (["-var", "stream_store_redis_tier=STANDARD"], False, "must be BASIC or STANDARD_HA"),
