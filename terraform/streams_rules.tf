@@ -21,7 +21,7 @@ locals {
   cloud_run_vpc_egress = var.stream_store_redis || var.stream_store_url_on_vpc
 
   # The network the Memorystore instance is authorized on (its full name).
-  stream_store_network_id = startswith(var.stream_store_network, "projects/") ? var.stream_store_network : "projects/${var.project_id}/global/networks/${var.stream_store_network}"
+  stream_store_network_id = "projects/${var.project_id}/global/networks/${var.stream_store_network}"
 
   # STREAM_BUFFER_BYTES and STREAM_SESSION_TTL when set (both platforms, through server_env in
   # main.tf); unset, the server's defaults (4 MiB, 300 s). Empty by default, so adding the

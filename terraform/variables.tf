@@ -285,22 +285,22 @@ variable "stream_store_redis_version" {
 }
 
 variable "stream_store_network" {
-  description = "VPC network the Memorystore instance is reachable on and Cloud Run's Direct VPC egress joins: a network name in project_id (default: the project's auto-mode `default` network) or projects/PROJECT/global/networks/NAME. Used only with stream_store_redis or stream_store_url_on_vpc."
+  description = "Name of the VPC network, in project_id, that the Memorystore instance is reachable on and Cloud Run's Direct VPC egress joins (default: the project's auto-mode `default` network). Used only with stream_store_redis or stream_store_url_on_vpc. A Shared VPC network of another project is not supported here: Memorystore needs its private-services-access mode and grants on the host project for that."
   type        = string
   default     = "default"
   validation {
-    condition     = can(regex("^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/]+/global/networks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$", var.stream_store_network))
-    error_message = "stream_store_network is a VPC network name (lowercase letters, digits and hyphens) or projects/PROJECT/global/networks/NAME."
+    condition     = can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", var.stream_store_network))
+    error_message = "stream_store_network is the name of a VPC network in project_id (lowercase letters, digits and hyphens)."
   }
 }
 
 variable "stream_store_subnetwork" {
-  description = "Subnetwork of stream_store_network, in the Cloud Run region, that Cloud Run's Direct VPC egress takes instance addresses from (about two per instance). Default: `default`, the auto-mode network's subnet in every region."
+  description = "Name of the subnetwork of stream_store_network, in the Cloud Run region, that Cloud Run's Direct VPC egress takes instance addresses from (about two per instance). Default: `default`, the auto-mode network's subnet in every region."
   type        = string
   default     = "default"
   validation {
-    condition     = can(regex("^([a-z]([-a-z0-9]{0,61}[a-z0-9])?|projects/[^/]+/regions/[^/]+/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?)$", var.stream_store_subnetwork))
-    error_message = "stream_store_subnetwork is a subnetwork name or projects/PROJECT/regions/REGION/subnetworks/NAME."
+    condition     = can(regex("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", var.stream_store_subnetwork))
+    error_message = "stream_store_subnetwork is the name of a subnetwork of stream_store_network (lowercase letters, digits and hyphens)."
   }
 }
 

@@ -268,9 +268,8 @@ def test_redis_on_creates_the_instance_and_points_cloud_run_at_it(streams_dir):
     apis = console(streams_dir, "local.apis", *on)
     assert {"redis.googleapis.com", "compute.googleapis.com"} <= set(apis)
     assert console(streams_dir, "local.stream_store_network_id", *on) == "projects/p/global/networks/default"
-    assert console(streams_dir, "local.stream_store_network_id", *on, "-var",
-                   "stream_store_network=projects/host/global/networks/shared") == (
-        "projects/host/global/networks/shared")
+    assert console(streams_dir, "local.stream_store_network_id", *on, "-var", "stream_store_network=llm-vpc") == (
+        "projects/p/global/networks/llm-vpc")
     # Vertex is untouched by the instance
     assert "STREAM_STORE" not in console(streams_dir, "local.vertex_env", *on)
     ok, text = plan(streams_dir, *on)
@@ -337,10 +336,11 @@ def test_vertex_invoke_routes_replace_the_predict_route(streams_dir):
     (["-var", "stream_store_redis_memory_size_gb=1.5"], False, "whole number of GiB from 1 to 300"),
     (["-var", "stream_store_redis_version=REDIS_6_X"], True, ""),
     (["-var", "stream_store_redis_version=7.2"], False, "Memorystore redisVersion"),
-    (["-var", "stream_store_network=projects/host/global/networks/shared-vpc"], True, ""),
-    (["-var", "stream_store_network=My_Net"], False, "stream_store_network is a VPC network name"),
-    (["-var", "stream_store_subnetwork=projects/h/regions/us-central1/subnetworks/run"], True, ""),
-    (["-var", "stream_store_subnetwork=a/b"], False, "stream_store_subnetwork is a subnetwork name"),
+    (["-var", "stream_store_network=llm-vpc", "-var", "stream_store_subnetwork=run-us-central1"], True, ""),
+    (["-var", "stream_store_network=My_Net"], False, "stream_store_network is the name of a VPC network"),
+    (["-var", "stream_store_network=projects/host/global/networks/shared"], False,
+     "stream_store_network is the name of a VPC network"),
+    (["-var", "stream_store_subnetwork=a/b"], False, "stream_store_subnetwork is the name of a subnetwork"),
     (["-var", "stream_store_url=rediss://:secret@10.0.0.5:6378/0"], True, ""),
     (["-var", "stream_store_url=memcached://10.0.0.5:11211"], False, "redis:// or rediss:// URL"),
     (["-var", "stream_store_url=redis://a b"], False, "redis:// or rediss:// URL"),
