@@ -161,7 +161,7 @@ function updateView(msg, v) {
   v.thoughtWrap.classList.toggle("live", Boolean(thinking));
   v.label.textContent = thinking ? "Thinking\u2026" : "Thought";
   if (v.shown.reasoning !== msg.reasoning) {
-    v.body.textContent = msg.reasoning;
+    v.body.textContent = msg.reasoning.replace(/^\s+/, "");
     v.shown.reasoning = msg.reasoning;
     if (v.details.open) v.body.scrollTop = v.body.scrollHeight;
   }
@@ -227,7 +227,7 @@ function statsText(msg) {
   const u = msg.usage;
   // while it streams: one delta a token; at the end: the server's usage
   const tokens = u ? u.completion_tokens : msg.pieces || 0;
-  if (tokens) parts.push(`${tokens} tokens`);
+  if (tokens) parts.push(tokens === 1 ? "1 token" : `${tokens} tokens`);
   if (u?.prompt_tokens !== undefined) parts.push(`prompt ${u.prompt_tokens}`);
   const cached = u?.prompt_tokens_details?.cached_tokens;
   if (cached) parts.push(`cached ${cached}`);
@@ -414,8 +414,7 @@ function updateComposer() {
   $("#send").hidden = Boolean(busy);
   $("#stop").hidden = !busy;
   $("#send").disabled = !state.ready;
-  $("#input").placeholder = state.ready ? "Message the model (Enter sends, Shift+Enter: new line)"
-    : "The model is not ready yet\u2026";
+  $("#input").placeholder = state.ready ? "Message the model" : "The model is not ready yet\u2026";
 }
 
 async function stopCurrent() {
@@ -610,6 +609,7 @@ const STAGES = {
 
 function showLoading(snap) {
   $("#loading").hidden = false;
+  document.body.classList.add("loading");
   const stage = snap.stage || "starting";
   $("#load-stage").textContent = STAGES[stage] || stage;
   $("#load-stage").dataset.stage = stage;
@@ -636,6 +636,7 @@ function showLoadFailure(data) {
 
 function hideLoading() {
   $("#loading").hidden = true;
+  document.body.classList.remove("loading");
 }
 
 // ---- the page ------------------------------------------------------------------------------
