@@ -52,13 +52,15 @@ def thinking_server(default_model):
 
 
 @contextlib.contextmanager
-def opened(browser, srv, width: int = 1100, height: int = 760, ready: bool = True) -> Iterator:
+def opened(browser, srv, width: int = 1100, height: int = 760, ready: bool = True,
+           dark: bool = False) -> Iterator:
     """A fresh browser profile on the page. On the way out: no request left the server's
     origin, and nothing went wrong in the page (a script error, a CSP refusal; an HTTP error
     status the page handles is fine)."""
     from playwright.sync_api import expect
 
-    ctx = browser.new_context(viewport={"width": width, "height": height})
+    ctx = browser.new_context(viewport={"width": width, "height": height},
+                              color_scheme="dark" if dark else "light")
     page = ctx.new_page()
     problems: list[str] = []
     foreign: list[str] = []
@@ -303,8 +305,8 @@ def finished(srv) -> dict[str, float]:
 def test_phone_width(browser, server):
     from playwright.sync_api import expect
 
-    with opened(browser, server, width=390, height=800) as page:
-        settings(page, max_tokens="60", temperature="0", extra="")
+    with opened(browser, server, width=390, height=800, dark=True) as page:
+        settings(page, max_tokens="60", temperature="0", extra="", snap="phone-settings")
         reply = send(page, "Give me three tips for a good night's sleep.")
         expect(reply).to_have_attribute("data-status", "done", timeout=WAIT)
         # nothing wider than the screen; the sidebar is a drawer behind the menu button
