@@ -74,6 +74,8 @@ def create_app(
     from app.core.service import Service
     from app.metrics import PREDICT, Metrics
     from app.metrics import install as install_metrics
+    from app.protocol.sse import policy_of
+    from app.streams import Streams
 
     if engine is None:
         from app import model_source
@@ -99,6 +101,10 @@ def create_app(
                       metrics=metrics)
     app.extensions["vertex_gguf"] = service
     app.extensions["vertex_gguf_settings"] = settings
+    # resumable streams (X-Conversation-Id): this replica's sessions, mirrored to STREAM_STORE
+    app.extensions["vertex_gguf_streams"] = Streams(
+        settings.stream_buffer_bytes, settings.stream_session_ttl,
+        policy_of(settings).heartbeat_seconds, settings.stream_store)
     gevent.spawn(service.warm)
     apis = api.register(app, settings, service)
     routes.register(app, settings.health_route)

@@ -39,6 +39,7 @@ class DrainingGeventWorker(GeventWorker):
 
     in_flight = 0
     client_timeout: float | None = None  # set from CLIENT_TIMEOUT (see options)
+    _quitting = False
 
     def handle_request(self, listener_name, req, sock, addr):
         if self.client_timeout:
@@ -49,7 +50,7 @@ class DrainingGeventWorker(GeventWorker):
             return super().handle_request(listener_name, req, sock, addr)
         finally:
             self.in_flight -= 1
-            if not self.alive and self.in_flight == 0:
+            if not self.alive and not self._busy():
                 self._quit()
 
     def handle_exit(self, sig, frame):
@@ -62,12 +63,28 @@ class DrainingGeventWorker(GeventWorker):
             service.engine.drain()
             grace = max(0.0, self.cfg.graceful_timeout - GRACE_MARGIN)
             gevent.spawn_later(grace, service.engine.abort, "server is shutting down")
-        if self.in_flight == 0:
+        if not self._busy():
             self._quit()
+        else:
+            gevent.spawn(self._quit_when_idle)
+
+    def _busy(self) -> bool:
+        """A request in flight, or a resumable stream still generating with no request on it
+        (its client went away: it runs on into its session, and ends before the worker)."""
+        hub = _streams(self)
+        return self.in_flight > 0 or (hub is not None and hub.live() > 0)
+
+    def _quit_when_idle(self) -> None:
+        deadline = time.monotonic() + self.cfg.graceful_timeout
+        while self._busy() and time.monotonic() < deadline:
+            gevent.sleep(0.1)
+        self._quit()
 
     def _quit(self) -> None:
         # the worker's own SIGQUIT handler exits cleanly (worker_exit still runs)
-        os.kill(os.getpid(), signal.SIGQUIT)
+        if not self._quitting:
+            self._quitting = True
+            os.kill(os.getpid(), signal.SIGQUIT)
 
 
 def bind_address(settings: Settings) -> str:
@@ -82,8 +99,16 @@ def _service(worker: Any) -> Any:
     return getattr(app, "extensions", {}).get("vertex_gguf") if app else None
 
 
+def _streams(worker: Any) -> Any:
+    app = getattr(worker, "wsgi", None)
+    return getattr(app, "extensions", {}).get("vertex_gguf_streams") if app else None
+
+
 def worker_exit(server: Any, worker: Any) -> None:
     """Stop the engine thread and free the model before the worker process ends."""
+    hub = _streams(worker)
+    if hub is not None:
+        hub.close()
     service = _service(worker)
     if service is not None:
         service.engine.shutdown()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
-from app.api import base, introspect
+from app.api import base, introspect, streams
 from app.api.base import read_body
 from app.core.service import Service
 from app.errors import BadRequest, ModelNotFound
@@ -44,6 +44,9 @@ def health() -> tuple[Response, int]:
     embedder = getattr(engine, "embedder", None)
     if embedder is not None:
         body["embeddings"] = embedder.stats()
+    hub = current_app.extensions.get("vertex_gguf_streams")
+    if hub is not None:
+        body["streams"] = hub.stats()
     ok = state.ready
     limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
     stall = engine.stalled(limit) if ok else None
@@ -134,4 +137,5 @@ def register(app: Flask, health_route: str) -> None:
     app.add_url_rule("/v1/models/<path:model_id>", "model", model, methods=["GET"])
     app.add_url_rule("/v1/chat/completions/control", "control", control, methods=["POST"])
     introspect.register(app)
+    streams.register(app)
     app.register_error_handler(Exception, error_response)

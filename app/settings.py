@@ -451,6 +451,31 @@ class Settings(BaseSettings):
         json_schema_extra={"default_label": "from profile"},
         **_env("STREAM_HEARTBEAT_SECONDS"),
     )
+    stream_store: str = Field(
+        "memory",
+        description="Where resumable streams (`X-Conversation-Id`) keep their bytes: `memory` "
+        "(this replica only) or a Redis URL (`redis://host:6379/0`, `rediss://...`; Memorystore), "
+        "so a resume, a DELETE or a second POST on any replica finds the session. A Redis outage "
+        "degrades to in-process sessions; it never fails a stream.",
+        pattern=r"^(memory|rediss?://\S+|unix://\S+)$",
+        **_env("STREAM_STORE"),
+    )
+    stream_buffer_bytes: int = Field(
+        4 * 1024 * 1024,
+        description="Bytes of a resumable stream kept for a resume (the newest; the oldest drop "
+        "first, and a resume from before them is a 400 `stream offset lost`).",
+        ge=256,
+        le=256 * 1024 * 1024,
+        **_env("STREAM_BUFFER_BYTES"),
+    )
+    stream_session_ttl: float = Field(
+        300.0,
+        description="Seconds a finished resumable stream can still be replayed; after that its "
+        "id is a 404. Live streams are never collected.",
+        gt=0,
+        le=7 * 86400,
+        **_env("STREAM_SESSION_TTL"),
+    )
     request_timeout: float = Field(
         0,
         description="Seconds a generation may run before it is ended with a timeout error (a "

@@ -516,6 +516,7 @@ class Messages(Api):
     paths = ("/v1/messages",)
     request_formats = ("messages", "anthropic", "/v1/messages")
     id_prefix = "msg"
+    keepalive = PING
     count_path: ClassVar[str] = "/v1/messages/count_tokens"
 
     def looks_like(self, body: dict[str, Any]) -> bool:

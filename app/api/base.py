@@ -19,7 +19,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from gevent import select
 from werkzeug.exceptions import HTTPException
 
-from app import bridge, reqctx
+from app import bridge, reqctx, streams
 from app.core.events import Result, fold
 from app.core.input import ChatInput, TextInput
 from app.core.service import Run, Service
@@ -34,12 +34,13 @@ from app.errors import (
 from app.metrics import API_LABELS
 from app.protocol import jsonbody, validate
 from app.protocol.http_status import HttpStatusError, headers_of, status_of
-from app.protocol.sse import HEADERS, policy_of
+from app.protocol.sse import HEADERS, comment, policy_of
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Answer = dict[str, Any] | Iterator[bytes]
+CONVERSATION_HEADER = "X-Conversation-Id"  # opts a stream in to resuming (app.streams)
 
 
 def read_body() -> Any:
@@ -122,6 +123,7 @@ class Api:
     request_formats: ClassVar[tuple[str, ...]] = ()  # other @requestFormat names (lower case)
     id_prefix: ClassVar[str] = "req"
     answers_many: ClassVar[bool] = False  # a predict envelope's instances go in one call
+    keepalive: ClassVar[bytes] = comment()  # what its streams send when quiet
 
     def __init__(self, settings: Settings, service: Service):
         self.settings = settings
@@ -196,6 +198,19 @@ class Api:
             note_run(run)
 
     def stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
+        """The stream's bytes. With ``X-Conversation-Id`` the generation is produced into a
+        resumable session that outlives this connection, and this is its first reader."""
+        conv = streams.conversation_id(headers.get(CONVERSATION_HEADER))
+        if conv is None:
+            return self._stream(body, headers)
+        hub: streams.Streams = current_app.extensions["vertex_gguf_streams"]
+        scope = reqctx.cache_scope()
+        hub.replace(conv, scope)
+        quiet = copy.copy(self)
+        quiet.heartbeat = None  # heartbeats are per connection: each reader sends its own
+        return hub.produce(conv, scope, quiet._stream(body, headers), self.keepalive)
+
+    def _stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
         req, run = self.start(body)
         try:
             frames = self.render_stream(req, run, headers)

@@ -16,6 +16,7 @@ import gevent.pool
 from flask import Response, jsonify, request
 
 from app import reqctx
+from app.api import streams
 from app.api.base import Answer, Api, error_response, gone_probe, json_off_hub, read_body
 from app.core.service import Service
 from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
@@ -51,6 +52,9 @@ class Predict:
             if not vertex.is_envelope(body):
                 if not isinstance(body, dict):
                     raise BadRequest("request body must be a JSON object")
+                resumed = streams.predict_form(body)  # the resumable-stream routes' forms
+                if resumed is not None:
+                    return resumed
                 api = self.apis[vertex.api_of(body, self.formats)]
                 result: Answer = api.serve(vertex.strip_format(body), gone_probe(),
                                            request.headers)

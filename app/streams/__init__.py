@@ -1,0 +1,220 @@
+"""Resumable streams: a streaming response opted in with ``X-Conversation-Id`` is produced into a
+session that outlives its connection, and any number of readers follow it from a byte offset.
+
+The POST's own response is just the first reader (from byte 0): when its client goes away the
+generation runs on into the session, and ``GET /v1/stream?conv_id=&from=N`` picks it up. Only a
+DELETE, a second POST with the same id, the request timeout or shutdown stop it. With
+STREAM_STORE=redis://... every session is also mirrored to Redis (app.streams.redis_store), so
+a reader, a DELETE or a second POST on another replica reach it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+
+import gevent
+
+from app import reqctx
+from app.errors import BadRequest
+from app.streams.session import (
+    OffsetLost,
+    Session,
+    Status,
+    StreamNotFound,
+    conversation_id,
+    offset,
+)
+
+__all__ = ["OffsetLost", "Streams", "StreamNotFound", "conversation_id", "offset"]
+
+log = logging.getLogger(__name__)
+
+KILL_WAIT = 5.0  # seconds a DELETE waits for the generation it stops to unwind
+IDLE_WAIT = 30.0  # seconds a reader waits between checks when heartbeats are off
+_readers = itertools.count()  # ids of connected readers (their pins)
+
+
+class Streams:
+    """This process's sessions by conversation id, and the Redis mirror when one is set."""
+
+    def __init__(self, cap: int, ttl: float, heartbeat: float | None, store_url: str = "memory"):
+        self.cap = cap
+        self.ttl = ttl
+        self.heartbeat = heartbeat or None
+        self._sessions: dict[str, Session] = {}
+        self.remote = None
+        if store_url != "memory":
+            from app.streams.redis_store import RedisStore
+
+            self.remote = RedisStore(store_url, cap, ttl, self._cancelled_elsewhere)
+
+    # ---- the POST ----------------------------------------------------------------------------
+    def replace(self, conv_id: str, scope: str) -> None:
+        """A POST with this id is starting: whatever ran under it stops now (on any replica),
+        before the new request is even validated (llama-server's order)."""
+        old = self._sessions.get(_key(conv_id, scope))
+        if old is not None:
+            self._evict(old, "replaced by a new request with the same id")
+        if self.remote is not None:
+            self.remote.cancel(conv_id, scope)
+
+    def produce(self, conv_id: str, scope: str, frames: Iterator[bytes],
+                keepalive: bytes) -> Iterator[bytes]:
+        """Drain ``frames`` (a stream with no heartbeats of its own) into a new session on a
+        greenlet of its own, and return the POST's response: a reader from byte 0."""
+        self._collect()
+        key = _key(conv_id, scope)
+        old = self._sessions.get(key)
+        if old is not None:  # two POSTs with one id at once: the later wins
+            self._evict(old, "replaced by a new request with the same id")
+        session = Session(conv_id, secrets.token_hex(12), scope, self.cap, keepalive)
+        self._sessions[key] = session
+        session.producer = gevent.spawn(reqctx.carry(self._drain), session, frames)
+        if self.remote is not None:
+            self.remote.mirror(session)
+        return self._follow(session, 0)
+
+    @staticmethod
+    def _drain(session: Session, frames: Iterator[bytes]) -> None:
+        try:
+            for chunk in frames:
+                session.write(chunk)
+        except Exception:  # noqa: BLE001 - the renderers turn failures into events themselves
+            log.exception("resumable stream %s: producing failed", session.conv_id)
+        finally:
+            close = getattr(frames, "close", None)
+            if close is not None:
+                close()  # the run is closed: a stopped generation frees its slot
+            session.finish()
+            log.info("resumable stream %s ended after %d bytes%s", session.conv_id,
+                     session.total, " (stopped)" if session.cancelled else "")
+
+    # ---- readers -----------------------------------------------------------------------------
+    def follow(self, conv_id: str, scope: str, pos: int) -> Iterator[bytes]:
+        """``GET /v1/stream``: the bytes from ``pos``, then live ones until the session ends.
+        Errors (404, 400 offset lost) are raised here, before the first byte."""
+        self._collect()
+        session = self._sessions.get(_key(conv_id, scope))
+        if session is not None:
+            if pos < session.first:
+                raise OffsetLost(pos, session.first)
+            if session.done and pos > session.total:
+                raise _beyond(pos, session.total)
+            return self._follow(session, pos)
+        if self.remote is not None:
+            return self.remote.follow(conv_id, scope, pos, self.heartbeat)
+        raise StreamNotFound()
+
+    def _follow(self, session: Session, pos: int) -> Iterator[bytes]:
+        """A connected reader: pinned, so the ring keeps what it has not read yet."""
+        wait = self.heartbeat or IDLE_WAIT
+        me = next(_readers)
+        session.pin(me, pos)
+        try:
+            while True:
+                try:
+                    data = session.read(pos, pinned=True)
+                except OffsetLost:  # dropped before this reader's first read
+                    log.info("resumable stream %s: a reader started behind the buffer",
+                             session.conv_id)
+                    return
+                if data:
+                    pos += len(data)
+                    session.pin(me, pos)
+                    yield data
+                    continue
+                if session.done:
+                    return
+                before = session.total
+                session.wait(pos, wait)
+                if self.heartbeat and session.total == before and not session.done:
+                    yield session.keepalive  # per connection: never in the session's bytes
+        finally:
+            session.pin(me, None)
+
+    # ---- DELETE, lookup ----------------------------------------------------------------------
+    def cancel(self, conv_id: str, scope: str) -> None:
+        """Stop the generation and forget the session, wherever it runs (idempotent)."""
+        session = self._sessions.get(_key(conv_id, scope))
+        if session is not None:
+            self._evict(session, "stopped by DELETE")
+        elif self.remote is not None:
+            self.remote.cancel(conv_id, scope)
+
+    def lookup(self, conv_ids: list[str], scope: str) -> list[Status]:
+        self._collect()
+        out: list[Status] = []
+        missing: list[str] = []
+        for conv in dict.fromkeys(conv_ids):
+            session = self._sessions.get(_key(conv, scope))
+            if session is None:
+                missing.append(conv)
+            else:
+                out.append(session.status())
+        if self.remote is not None and missing:
+            out += self.remote.lookup(missing, scope)
+        return out
+
+    def live(self) -> int:
+        """Generations still running detached (a draining worker waits for them)."""
+        return sum(1 for s in self._sessions.values() if not s.done)
+
+    def stats(self) -> dict[str, object]:
+        body: dict[str, object] = {
+            "sessions": len(self._sessions), "live": self.live(),
+            "bytes": sum(s.nbytes() for s in self._sessions.values()),
+            "store": "redis" if self.remote is not None else "memory",
+        }
+        if self.remote is not None:
+            body["redis_up"] = self.remote.up
+        return body
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _evict(self, session: Session, why: str) -> None:
+        key = _key(session.conv_id, session.scope)
+        if self._sessions.get(key) is session:
+            del self._sessions[key]
+        if session.done:
+            if self.remote is not None:
+                self.remote.forget(session)
+            return
+        session.cancelled = True
+        log.info("resumable stream %s: %s", session.conv_id, why)
+        producer = session.producer
+        if producer is not None and producer is not gevent.getcurrent():
+            producer.kill(block=True, timeout=KILL_WAIT)
+        session.finish()
+        if self.remote is not None:
+            self.remote.forget(session)
+
+    def _cancelled_elsewhere(self, uid: str) -> None:
+        """Another replica stopped (DELETE) or replaced (second POST) this replica's session."""
+        for session in list(self._sessions.values()):
+            if session.uid == uid:
+                gevent.spawn(self._evict, session, "stopped from another replica")
+
+    def _collect(self) -> None:
+        """Forget finished sessions older than STREAM_SESSION_TTL (live ones never)."""
+        now = time.monotonic()
+        for key, s in list(self._sessions.items()):
+            if s.done_monotonic is not None and now - s.done_monotonic > self.ttl:
+                del self._sessions[key]
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+
+
+def _key(conv_id: str, scope: str) -> str:
+    """Sessions are per API key: another key's POST, GET or DELETE with the same id never
+    reaches them (ids are chosen by clients, so two tenants may pick the same one)."""
+    return f"{scope}/{conv_id}"
+
+
+def _beyond(pos: int, total: int) -> BadRequest:
+    return BadRequest(f"invalid 'from' offset: {pos} is past the stream's end ({total} bytes)",
+                      param="from")
