@@ -233,12 +233,37 @@ def test_heartbeats_go_to_readers_not_into_the_session(engine):
     assert got.replace(b": ping\n\n", b"") == replay
 
 
-def test_anthropic_messages_streams_resume_too(client):
-    body = {"model": "m", "max_tokens": 50, "stream": True,
-            "messages": [{"role": "user", "content": "hi"}]}
-    data = post(client, "msg", body=body, path="/v1/messages").data
-    assert data.startswith(b"event: message_start") and b"message_stop" in data
-    assert get(client, "msg").data == data
+def beat_of(path: str) -> bytes:
+    return b'event: ping\ndata: {"type":"ping"}\n\n' if path == "/v1/messages" else b": ping\n\n"
+
+
+@pytest.mark.parametrize("path,body,start,end", [
+    ("/v1/messages", {"model": "m", "max_tokens": 50, "stream": True,
+                      "messages": [{"role": "user", "content": "hi"}]},
+     b"event: message_start", b"event: message_stop"),
+    ("/v1/responses", {"input": "hi", "stream": True},
+     b"event: response.created", b"event: response.completed"),
+    ("/v1/completions", {"prompt": "hi", "stream": True}, b"data: {", b"data: [DONE]"),
+], ids=["messages", "responses", "completions"])
+def test_every_streaming_api_resumes(engine, path, body, start, end):
+    client = make_client(engine, stream_heartbeat_seconds=0.05)
+    engine.hold_after = 2
+    resp = post(client, f"api-{path[4:]}", body=body, path=path, buffered=False)
+    frames = iter(resp.response)
+    got = b""
+    while got.count(beat_of(path)) < 2:  # held: the reader's heartbeats come
+        got += next(frames)
+    resp.close()  # gone mid-stream, during the hold
+    engine.resume.set()
+    wait_done(client, f"api-{path[4:]}")
+    data = get(client, f"api-{path[4:]}").data
+    beat = beat_of(path)
+    assert beat in got  # the held stream's reader had heartbeats...
+    # ... the session has none (Messages sends one ping of its own after message_start)
+    assert data.count(beat) == (1 if path == "/v1/messages" else 0)
+    assert data.startswith(start) and end in data
+    assert data.replace(beat, b"").startswith(got.replace(beat, b""))
+    assert not engine.handles[0].cancelled
 
 
 def test_request_timeout_ends_a_detached_generation(engine):
