@@ -355,6 +355,8 @@ function run(conv, reply, how) {
     ended: (status, exc) => {
       clearTimeout(timer);
       state.running.delete(reply.stream.id);
+      const v = views.get(reply);
+      if (v) updateView(reply, v); // its end shows together with the composer's and sidebar's
       if (![...state.running.values()].some((r) => r.conv === conv)) state.open.delete(conv.id);
       store.saveQuietly(conv);
       renderSidebar();
