@@ -304,6 +304,7 @@ def test_stop_ends_the_generation_on_the_server(browser, server):
         expect(reply.locator(".answer")).not_to_be_empty(timeout=WAIT)
         page.click("#stop")
         expect(reply).to_have_attribute("data-status", "stopped", timeout=WAIT)
+        expect(reply.locator(".stats")).to_contain_text("stopped")
         expect(page.locator("#send")).to_be_visible()
         kept = stored_reply(page)
         assert kept["pieces"] < 2000

@@ -234,6 +234,7 @@ function statsText(msg) {
   const secs = msg.t.first && msg.t.last ? (msg.t.last - msg.t.first) / 1000 : 0;
   if (tokens > 1 && secs > 0) parts.push(`${((tokens - 1) / secs).toFixed(1)} tokens/s`);
   if (msg.status === "streaming") parts.push(tokens ? "streaming" : "waiting");
+  else if (msg.status === "stopped") parts.push("stopped");
   else if (msg.finish) parts.push(msg.finish);
   return parts.join(" \u00b7 ");
 }
