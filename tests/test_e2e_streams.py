@@ -242,6 +242,26 @@ def test_an_sse_client_reconnects_through_three_disconnects(server):
     assert normalized(kept) == normalized(uninterrupted)
 
 
+def test_shutdown_ends_a_detached_generation_with_an_error_event(default_model):
+    """SIGTERM while a generation runs on with no client: the worker waits for it, ends it with
+    the stream's error event near the end of GRACEFUL_TIMEOUT, and exits; a reader connected
+    before gets the whole session."""
+    srv = start({"GRACEFUL_TIMEOUT": "4"})
+    try:
+        head = read_some(srv, "bye", LONG, 3)
+        with requests.get(srv.url("/v1/stream"), params={"conv_id": "bye", "from": len(head)},
+                          stream=True, timeout=60) as follower:
+            chunks = follower.iter_content(chunk_size=None)
+            rest = next(chunks)
+            srv.proc.send_signal(15)
+            rest += b"".join(chunks)
+        assert srv.proc.wait(30) == 0
+        last = events(head + rest)[-2:]
+        assert any(b'"error"' in e and b"shutting down" in e for e in last), last
+    finally:
+        srv.stop()
+
+
 # ---- two replicas and Redis ---------------------------------------------------------------------
 
 

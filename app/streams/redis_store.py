@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 PREFIX = "vertex-gguf:stream:"
 CHANNEL = PREFIX + "cancel"
 TICK = 1.0  # seconds between the producer's liveness refreshes (and pointer checks)
+# seconds between two flushes of a session to Redis: a flush is one round trip (~100 µs of this
+# process's CPU, bench/stream_resume.py), so a fast stream sends several tokens in each, and a
+# reader on another replica lags by at most this much
+FLUSH_EVERY = 0.05
 ALIVE_MS = 5000  # the liveness key's lifetime
 RETRY = 1.0  # seconds between attempts while Redis is unreachable
 BLOCK_MS = 2000  # a reader's longest XREAD wait (below the socket timeout)
@@ -188,7 +192,9 @@ class RedisStore:
                     self._try("ending a stream", lambda: self.client.expire(
                         _ptr(s.conv_id, s.scope), self.ttl))
                 return
-            s.wait(written, TICK)
+            if not s.done:
+                gevent.sleep(FLUSH_EVERY)
+                s.wait(written, TICK)
 
     def _create(self, s: Session, again: bool) -> bool:
         """The session's pointer and metadata, its bytes cleared (they are rewritten from the
