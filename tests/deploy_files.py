@@ -3,6 +3,7 @@ deploy artifacts parsed (Terraform with python-hcl2, the Dockerfile, cloudbuild.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -80,3 +81,13 @@ def docker_args(parser: DockerfileParser) -> dict[str, str | None]:
 
 def cloudbuild_config() -> dict:
     return yaml.safe_load((ROOT / "cloudbuild.yaml").read_text())
+
+
+def terraform() -> str:
+    """The terraform binary; a skip where it is missing (a failure under CI_REQUIRE_ALL)."""
+    path = shutil.which("terraform")
+    if path is None:
+        if os.environ.get("CI_REQUIRE_ALL"):
+            pytest.fail("terraform is not installed")
+        pytest.skip("terraform not installed")
+    return path

@@ -25,20 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_files import TF, tf_blocks, tf_locals, unq
+from tests.deploy_files import TF, terraform, tf_blocks, tf_locals, unq
 
 REQUIRED = ["-var", "project_id=p", "-var", "model_bucket=b", "-var", "model_path=m/"]
 ENV = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
 STUB_HOST, STUB_PORT = "10.20.30.4", 6378  # what the fake Memorystore instance answers
-
-
-def terraform() -> str:
-    path = shutil.which("terraform")
-    if path is None:
-        if os.environ.get("CI_REQUIRE_ALL"):
-            pytest.fail("terraform is not installed")
-        pytest.skip("terraform not installed")
-    return path
 
 
 def resources() -> dict:

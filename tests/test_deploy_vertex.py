@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_files import TF, tf_blocks, tf_file, tf_locals, unq
+from tests.deploy_files import TF, terraform, tf_blocks, tf_file, tf_locals, unq
 
 SCRIPT = TF / "scripts" / "vertex_deploy.sh"
 load = tf_file
@@ -189,15 +189,6 @@ def test_outputs_use_the_endpoints_own_dns():
 
 
 # ---- Terraform run offline: validations, preconditions, derived values -------------------------
-
-
-def terraform() -> str:
-    path = shutil.which("terraform")
-    if path is None:
-        if os.environ.get("CI_REQUIRE_ALL"):
-            pytest.fail("terraform is not installed")
-        pytest.skip("terraform not installed")
-    return path
 
 
 @pytest.fixture(scope="module")
