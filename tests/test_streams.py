@@ -324,3 +324,43 @@ def test_vertex_predict_forms(client, engine):
                 {"stream_cancel": {"conversation_id": "a b"}},
                 {"stream_resume": {"conversation_id": "vx"}, "messages": []}):
         assert client.post(PREDICT, json=bad).status_code == 400, bad
+
+
+def test_a_stream_with_no_reader_runs_past_its_ring(engine):
+    """Nobody connected, the generation writes far more than the ring holds: it completes."""
+    client = make_client(engine, stream_buffer_bytes=512)
+    engine.hold_after = 2
+    resp = post(client, "alone", buffered=False)
+    next(iter(resp.response))
+    resp.close()
+    engine.resume.set()
+    status = wait_done(client, "alone")
+    assert status["total_bytes"] > 4 * 512 and not engine.handles[0].cancelled
+    tail = get(client, "alone", status["total_bytes"] - 512).data
+    assert len(tail) == 512 and tail.endswith(b"data: [DONE]\n\n")
+    assert client.get("/health").json["streams"]["bytes"] <= 512 + 512 // 4
+
+
+def test_a_stop_before_the_producer_ran_still_closes_the_run(client):
+    """DELETE in the same loop turn as the POST: the producer greenlet never ran, and the
+    run (the engine's slot) is closed all the same."""
+    hub = client.application.extensions["vertex_gguf_streams"]
+
+    class Frames:
+        closed = False
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise AssertionError("never read")
+
+        def close(self):
+            self.closed = True
+
+    frames = Frames()
+    reader = hub.produce("early", "", frames, b": ping\n\n")
+    hub.cancel("early", "")
+    assert frames.closed
+    reader.close()
+    assert hub.live() == 0

@@ -217,7 +217,7 @@ class Api:
         except BaseException:
             run.close()
             raise
-        return _closing(frames, run)
+        return _Closing(frames, run)
 
     def serve(self, body: Any, gone: Callable[[], bool] | None,
               headers: Mapping[str, str]) -> Answer:
@@ -247,13 +247,33 @@ class Api:
         return bp
 
 
-def _closing(frames: Iterator[bytes], run: Run) -> Iterator[bytes]:
-    """The frames; however the response ends (the client gone included), the run is closed."""
-    try:
-        yield from frames
-    finally:
-        run.close()
-        note_run(run)
+class _Closing:
+    """The frames; however the response ends (the client gone, a stream stopped before its
+    first byte was asked for), ``close`` closes the run: a generator's own ``finally`` would not
+    run if it was never started."""
+
+    def __init__(self, frames: Iterator[bytes], run: Run):
+        self.frames = frames
+        self.run = run
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self.frames)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            close = getattr(self.frames, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.run.close()
+            note_run(self.run)
 
 
 def note_run(run: Run) -> None:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 KILL_WAIT = 5.0  # seconds a DELETE waits for the generation it stops to unwind
 IDLE_WAIT = 30.0  # seconds a reader waits between checks when heartbeats are off
+GC_EVERY = 60.0  # seconds between collections of expired sessions (as llama-server)
 _readers = itertools.count()  # ids of connected readers (their pins)
 
 
@@ -46,6 +47,7 @@ class Streams:
         self.ttl = ttl
         self.heartbeat = heartbeat or None
         self._sessions: dict[str, Session] = {}
+        self._collector: gevent.Greenlet | None = None
         self.remote = None
         if store_url != "memory":
             from app.streams.redis_store import RedisStore
@@ -73,10 +75,13 @@ class Streams:
             self._evict(old, "replaced by a new request with the same id")
         session = Session(conv_id, secrets.token_hex(12), scope, self.cap, keepalive)
         self._sessions[key] = session
+        session.frames = frames
         session.producer = gevent.spawn(reqctx.carry(self._drain), session, frames)
         if self.remote is not None:
             self.remote.mirror(session)
-        return self._follow(session, 0)
+        if self._collector is None:
+            self._collector = gevent.spawn(self._collect_every, GC_EVERY)
+        return _Reader(session, 0, self.heartbeat)
 
     @staticmethod
     def _drain(session: Session, frames: Iterator[bytes]) -> None:
@@ -98,43 +103,16 @@ class Streams:
         """``GET /v1/stream``: the bytes from ``pos``, then live ones until the session ends.
         Errors (404, 400 offset lost) are raised here, before the first byte."""
         self._collect()
-        session = self._sessions.get(_key(conv_id, scope))
+        session = self._local(conv_id, scope)
         if session is not None:
             if pos < session.first:
                 raise OffsetLost(pos, session.first)
             if session.done and pos > session.total:
                 raise _beyond(pos, session.total)
-            return self._follow(session, pos)
+            return _Reader(session, pos, self.heartbeat)
         if self.remote is not None:
             return self.remote.follow(conv_id, scope, pos, self.heartbeat)
         raise StreamNotFound()
-
-    def _follow(self, session: Session, pos: int) -> Iterator[bytes]:
-        """A connected reader: pinned, so the ring keeps what it has not read yet."""
-        wait = self.heartbeat or IDLE_WAIT
-        me = next(_readers)
-        session.pin(me, pos)
-        try:
-            while True:
-                try:
-                    data = session.read(pos, pinned=True)
-                except OffsetLost:  # dropped before this reader's first read
-                    log.info("resumable stream %s: a reader started behind the buffer",
-                             session.conv_id)
-                    return
-                if data:
-                    pos += len(data)
-                    session.pin(me, pos)
-                    yield data
-                    continue
-                if session.done:
-                    return
-                before = session.total
-                session.wait(pos, wait)
-                if self.heartbeat and session.total == before and not session.done:
-                    yield session.keepalive  # per connection: never in the session's bytes
-        finally:
-            session.pin(me, None)
 
     # ---- DELETE, lookup ----------------------------------------------------------------------
     def cancel(self, conv_id: str, scope: str) -> None:
@@ -142,7 +120,7 @@ class Streams:
         session = self._sessions.get(_key(conv_id, scope))
         if session is not None:
             self._evict(session, "stopped by DELETE")
-        elif self.remote is not None:
+        if self.remote is not None:  # and wherever else a session under this id runs
             self.remote.cancel(conv_id, scope)
 
     def lookup(self, conv_ids: list[str], scope: str) -> list[Status]:
@@ -150,7 +128,7 @@ class Streams:
         out: list[Status] = []
         missing: list[str] = []
         for conv in dict.fromkeys(conv_ids):
-            session = self._sessions.get(_key(conv, scope))
+            session = self._local(conv, scope)
             if session is None:
                 missing.append(conv)
             else:
@@ -160,8 +138,9 @@ class Streams:
         return out
 
     def live(self) -> int:
-        """Generations still running detached (a draining worker waits for them)."""
-        return sum(1 for s in self._sessions.values() if not s.done)
+        """Generations still running, or still being written to Redis (a draining worker
+        waits for them)."""
+        return sum(1 for s in self._sessions.values() if not s.done or s.flushing)
 
     def stats(self) -> dict[str, object]:
         body: dict[str, object] = {
@@ -174,6 +153,16 @@ class Streams:
         return body
 
     # ---- internals ---------------------------------------------------------------------------
+    def _local(self, conv_id: str, scope: str) -> Session | None:
+        """This replica's session under the id, unless a POST or DELETE on another replica has
+        superseded it since it finished (a live one learns of that by itself)."""
+        session = self._sessions.get(_key(conv_id, scope))
+        if session is not None and session.done and self.remote is not None \
+                and not self.remote.current(session):
+            self._evict(session, "superseded on another replica")
+            return None
+        return session
+
     def _evict(self, session: Session, why: str) -> None:
         key = _key(session.conv_id, session.scope)
         if self._sessions.get(key) is session:
@@ -187,6 +176,8 @@ class Streams:
         producer = session.producer
         if producer is not None and producer is not gevent.getcurrent():
             producer.kill(block=True, timeout=KILL_WAIT)
+            if producer.dead and session.frames is not None:
+                session.frames.close()  # a producer killed before it ran never closed its run
         session.finish()
         if self.remote is not None:
             self.remote.forget(session)
@@ -197,6 +188,11 @@ class Streams:
             if session.uid == uid:
                 gevent.spawn(self._evict, session, "stopped from another replica")
 
+    def _collect_every(self, seconds: float) -> None:
+        while True:
+            gevent.sleep(seconds)
+            self._collect()
+
     def _collect(self) -> None:
         """Forget finished sessions older than STREAM_SESSION_TTL (live ones never)."""
         now = time.monotonic()
@@ -205,8 +201,53 @@ class Streams:
                 del self._sessions[key]
 
     def close(self) -> None:
+        if self._collector is not None:
+            self._collector.kill(block=False)
         if self.remote is not None:
             self.remote.close()
+
+
+class _Reader:
+    """A connected reader of a session, from ``pos`` to the end. It is pinned from the start
+    (the ring keeps what it has not read), and unpinned on ``close`` even if never iterated."""
+
+    def __init__(self, session: Session, pos: int, heartbeat: float | None):
+        self.session = session
+        self.pos = pos
+        self.heartbeat = heartbeat
+        self._id = next(_readers)
+        session.pin(self._id, pos)
+        self._frames = self._run()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._frames)
+
+    def close(self) -> None:
+        self._frames.close()
+        self.session.pin(self._id, None)
+
+    def _run(self) -> Iterator[bytes]:
+        s = self.session
+        wait = self.heartbeat or IDLE_WAIT
+        try:
+            while True:
+                data = s.read(self.pos, pinned=True)
+                if data:
+                    self.pos += len(data)
+                    s.pin(self._id, self.pos)
+                    yield data
+                    continue
+                if s.done:
+                    return
+                before = s.total
+                s.wait(self.pos, wait)
+                if self.heartbeat and s.total == before and not s.done:
+                    yield s.keepalive  # per connection: never in the session's bytes
+        finally:
+            s.pin(self._id, None)
 
 
 def _key(conv_id: str, scope: str) -> str:

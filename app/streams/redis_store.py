@@ -12,7 +12,9 @@ Redis. Per session (``uid``, one per POST):
   XTRIM MINID; an entry with field ``e`` ends the stream;
 - ``a:<uid>``: present while the producer lives (refreshed every second, expires in five): a
   reader whose producer died ends instead of waiting for ever;
-- channel ``cancel``: a uid whose generation must stop (DELETE, second POST): the owner stops it.
+- ``x:<uid>``: a tombstone: the session was stopped (DELETE, second POST) from another replica;
+- channel ``cancel``: a uid whose generation must stop: the owner stops it at once (and checks
+  the tombstone every second, in case the message was lost).
 
 Redis faults never fail a stream: the local session goes on, one warning is logged, and once
 Redis answers again the mirror rewrites the session from its local ring (a restarted Redis has
@@ -32,7 +34,9 @@ from typing import Any
 
 import gevent
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.streams.session import OffsetLost, Session, Status, StreamNotFound
 
@@ -51,8 +55,16 @@ BLOCK_MS = 2000  # a reader's longest XREAD wait (below the socket timeout)
 OUTAGE_GRACE = 30.0  # seconds a reader on another replica rides out a Redis outage
 LIVE_EXPIRY = 3600  # seconds a live session's keys outlive their last refresh (a dead replica)
 
-# delete a key only while it still holds this value (a pointer another POST moved stays)
+# delete, or set the lifetime of, a key only while it still holds this value (a pointer that
+# another POST has moved is left alone)
 _DEL_IF = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end"
+_EXPIRE_IF = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+              "return redis.call('expire', KEYS[1], ARGV[2]) end")
+OUTAGES = (RedisConnectionError, RedisTimeoutError)  # Redis unreachable, as opposed to refusing
+
+
+class _MetaGone(Exception):
+    """A session's metadata vanished under a reader (a restarted Redis, an expiry)."""
 
 
 def _ptr(conv_id: str, scope: str) -> str:
@@ -71,6 +83,10 @@ def _alive(uid: str) -> str:
     return f"{PREFIX}a:{uid}"
 
 
+def _stopped(uid: str) -> str:
+    return f"{PREFIX}x:{uid}"
+
+
 def _start(entry_id: bytes) -> int:
     return int(entry_id.split(b"-", 1)[0]) - 1
 
@@ -87,12 +103,19 @@ class RedisStore:
         self._retry_at = 0.0
         self._closed = False
         self._del_if = self.client.register_script(_DEL_IF)
+        self._expire_if = self.client.register_script(_EXPIRE_IF)
+        self._refused_logged = 0.0
         self._listener = gevent.spawn(self._listen)
         log.info("resumable streams are shared through Redis at %s",
                  self.client.connection_pool.connection_kwargs.get("host", url.split("@")[-1]))
 
     # ---- Redis faults ------------------------------------------------------------------------
     def _fault(self, exc: BaseException, what: str) -> None:
+        if not isinstance(exc, OUTAGES):  # Redis answered, with an error: not an outage
+            if time.monotonic() - self._refused_logged > 60:
+                self._refused_logged = time.monotonic()
+                log.warning("Redis (STREAM_STORE) refused a command while %s: %s", what, exc)
+            return
         if self.up:  # one warning per outage
             log.warning("Redis (STREAM_STORE) failed while %s: %s. Resumable streams go on in "
                         "this replica only until it answers again.", what, exc)
@@ -124,11 +147,22 @@ class RedisStore:
         gevent.spawn(self._mirror, session)
 
     def _mirror(self, s: Session) -> None:
+        s.flushing = True
+        try:
+            self._mirror_until_done(s)
+        finally:
+            s.flushing = False
+
+    def _mirror_until_done(self, s: Session) -> None:
         written: int | None = None  # bytes of the body in Redis; None: (re)create the session
         created = False
         entries: deque[tuple[int, int]] = deque()  # (offset, length) of the entries in Redis
         last_tick = 0.0
         while True:
+            if s.cancelled:  # stopped here (forgotten by the stop) or from elsewhere
+                return
+            if s.done_monotonic is not None and time.monotonic() - s.done_monotonic > self.ttl:
+                return  # Redis was away for longer than the session is kept
             if self._waiting():
                 written = None
                 gevent.sleep(max(0.05, self._retry_at - time.monotonic()))
@@ -136,7 +170,7 @@ class RedisStore:
             try:
                 if written is None:
                     if not self._create(s, created):
-                        self.on_cancel(s.uid)  # replaced on another replica during an outage
+                        self.on_cancel(s.uid)  # stopped or replaced while Redis was away
                         return
                     created = True
                     written = s.first
@@ -157,53 +191,65 @@ class RedisStore:
                         entries.popleft()
                         trimmed = True
                     if trimmed:
-                        pipe.xtrim(_data(s.uid), minid=f"{entries[0][0] + 1}-0")
+                        pipe.xtrim(_data(s.uid), minid=f"{entries[0][0] + 1}-0",
+                                   approximate=False)
                     pipe.hset(_meta(s.uid), mapping={"total": written,
                                                      "first": max(entries[0][0], floor, 0)})
                 done = s.done and written == s.total
                 tick = done or time.monotonic() - last_tick >= TICK
-                ptr_at = None
+                checks = None
                 if tick:
                     last_tick = time.monotonic()
-                    ptr_at = len(pipe)
+                    checks = len(pipe)
                     pipe.get(_ptr(s.conv_id, s.scope))
+                    pipe.exists(_stopped(s.uid))
                     pipe.set(_alive(s.uid), 1, px=ALIVE_MS)
-                    for key in (_meta(s.uid), _data(s.uid), _ptr(s.conv_id, s.scope)):
+                    for key in (_meta(s.uid), _data(s.uid)):
                         pipe.expire(key, LIVE_EXPIRY)
+                    pipe.eval(_EXPIRE_IF, 1, _ptr(s.conv_id, s.scope), s.uid, LIVE_EXPIRY)
                 if done:
                     pipe.xadd(_data(s.uid), {"e": b"1"}, id=f"{written + 1}-0")
                     pipe.hset(_meta(s.uid), mapping={"done": 1,
                                                      "completed_at": int(s.completed_at or 0)})
                     for key in (_meta(s.uid), _data(s.uid)):
                         pipe.expire(key, self.ttl)
+                    pipe.eval(_EXPIRE_IF, 1, _ptr(s.conv_id, s.scope), s.uid, self.ttl)
                     pipe.delete(_alive(s.uid))
                 results = pipe.execute()
                 self._ok()
             except RedisError as exc:
                 self._fault(exc, "mirroring a stream")
                 written = None
+                if not isinstance(exc, OUTAGES):
+                    gevent.sleep(RETRY)  # refused (out of memory...): try again, calmly
                 continue
-            if ptr_at is not None and not s.cancelled:
-                ptr = results[ptr_at]
-                if ptr is not None and ptr.decode() != s.uid:
-                    self.on_cancel(s.uid)  # a newer POST took the id (its message was lost)
+            if checks is not None and not s.cancelled:
+                ptr, stopped = results[checks], results[checks + 1]
+                if stopped or (ptr is not None and ptr.decode() != s.uid):
+                    self.on_cancel(s.uid)  # stopped elsewhere, and the message was lost
+                    return
             if done:
-                if not s.cancelled:
-                    self._try("ending a stream", lambda: self.client.expire(
-                        _ptr(s.conv_id, s.scope), self.ttl))
                 return
-            if not s.done:
-                gevent.sleep(FLUSH_EVERY)
-                s.wait(written, TICK)
+            gevent.sleep(FLUSH_EVERY)
+            s.wait(written, TICK)
 
     def _create(self, s: Session, again: bool) -> bool:
         """The session's pointer and metadata, its bytes cleared (they are rewritten from the
-        ring). False when, on a re-creation, another POST has taken the id meanwhile."""
+        ring). False when it was stopped from another replica, or when a newer POST has taken
+        the id, while Redis was away."""
         ptr = _ptr(s.conv_id, s.scope)
-        if again:
-            current = self.client.get(ptr)
-            if current is not None and current.decode() != s.uid:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(ptr)
+        pipe.exists(_stopped(s.uid))
+        current, stopped = pipe.execute()
+        if stopped:
+            return False
+        if current is not None and current.decode() != s.uid:
+            if again:
                 return False
+            started = self.client.hget(_meta(current.decode()), "started_at")
+            if started is not None and int(started) > int(s.started_at):
+                return False  # a POST newer than this one, mirrored first
         pipe = self.client.pipeline(transaction=False)
         pipe.set(ptr, s.uid, ex=LIVE_EXPIRY)
         pipe.delete(_data(s.uid))
@@ -222,12 +268,16 @@ class RedisStore:
 
     # ---- other replicas' requests ------------------------------------------------------------
     def cancel(self, conv_id: str, scope: str) -> None:
-        """Stop the session under this id wherever it runs, and forget it."""
+        """Stop the session under this id wherever it runs, and forget it. The tombstone
+        reaches an owner whose listener missed the message."""
         def go() -> None:
             ptr = _ptr(conv_id, scope)
             uid = self.client.get(ptr)
             if uid is not None:
-                self.client.publish(CHANNEL, uid)
+                pipe = self.client.pipeline(transaction=False)
+                pipe.set(_stopped(uid.decode()), 1, ex=LIVE_EXPIRY)
+                pipe.publish(CHANNEL, uid)
+                pipe.execute()
                 self._del_if(keys=[ptr], args=[uid])
 
         self._try("stopping a stream", go)
@@ -245,19 +295,42 @@ class RedisStore:
         return uid.decode(), meta, bool(alive)
 
     def lookup(self, conv_ids: list[str], scope: str) -> list[Status]:
-        out: list[Status] = []
-        for conv in conv_ids:
-            try:
-                found = self._try("looking up a stream", lambda c=conv: self._find(c, scope))
-            except StreamNotFound:
-                continue
-            if found is None:
-                continue
-            _, meta, alive = found
-            done = meta.get(b"done") == b"1" or not alive
-            out.append(Status(conv, done, int(meta.get(b"total", 0)),
-                              int(meta.get(b"started_at", 0)), int(meta.get(b"completed_at", 0))))
-        return out
+        """Three round trips however many ids: the pointers, then every session's status."""
+        def go() -> list[Status]:
+            uids = self.client.mget([_ptr(c, scope) for c in conv_ids])
+            found = [(c, u.decode()) for c, u in zip(conv_ids, uids, strict=True) if u]
+            if not found:
+                return []
+            pipe = self.client.pipeline(transaction=False)
+            for _, uid in found:
+                pipe.hgetall(_meta(uid))
+                pipe.exists(_alive(uid))
+            replies = pipe.execute()
+            out: list[Status] = []
+            for k, (conv, _) in enumerate(found):
+                meta, alive = replies[2 * k], replies[2 * k + 1]
+                if not meta:
+                    continue
+                done = meta.get(b"done") == b"1" or not alive
+                out.append(Status(conv, done, int(meta.get(b"total", 0)),
+                                  int(meta.get(b"started_at", 0)),
+                                  int(meta.get(b"completed_at", 0))))
+            return out
+
+        return self._try("looking up streams", go, [])
+
+    def current(self, session: Session) -> bool:
+        """Whether this replica's session is still the one its id leads to (a second POST or
+        a DELETE elsewhere, whose message was lost, makes it stale). True when Redis cannot
+        say: the local session is then the best there is."""
+        def go() -> bool:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(_ptr(session.conv_id, session.scope))
+            pipe.exists(_stopped(session.uid))
+            ptr, stopped = pipe.execute()
+            return not stopped and (ptr is None or ptr.decode() == session.uid)
+
+        return self._try("checking a stream", go, True)
 
     def follow(self, conv_id: str, scope: str, pos: int,
                heartbeat: float | None) -> Iterator[bytes]:
@@ -266,7 +339,7 @@ class RedisStore:
 
         try:
             uid, meta, _ = self._find(conv_id, scope)
-        except RedisError as exc:
+        except RedisError as exc:  # unreachable: what this replica has not, is not found
             self._fault(exc, "finding a stream")
             raise StreamNotFound() from None
         first, total = int(meta.get(b"first", 0)), int(meta.get(b"total", 0))
@@ -294,7 +367,10 @@ class RedisStore:
                 ended, lost = False, False
                 for entry_id, fields in entries:
                     if b"e" in fields:
-                        ended = True
+                        if _start(entry_id) == pos:
+                            ended = True
+                        else:  # the end, but bytes before it were rewritten under us
+                            lost = True
                         break
                     start, data = _start(entry_id), fields[b"d"]
                     if start > pos:  # a gap: trimmed past us, or rewritten after an outage
@@ -315,14 +391,18 @@ class RedisStore:
                 if not entries and not self._producing(uid, pos):
                     return
                 faulty_since = None
-            except RedisError as exc:
-                self._fault(exc, "reading a stream")
+            except (*OUTAGES, _MetaGone) as exc:
+                if not isinstance(exc, _MetaGone):
+                    self._fault(exc, "reading a stream")
                 now = time.monotonic()
                 faulty_since = faulty_since or now
                 if now - faulty_since > OUTAGE_GRACE:
                     return
                 last_id = None
                 gevent.sleep(RETRY)
+            except RedisError as exc:  # refused: nothing to wait for
+                self._fault(exc, "reading a stream")
+                return
             if heartbeat and time.monotonic() - quiet_since >= heartbeat:
                 quiet_since = time.monotonic()
                 yield keepalive
@@ -340,7 +420,7 @@ class RedisStore:
         pipe.exists(_alive(uid))
         (done, total), alive = pipe.execute()
         if done is None and total is None:
-            raise redis.exceptions.ConnectionError("the session's metadata is gone")
+            raise _MetaGone()
         if done == b"1":
             return int(total or 0) > pos  # its end marker is still to be read
         if not alive:

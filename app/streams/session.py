@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import gevent
 import gevent.event
@@ -21,6 +22,7 @@ import gevent.event
 from app.errors import BadRequest, NotFound
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+MAX_OFFSET = 2**53  # far past any stream; keeps offsets valid as Redis stream ids
 
 
 class OffsetLost(BadRequest):
@@ -59,7 +61,7 @@ def offset(value: str | int | None) -> int:
         raise BadRequest("invalid 'from' offset: a byte offset (a non-negative integer)",
                          param="from")
     n = int(value)
-    if n < 0:
+    if n < 0 or n > MAX_OFFSET:
         raise BadRequest("invalid 'from' offset: a byte offset (a non-negative integer)",
                          param="from")
     return n
@@ -98,6 +100,8 @@ class Session:
         self.done_monotonic: float | None = None
         self.cancelled = False
         self.producer: gevent.Greenlet | None = None
+        self.frames: Any = None  # what the producer drains (closed on a stop)
+        self.flushing = False  # the Redis mirror has not written the end yet
         self._changed = gevent.event.Event()
         self._pins: dict[int, int] = {}  # connected readers' positions
 
@@ -117,17 +121,22 @@ class Session:
         self._buf += data
         self.total += len(data)
         if len(self._buf) > self.cap + self.cap // 4:  # drop the oldest, a quarter at a time
-            keep_from = min(self.total - self.cap, *self._pins.values())
-            if keep_from > self._start:
-                del self._buf[: keep_from - self._start]
-                self._start = keep_from
+            self._compact()
         self._wake()
+
+    def _compact(self) -> None:
+        """Drop the bytes before the ring that no connected reader still needs."""
+        keep_from = min([self.total - self.cap, *self._pins.values()])
+        if keep_from > self._start:
+            del self._buf[: keep_from - self._start]
+            self._start = keep_from
 
     def finish(self) -> None:
         """No more bytes: readers end once they have read them all (idempotent)."""
         if self.completed_at is None:
             self.completed_at = time.time()
             self.done_monotonic = time.monotonic()
+            self._compact()  # kept for its TTL: no more than the ring
             self._wake()
 
     def _wake(self) -> None:
@@ -156,6 +165,8 @@ class Session:
         """A connected reader is at ``pos`` (None: it has gone)."""
         if pos is None:
             self._pins.pop(reader, None)
+            if self.done and not self._pins:
+                self._compact()
         else:
             self._pins[reader] = pos
 
