@@ -261,7 +261,11 @@ class _Closing:
         return self
 
     def __next__(self) -> bytes:
-        return next(self.frames)
+        try:
+            return next(self.frames)
+        except BaseException:  # the end, or a failure: the run is over now (the access line
+            self.close()       # is written after this, with its tokens)
+            raise
 
     def close(self) -> None:
         if self._closed:
