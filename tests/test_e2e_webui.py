@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import ROOT, running_server
+from tests.test_e2e_metrics import scrape
 from tests.test_reasoning import THINKING_TEMPLATE
 
 pytestmark = pytest.mark.e2e
@@ -321,10 +322,10 @@ def test_stop_ends_the_generation_on_the_server(browser, server):
 def finished(srv) -> dict[str, float]:
     """Chat generations the server has ended, by finish reason (from /metrics)."""
     out: dict[str, float] = {}
-    for line in requests.get(srv.url("/metrics"), timeout=10).text.splitlines():
-        m = re.match(r'\w+request_finished_total\{api="chat",finish_reason="(\w+)"\} (\S+)', line)
-        if m:
-            out[m[1]] = float(m[2])
+    for (name, labels), count in scrape(srv).items():
+        label = dict(labels)
+        if name.endswith("request_finished_total") and label.get("api") == "chat":
+            out[label["finish_reason"]] = count
     return out
 
 

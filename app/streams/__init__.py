@@ -19,12 +19,12 @@ from collections.abc import Iterator
 import gevent
 
 from app import reqctx
-from app.errors import BadRequest
 from app.streams.session import (
     OffsetLost,
     Session,
     Status,
     StreamNotFound,
+    check_start,
     conversation_id,
     offset,
 )
@@ -58,17 +58,12 @@ class Streams:
     def replace(self, conv_id: str, scope: str) -> None:
         """A POST with this id is starting: whatever ran under it stops now (on any replica),
         before the new request is even validated (llama-server's order)."""
-        old = self._sessions.get(_key(conv_id, scope))
-        if old is not None:
-            self._evict(old, "replaced by a new request with the same id")
-        if self.remote is not None:
-            self.remote.cancel(conv_id, scope)
+        self.cancel(conv_id, scope, "replaced by a new request with the same id")
 
     def produce(self, conv_id: str, scope: str, frames: Iterator[bytes],
                 keepalive: bytes) -> Iterator[bytes]:
         """Drain ``frames`` (a stream with no heartbeats of its own) into a new session on a
         greenlet of its own, and return the POST's response: a reader from byte 0."""
-        self._collect()
         key = _key(conv_id, scope)
         old = self._sessions.get(key)
         if old is not None:  # two POSTs with one id at once: the later wins
@@ -76,7 +71,7 @@ class Streams:
         session = Session(conv_id, secrets.token_hex(12), scope, self.cap, keepalive)
         self._sessions[key] = session
         session.frames = frames
-        session.producer = gevent.spawn(reqctx.carry(self._drain), session, frames)
+        session.producer = gevent.spawn(reqctx.carry(self._drain), session)
         if self.remote is not None:
             self.remote.mirror(session)
         if self._collector is None:
@@ -84,16 +79,14 @@ class Streams:
         return _Reader(session, 0, self.heartbeat)
 
     @staticmethod
-    def _drain(session: Session, frames: Iterator[bytes]) -> None:
+    def _drain(session: Session) -> None:
         try:
-            for chunk in frames:
+            for chunk in session.frames:
                 session.write(chunk)
         except Exception:  # noqa: BLE001 - the renderers turn failures into events themselves
             log.exception("resumable stream %s: producing failed", session.conv_id)
         finally:
-            close = getattr(frames, "close", None)
-            if close is not None:
-                close()  # the run is closed: a stopped generation frees its slot
+            session.frames.close()  # the run is closed: a stopped generation frees its slot
             session.finish()
             log.info("resumable stream %s ended after %d bytes%s", session.conv_id,
                      session.total, " (stopped)" if session.cancelled else "")
@@ -102,29 +95,24 @@ class Streams:
     def follow(self, conv_id: str, scope: str, pos: int) -> Iterator[bytes]:
         """``GET /v1/stream``: the bytes from ``pos``, then live ones until the session ends.
         Errors (404, 400 offset lost) are raised here, before the first byte."""
-        self._collect()
         session = self._local(conv_id, scope)
         if session is not None:
-            if pos < session.first:
-                raise OffsetLost(pos, session.first)
-            if session.done and pos > session.total:
-                raise _beyond(pos, session.total)
+            check_start(pos, session.first, session.total, session.done)
             return _Reader(session, pos, self.heartbeat)
         if self.remote is not None:
             return self.remote.follow(conv_id, scope, pos, self.heartbeat)
         raise StreamNotFound()
 
     # ---- DELETE, lookup ----------------------------------------------------------------------
-    def cancel(self, conv_id: str, scope: str) -> None:
+    def cancel(self, conv_id: str, scope: str, why: str = "stopped by DELETE") -> None:
         """Stop the generation and forget the session, wherever it runs (idempotent)."""
         session = self._sessions.get(_key(conv_id, scope))
         if session is not None:
-            self._evict(session, "stopped by DELETE")
+            self._evict(session, why)
         if self.remote is not None:  # and wherever else a session under this id runs
             self.remote.cancel(conv_id, scope)
 
     def lookup(self, conv_ids: list[str], scope: str) -> list[Status]:
-        self._collect()
         out: list[Status] = []
         missing: list[str] = []
         for conv in dict.fromkeys(conv_ids):
@@ -154,9 +142,14 @@ class Streams:
 
     # ---- internals ---------------------------------------------------------------------------
     def _local(self, conv_id: str, scope: str) -> Session | None:
-        """This replica's session under the id, unless a POST or DELETE on another replica has
-        superseded it since it finished (a live one learns of that by itself)."""
-        session = self._sessions.get(_key(conv_id, scope))
+        """This replica's session under the id, unless it has expired (the collector may not
+        have run yet), or a POST or DELETE on another replica has superseded it since it
+        finished (a live one learns of that by itself)."""
+        key = _key(conv_id, scope)
+        session = self._sessions.get(key)
+        if session is not None and self._expired(session, time.monotonic()):
+            del self._sessions[key]
+            return None
         if session is not None and session.done and self.remote is not None \
                 and not self.remote.current(session):
             self._evict(session, "superseded on another replica")
@@ -176,8 +169,8 @@ class Streams:
         producer = session.producer
         if producer is not None and producer is not gevent.getcurrent():
             producer.kill(block=True, timeout=KILL_WAIT)
-            if producer.dead and session.frames is not None:
-                session.frames.close()  # a producer killed before it ran never closed its run
+            if producer.dead:  # closing is idempotent; a producer killed before it ran never
+                session.frames.close()  # closed its run
         session.finish()
         if self.remote is not None:
             self.remote.forget(session)
@@ -193,11 +186,16 @@ class Streams:
             gevent.sleep(seconds)
             self._collect()
 
+    def _expired(self, s: Session, now: float) -> bool:
+        """Finished longer than STREAM_SESSION_TTL ago (a live session never expires)."""
+        return s.done_monotonic is not None and now - s.done_monotonic > self.ttl
+
     def _collect(self) -> None:
-        """Forget finished sessions older than STREAM_SESSION_TTL (live ones never)."""
+        """Forget expired sessions: their memory, every GC_EVERY seconds (a request for one
+        finds it expired at once, see _local)."""
         now = time.monotonic()
         for key, s in list(self._sessions.items()):
-            if s.done_monotonic is not None and now - s.done_monotonic > self.ttl:
+            if self._expired(s, now):
                 del self._sessions[key]
 
     def close(self) -> None:
@@ -255,7 +253,3 @@ def _key(conv_id: str, scope: str) -> str:
     reaches them (ids are chosen by clients, so two tenants may pick the same one)."""
     return f"{scope}/{conv_id}"
 
-
-def _beyond(pos: int, total: int) -> BadRequest:
-    return BadRequest(f"invalid 'from' offset: {pos} is past the stream's end ({total} bytes)",
-                      param="from")

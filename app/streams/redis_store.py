@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.streams.session import OffsetLost, Session, Status, StreamNotFound
+from app.streams.session import Session, Status, StreamNotFound, check_start
 
 log = logging.getLogger(__name__)
 
@@ -335,18 +335,13 @@ class RedisStore:
     def follow(self, conv_id: str, scope: str, pos: int,
                heartbeat: float | None) -> Iterator[bytes]:
         """A session produced on another replica, from ``pos``; 404 and 400 raised here."""
-        from app.streams import _beyond
-
         try:
             uid, meta, _ = self._find(conv_id, scope)
         except RedisError as exc:  # unreachable: what this replica has not, is not found
             self._fault(exc, "finding a stream")
             raise StreamNotFound() from None
-        first, total = int(meta.get(b"first", 0)), int(meta.get(b"total", 0))
-        if pos < first:
-            raise OffsetLost(pos, first)
-        if meta.get(b"done") == b"1" and pos > total:
-            raise _beyond(pos, total)
+        check_start(pos, int(meta.get(b"first", 0)), int(meta.get(b"total", 0)),
+                    meta.get(b"done") == b"1")
         return self._read(uid, pos, meta.get(b"keepalive", b""), heartbeat)
 
     def _read(self, uid: str, pos: int, keepalive: bytes,

@@ -67,6 +67,16 @@ def offset(value: str | int | None) -> int:
     return n
 
 
+def check_start(pos: int, first: int, total: int, done: bool) -> None:
+    """Whether a reader may start at ``pos`` of a session keeping bytes from ``first``, with
+    ``total`` written so far: a 400 for bytes dropped from the ring, or past a finished end."""
+    if pos < first:
+        raise OffsetLost(pos, first)
+    if done and pos > total:
+        raise BadRequest(f"invalid 'from' offset: {pos} is past the stream's end ({total} "
+                         "bytes)", param="from")
+
+
 @dataclass(frozen=True)
 class Status:
     """What the lookup route says of a session (unix seconds; ``completed_at`` 0 while live)."""
