@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -90,29 +91,18 @@ class RedisServer:
 
 def per_token_redis(data: list[bytes], url: str, cap: int, every: int) -> tuple[float, float]:
     """(CPU µs, wall µs) per frame of the mirror's Redis work, flushing every ``every``
-    frames, with the commands the mirror sends (app.streams.redis_store)."""
-    from app.streams.redis_store import _data, _meta
+    frames: the mirror's own flush (app.streams.redis_store.queue_bytes), one pipeline each."""
+    from app.streams.redis_store import _data, _meta, queue_bytes
 
     client = redis.Redis.from_url(url)
     uid = f"bench-{every}"
     client.delete(_data(uid), _meta(uid))
-    written, first_entry = 0, 0
-    entries: list[tuple[int, int]] = []
+    written = 0
+    entries: deque[tuple[int, int]] = deque()
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(0, len(data), every):
-        chunk = b"".join(data[i: i + every])
         pipe = client.pipeline(transaction=False)
-        pipe.xadd(_data(uid), {"d": chunk}, id=f"{written + 1}-0")
-        entries.append((written, len(chunk)))
-        written += len(chunk)
-        floor = written - cap
-        trimmed = False
-        while first_entry < len(entries) - 1 and sum(entries[first_entry]) <= floor:
-            first_entry += 1
-            trimmed = True
-        if trimmed:
-            pipe.xtrim(_data(uid), minid=f"{entries[first_entry][0] + 1}-0")
-        pipe.hset(_meta(uid), mapping={"total": written, "first": max(floor, 0)})
+        written = queue_bytes(pipe, uid, b"".join(data[i: i + every]), written, entries, cap)
         pipe.execute()
     n = len(data)
     out = ((time.process_time() - cpu) / n * 1e6, (time.perf_counter() - wall) / n * 1e6)

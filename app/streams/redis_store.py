@@ -91,6 +91,25 @@ def _start(entry_id: bytes) -> int:
     return int(entry_id.split(b"-", 1)[0]) - 1
 
 
+def queue_bytes(pipe: Any, uid: str, data: bytes, written: int,
+                entries: deque[tuple[int, int]], cap: int) -> int:
+    """Queue on ``pipe`` one entry of ``data`` at body offset ``written`` of session ``uid``,
+    the stream trimmed to the newest ``cap`` bytes and the status updated; ``entries`` (offset,
+    length) of what Redis holds is kept in step. The new number of bytes written."""
+    pipe.xadd(_data(uid), {"d": data}, id=f"{written + 1}-0")
+    entries.append((written, len(data)))
+    written += len(data)
+    floor = written - cap
+    trimmed = False
+    while len(entries) > 1 and entries[0][0] + entries[0][1] <= floor:
+        entries.popleft()
+        trimmed = True
+    if trimmed:
+        pipe.xtrim(_data(uid), minid=f"{entries[0][0] + 1}-0", approximate=False)
+    pipe.hset(_meta(uid), mapping={"total": written, "first": max(entries[0][0], floor, 0)})
+    return written
+
+
 class RedisStore:
     def __init__(self, url: str, cap: int, ttl: float, on_cancel: Callable[[str], None]):
         self.client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2,
@@ -182,19 +201,7 @@ class RedisStore:
                         written = None
                         continue
                     data = s.read(written, limit=total - written)
-                    pipe.xadd(_data(s.uid), {"d": data}, id=f"{written + 1}-0")
-                    entries.append((written, len(data)))
-                    written += len(data)
-                    floor = written - self.cap
-                    trimmed = False
-                    while len(entries) > 1 and entries[0][0] + entries[0][1] <= floor:
-                        entries.popleft()
-                        trimmed = True
-                    if trimmed:
-                        pipe.xtrim(_data(s.uid), minid=f"{entries[0][0] + 1}-0",
-                                   approximate=False)
-                    pipe.hset(_meta(s.uid), mapping={"total": written,
-                                                     "first": max(entries[0][0], floor, 0)})
+                    written = queue_bytes(pipe, s.uid, data, written, entries, self.cap)
                 done = s.done and written == s.total
                 tick = done or time.monotonic() - last_tick >= TICK
                 checks = None
