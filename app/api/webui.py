@@ -74,13 +74,10 @@ def page_size() -> int:
 
 
 def _answer(asset: Asset) -> Response:
-    if asset.etag in request.if_none_match:
-        resp = Response(status=304)
-    else:
-        resp = Response(asset.body, content_type=asset.content_type)
+    resp = Response(asset.body, content_type=asset.content_type)
     resp.set_etag(asset.etag)
     resp.headers.update(HEADERS)
-    return resp
+    return resp.make_conditional(request)  # a 304 when If-None-Match has the ETag
 
 
 def register(app: Flask, settings: Settings) -> None:
