@@ -94,14 +94,18 @@ def bind_address(settings: Settings) -> str:
     return f"{host}:{settings.port}"
 
 
-def _service(worker: Any) -> Any:
+def _extension(worker: Any, name: str) -> Any:
+    """The worker's app's ``extensions[name]`` (None before the app is loaded)."""
     app = getattr(worker, "wsgi", None)
-    return getattr(app, "extensions", {}).get("vertex_gguf") if app else None
+    return getattr(app, "extensions", {}).get(name) if app else None
+
+
+def _service(worker: Any) -> Any:
+    return _extension(worker, "vertex_gguf")
 
 
 def _streams(worker: Any) -> Any:
-    app = getattr(worker, "wsgi", None)
-    return getattr(app, "extensions", {}).get("vertex_gguf_streams") if app else None
+    return _extension(worker, "vertex_gguf_streams")
 
 
 def worker_exit(server: Any, worker: Any) -> None:
