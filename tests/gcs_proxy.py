@@ -26,6 +26,7 @@ class Faults:
         self.corrupt = False  # flip one byte of every media response body
         self.bytes_per_second = 0  # per-connection cap; 0 = none
         self.media_requests = 0
+        self.seen: list[tuple[str, str, int]] = []  # (method, path, status) of every request
         self.lock = threading.Lock()
 
     def take(self, attr: str) -> bool:
@@ -81,6 +82,7 @@ class GcsProxy:
                 f.media_requests += 1
             if f.take("fail_media"):
                 payload = b'{"error": {"code": 503, "message": "injected"}}'
+                f.seen.append((h.command, h.path, 503))
                 h.send_response(503)
                 h.send_header("Content-Type", "application/json")
                 h.send_header("Content-Length", str(len(payload)))
@@ -94,6 +96,8 @@ class GcsProxy:
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
+        with f.lock:
+            f.seen.append((h.command, h.path, resp.status))
         if media and f.corrupt and data:
             data = bytes([data[0] ^ 0xFF]) + data[1:]
         cut = media and resp.status < 300 and len(data) > 2 and f.take("cut_media")

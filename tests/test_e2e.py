@@ -273,11 +273,11 @@ def test_queue_full_is_429(server_factory):
     first = requests.post(srv.url("/v1/completions"), json=long_req, stream=True, timeout=60)
     it = first.iter_lines()
     next(it)  # generation is running
-    t0 = time.monotonic()
     second = post(srv, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert second.status_code == 429
-    assert time.monotonic() - t0 < 2
     assert second.json()["error"]["type"] == "rate_limit_error"
+    # refused at once, not after waiting its turn: the first generation is still streaming
+    assert json.loads(next(ln for ln in it if ln)[6:])["choices"][0]["finish_reason"] is None
     first.close()
     # the first request's cancellation frees the engine: a new request succeeds
     deadline = time.monotonic() + 10
@@ -322,7 +322,9 @@ def test_health_stays_fast_while_a_long_generation_streams(vertex_server):
 
 
 def test_sigterm_drains_in_flight_requests(server_factory):
-    srv = server_factory({"GRACEFUL_TIMEOUT": "30"})
+    # a graceful timeout far longer than the wait below: the worker exits when its last request
+    # ends, not when the timeout runs out (which would fail the bounded wait)
+    srv = server_factory({"GRACEFUL_TIMEOUT": "600"})
     srv.wait_ready()
     body = {"prompt": "List the numbers from 1 to 100:", "max_tokens": 120, "temperature": 0, "stream": True}
     resp = requests.post(srv.url("/v1/completions"), json=body, stream=True, timeout=60)
@@ -332,11 +334,10 @@ def test_sigterm_drains_in_flight_requests(server_factory):
     rest = [ln for ln in lines if ln]
     assert rest[-1] == b"data: [DONE]", "the in-flight stream must finish"
     assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
-    t0 = time.monotonic()
-    assert srv.proc.wait(30) == 0, srv.logs()
     # the drain ends with the last request, not with the graceful timeout (an idle keep-alive
     # connection, like the one this client holds, does not keep the worker up)
-    assert time.monotonic() - t0 < 10, srv.logs()
+    assert srv.proc.wait(120) == 0, srv.logs()
+    assert "SIGKILL" not in srv.logs() and "server is shutting down" not in srv.logs()
     with pytest.raises(requests.ConnectionError):
         requests.get(srv.url("/health"), timeout=2)
 
