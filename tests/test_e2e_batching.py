@@ -86,7 +86,8 @@ def test_chunked_prefill_keeps_running_streams_fluent(server_factory):
     arrivals: list[float] = []
 
     def running_stream() -> None:
-        body = {"prompt": "Count from 1 to 1000:", "max_tokens": 400, "temperature": 0, "stream": True}
+        body = {"prompt": "Count from 1 to 1000:", "max_tokens": 400, "temperature": 0, "stream": True,
+                "ignore_eos": True}
         with requests.post(srv.url("/v1/completions"), json=body, stream=True, timeout=300) as r:
             for line in r.iter_lines():
                 if line.startswith(b"data: {"):
@@ -94,8 +95,10 @@ def test_chunked_prefill_keeps_running_streams_fluent(server_factory):
 
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(running_stream)
-        while len(arrivals) < 20:
+        deadline = time.monotonic() + 120
+        while len(arrivals) < 20 and not fut.done() and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert len(arrivals) >= 20 and not fut.done(), fut.result() if fut.done() else arrivals
         long_prompt = "The quick brown fox jumps over the lazy dog. " * 180  # ~1800 tokens
         t0 = time.perf_counter()
         r = requests.post(srv.url("/v1/completions"), json={"prompt": long_prompt, "max_tokens": 1}, timeout=300)

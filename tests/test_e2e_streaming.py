@@ -48,7 +48,7 @@ def raw_stream(srv: ServerProcess, body: dict, headers: dict | None = None) -> t
 
 def test_each_chunk_leaves_when_its_token_is_generated(server):
     body = {"messages": [{"role": "user", "content": "Count from 1 to 100."}], "max_tokens": 200,
-            "temperature": 0, "stream": True}
+            "temperature": 0, "stream": True, "ignore_eos": True}
     text, arrivals = raw_stream(server, body)
     n_events = text.count('"content":"') - 1
     # one network read per content event on the whole: nothing buffers the stream
@@ -82,8 +82,9 @@ def test_openai_sdk_raises_on_a_mid_stream_error(server_factory):
     srv = server_factory({"REQUEST_TIMEOUT": "1"})
     srv.wait_ready()
     sdk = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0)
+    # ignore_eos: still generating when the 1 s limit ends it, however fast the machine
     stream = sdk.completions.create(model="m", prompt="List the numbers from 1 to 1000:", max_tokens=1000,
-                                    temperature=0, stream=True)
+                                    temperature=0, stream=True, extra_body={"ignore_eos": True})
     got = []
     with pytest.raises(openai.APIError) as exc:
         for chunk in stream:
@@ -159,7 +160,7 @@ def test_pydantic_ai_streaming(server):
 
     async def run() -> tuple[list[str], str]:
         async with agent.run_stream(QUESTION) as result:
-            deltas = [d async for d in result.stream_text(delta=True)]
+            deltas = [d async for d in result.stream_text(delta=True, debounce_by=None)]  # every delta
         full = await agent.run(QUESTION)
         return deltas, full.output
 

@@ -145,7 +145,7 @@ def test_a_dropped_client_resumes_with_exactly_the_uninterrupted_bytes(server):
 def test_offset_errors(default_model):
     srv = start({"STREAM_BUFFER_BYTES": "1024"})
     try:
-        whole = requests.post(srv.url("/v1/chat/completions"), json=SHORT,
+        whole = requests.post(srv.url("/v1/chat/completions"), json={**SHORT, "ignore_eos": True},
                               headers={"X-Conversation-Id": "ring"}, timeout=120).content
         assert len(whole) > 4096 and whole.endswith(b"data: [DONE]\n\n")  # the reader lost nothing
         lost = resume(srv, "ring", 0)
@@ -209,7 +209,7 @@ def test_vertex_predict_forms(default_model):
 def test_an_sse_client_reconnects_through_three_disconnects(server):
     """What a browser's EventSource loop does: read, lose the connection, reconnect from the
     byte after the last whole event, until the stream's end."""
-    body = {**SHORT, "max_tokens": 120}
+    body = {**SHORT, "max_tokens": 120, "ignore_eos": True}  # events enough for three drops
     uninterrupted = requests.post(server.url("/v1/chat/completions"), json=body,
                                   timeout=120).content
     kept = b""  # the whole events received so far: their bytes are the offset
