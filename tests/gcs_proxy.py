@@ -25,9 +25,13 @@ class Faults:
         self.cut_media = 0  # cut this many media responses half-way
         self.corrupt = False  # flip one byte of every media response body
         self.bytes_per_second = 0  # per-connection cap; 0 = none
-        self.media_requests = 0
-        self.seen: list[tuple[str, str, int]] = []  # (method, path, status) of every request
+        self.sent: list[tuple[str, str]] = []  # (method, path) of every request, as it came
         self.lock = threading.Lock()
+
+    @property
+    def media_requests(self) -> int:
+        """Downloads asked for (what proves a cache hit)."""
+        return sum(1 for method, path in self.sent if method == "GET" and "alt=media" in path)
 
     def take(self, attr: str) -> bool:
         with self.lock:
@@ -77,18 +81,16 @@ class GcsProxy:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else None
         media = "alt=media" in h.path and h.command == "GET"
-        if media:
-            with f.lock:
-                f.media_requests += 1
-            if f.take("fail_media"):
-                payload = b'{"error": {"code": 503, "message": "injected"}}'
-                f.seen.append((h.command, h.path, 503))
-                h.send_response(503)
-                h.send_header("Content-Type", "application/json")
-                h.send_header("Content-Length", str(len(payload)))
-                h.end_headers()
-                h.wfile.write(payload)
-                return
+        with f.lock:
+            f.sent.append((h.command, h.path))
+        if media and f.take("fail_media"):
+            payload = b'{"error": {"code": 503, "message": "injected"}}'
+            h.send_response(503)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(payload)))
+            h.end_headers()
+            h.wfile.write(payload)
+            return
         conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
         headers = {k: v for k, v in h.headers.items() if k.lower() not in HOP and k.lower() != "host"}
         headers["Host"] = f"{self.upstream.hostname}:{self.upstream.port}"
@@ -96,8 +98,6 @@ class GcsProxy:
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
-        with f.lock:
-            f.seen.append((h.command, h.path, resp.status))
         if media and f.corrupt and data:
             data = bytes([data[0] ^ 0xFF]) + data[1:]
         cut = media and resp.status < 300 and len(data) > 2 and f.take("cut_media")

@@ -97,13 +97,13 @@ def test_corrupted_download_is_refused_and_nothing_is_cached(gcs_proxy, tmp_path
     ("gs://Bad_Bucket!/x", "not a valid gs:// URI"),
 ])
 def test_missing_or_bad_uri_fails_at_once_naming_it(gcs_proxy, tmp_path, uri, needle):
-    gcs_proxy.faults.seen.clear()
+    gcs_proxy.faults.sent.clear()
     with pytest.raises(gcs.GcsError) as exc:
         gcs.fetch_model(uri, opts(gcs_proxy, tmp_path))
     assert needle in str(exc.value) and uri in str(exc.value)
     # permanent errors are not retried: no request was sent twice
-    sent = [(method, path) for method, path, _ in gcs_proxy.faults.seen]
-    assert len(sent) == len(set(sent)), gcs_proxy.faults.seen
+    sent = gcs_proxy.faults.sent
+    assert len(sent) == len(set(sent)), sent
 
 
 def test_cache_hit_downloads_nothing_and_new_generation_downloads_again(emulator, gcs_proxy, tmp_path):
