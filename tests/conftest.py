@@ -55,6 +55,24 @@ def default_model() -> Path:
     return path
 
 
+def wait_for(check, limit: float = 120, what: str = "condition", nap=time.sleep):
+    """Poll ``check`` until it returns something truthy (returned), at most ``limit`` seconds:
+    the one bounded wait of the suite (``nap=gevent.sleep`` in-process, where a producer
+    greenlet must get to run)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        nap(0.05)
+    raise AssertionError(f"no {what} in {limit} s")
+
+
+def running(srv: ServerProcess) -> int:
+    """Sequences in the server's engine now (from /health)."""
+    return requests.get(srv.url("/health"), timeout=10).json()["engine"]["running"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

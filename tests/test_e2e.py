@@ -12,7 +12,7 @@ import openai
 import pytest
 import requests
 
-from tests.conftest import VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess
+from tests.conftest import VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -310,9 +310,7 @@ def test_health_stays_fast_while_a_long_generation_streams(vertex_server):
 
     t = threading.Thread(target=generate, daemon=True)
     t.start()
-    deadline = time.monotonic() + 60
-    while not finishes and t.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: finishes or not t.is_alive(), 60, "first chunk")
     latencies, progress = [], []
     session = requests.Session()
     for _ in range(50):

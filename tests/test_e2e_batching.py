@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import ServerProcess, running_server
+from tests.conftest import ServerProcess, running_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -95,9 +95,7 @@ def test_chunked_prefill_keeps_running_streams_fluent(server_factory):
 
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(running_stream)
-        deadline = time.monotonic() + 120
-        while len(arrivals) < 20 and not fut.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: len(arrivals) >= 20 or fut.done(), 120, "20 tokens")
         assert len(arrivals) >= 20 and not fut.done(), fut.result() if fut.done() else arrivals
         long_prompt = "The quick brown fox jumps over the lazy dog. " * 180  # ~1800 tokens
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ServerProcess, running_server
+from tests.conftest import ServerProcess, running, running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -348,10 +348,6 @@ def test_n_is_bounded_per_request(srv):
         err = error_of(send(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 4}), 400, param="n")
         assert "SLOTS_PER_REQUEST" in err["message"]
         assert send(srv, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": 2}).status_code == 200
-
-
-def running(srv: ServerProcess) -> int:
-    return requests.get(srv.url("/health"), timeout=10).json()["engine"]["running"]
 
 
 def test_a_non_streaming_client_that_hangs_up_cancels_its_generation(srv):

@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from tests.conftest import ROOT, ServerProcess, running_server
+from tests.conftest import ROOT, ServerProcess, running, running_server, wait_for
 from tests.stream_rules import outcomes
 from tests.test_e2e_metrics import scrape, value
 
@@ -100,8 +100,8 @@ def test_disconnect_cancels_the_generation_and_frees_the_engine(server):
     def state() -> tuple[int, float, float]:
         """Sequences in the engine; aborted completions and tokens generated so far."""
         m = scrape(server)
-        running = requests.get(server.url("/health"), timeout=10).json()["engine"]["running"]
-        return (running, value(m, "vertex_gguf_request_finished_total", api="completions", finish_reason="abort"),
+        return (running(server),
+                value(m, "vertex_gguf_request_finished_total", api="completions", finish_reason="abort"),
                 value(m, "vertex_gguf_generation_tokens_total", api="completions"))
 
     _, aborts, tokens = state()
@@ -113,13 +113,9 @@ def test_disconnect_cancels_the_generation_and_frees_the_engine(server):
     r.close()  # the client goes away after a few tokens
     # structural, not timed: the generation is counted as aborted and leaves the engine long
     # before its 3000 tokens (bounded wait: the whole generation would take ~30 s here)
-    deadline = time.monotonic() + 60
-    now = state()
-    while (now[0] or now[1] == aborts) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = state()
-    running, aborted, generated = now
-    assert running == 0 and aborted == aborts + 1, now
+    busy, aborted, generated = wait_for(lambda: (s := state())[0] == 0 and s[1] != aborts and s, 60,
+                                        "abort")
+    assert busy == 0 and aborted == aborts + 1, (busy, aborted)
     assert generated - tokens < 3000 / 2, f"{generated - tokens} tokens: the generation ran on"
     assert server.logs().count("client went away mid-stream") >= 1
     # the engine serves the next request

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 import requests
 from httpx_sse import connect_sse
 
-from tests.conftest import VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess, free_port
+from tests.conftest import VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -101,16 +100,6 @@ def lookup(srv: ServerProcess, conv: str) -> dict | None:
     found = requests.post(srv.url("/v1/streams/lookup"), json={"conversation_ids": [conv]},
                           timeout=10).json()
     return found[0] if found else None
-
-
-def wait_for(check, limit: float = 120, what: str = "condition"):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} in {limit} s")
 
 
 def busy_slots(srv: ServerProcess) -> int:

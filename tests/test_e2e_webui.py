@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import ROOT, running_server
+from tests.conftest import ROOT, running_server, wait_for
 from tests.test_e2e_metrics import scrape
 from tests.test_reasoning import THINKING_TEMPLATE
 
@@ -316,10 +315,8 @@ def test_stop_ends_the_generation_on_the_server(browser, server):
         assert kept["pieces"] < 2000
         # a resumable stream outlives its connection: only the DELETE the page sent stops
         # the generation; it ends cancelled, not at its length
-        deadline = time.monotonic() + WAIT / 1000
-        while sum(finished(server).values()) == sum(before.values()):
-            assert time.monotonic() < deadline, "the generation did not end"
-            time.sleep(0.2)
+        wait_for(lambda: sum(finished(server).values()) != sum(before.values()), WAIT / 1000,
+                 "end of the generation")
         after = finished(server)
         assert after.get("length", 0) == before.get("length", 0), (before, after)
 

@@ -12,7 +12,7 @@ import gevent
 import pytest
 
 from app.engine.fake import FakeEngine
-from tests.conftest import make_client
+from tests.conftest import make_client, wait_for
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
 PREDICT = "/predict"
@@ -43,13 +43,11 @@ def get(client, conv: str, start: int | str = 0, **kw):
 
 
 def wait_done(client, conv: str, limit: float = 10.0, **kw) -> dict:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
+    def done() -> dict | None:
         found = client.post("/v1/streams/lookup", json={"conversation_ids": [conv]}, **kw).json
-        if found and found[0]["is_done"]:
-            return found[0]
-        gevent.sleep(0.02)  # the producer is a greenlet: let it run
-    raise AssertionError(f"stream {conv} did not end")
+        return found[0] if found and found[0]["is_done"] else None
+
+    return wait_for(done, limit, f"end of stream {conv}", nap=gevent.sleep)  # let the producer run
 
 
 @pytest.fixture
@@ -199,9 +197,7 @@ def test_finished_sessions_expire_after_the_ttl(engine):
     assert post(client, "ttl").status_code == 200
     wait_done(client, "ttl")
     assert get(client, "ttl").status_code == 200
-    deadline = time.monotonic() + 10
-    while get(client, "ttl").status_code == 200 and time.monotonic() < deadline:
-        gevent.sleep(0.05)
+    wait_for(lambda: get(client, "ttl").status_code != 200, 10, "expiry", nap=gevent.sleep)
     assert get(client, "ttl").status_code == 404
     assert client.get("/health").json["streams"]["sessions"] == 0
 
