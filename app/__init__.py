@@ -15,6 +15,7 @@ from app.settings import Settings, from_settings, slots_per_request
 
 if TYPE_CHECKING:
     from app.core.plan import PlanOptions
+    from app.crash_guard import Boot
     from app.engine.llama_engine import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -64,19 +65,24 @@ def create_app(
     settings: Settings,
     engine=None,
     on_fatal: Callable[[str], None] | None = None,
+    boot: Boot | None = None,
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
-    (the port is already bound by then: health answers 503 until the model is warm)."""
+    (the port is already bound by then: health answers 503 until the model is warm). ``boot``:
+    what this worker inherits from the crash guard (app.crash_guard), and where its load stages
+    are recorded."""
     from prometheus_client import CollectorRegistry
 
     from app import api, auth, logs, routes
     from app.api import webui
     from app.core.service import Service
+    from app.crash_guard import Boot
     from app.metrics import PREDICT, Metrics
     from app.metrics import install as install_metrics
     from app.protocol.sse import policy_of
     from app.streams import Streams
 
+    boot = boot or Boot()
     if engine is None:
         from app import model_source
         from app.engine.llama_engine import LlamaEngine
@@ -84,7 +90,7 @@ def create_app(
 
         engine = LlamaEngine(
             engine_config(settings),
-            LoadState(),
+            LoadState(boot.record),
             partial(model_source.resolve, settings),
             on_fatal=on_fatal,
         )
@@ -95,12 +101,13 @@ def create_app(
     app.json.ensure_ascii = False
     # this app's own registry: tests build many apps in one process
     metrics = Metrics(CollectorRegistry())
-    metrics.watch(engine)
+    metrics.watch(engine, boot)
     app.extensions["vertex_gguf_metrics"] = metrics
     service = Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
                       metrics=metrics)
     app.extensions["vertex_gguf"] = service
     app.extensions["vertex_gguf_settings"] = settings
+    app.extensions["vertex_gguf_boot"] = boot
     # resumable streams (X-Conversation-Id): this replica's sessions, mirrored to STREAM_STORE
     app.extensions["vertex_gguf_streams"] = Streams(
         settings.stream_buffer_bytes, settings.stream_session_ttl,

@@ -19,11 +19,12 @@ import gevent
 from gunicorn.workers.ggevent import GeventWorker
 
 from app import logs
+from app.crash_guard import EXIT_CODE, CrashGuard
 from app.settings import Settings
 
 # gunicorn's arbiter halts the whole server (exit code 4) when a worker exits with this code:
 # a model that cannot load must fail the deployment, not leave it answering 503 for ever.
-APP_LOAD_ERROR = 4
+APP_LOAD_ERROR = EXIT_CODE
 # seconds before the graceful timeout ends at which requests still running are ended with an
 # error (their streams get an error event), so the worker exits before it is killed
 GRACE_MARGIN = 1.5
@@ -108,8 +109,10 @@ def _streams(worker: Any) -> Any:
     return _extension(worker, "vertex_gguf_streams")
 
 
-def worker_exit(server: Any, worker: Any) -> None:
-    """Stop the engine thread and free the model before the worker process ends."""
+def worker_exit(guard: CrashGuard, server: Any, worker: Any) -> None:
+    """Stop the engine thread and free the model before the worker process ends (a clean exit:
+    the crash guard counts no death, whatever happens during the teardown)."""
+    guard.worker_exit()
     hub = _streams(worker)
     if hub is not None:
         hub.close()
@@ -127,8 +130,11 @@ def exit_worker_on_load_failure(message: str) -> None:
     os._exit(APP_LOAD_ERROR)
 
 
-def options(settings: Settings) -> dict[str, Any]:
+def options(settings: Settings, guard: CrashGuard | None = None) -> dict[str, Any]:
+    """gunicorn's configuration; ``guard`` is the master's crash guard (app.crash_guard), whose
+    hooks see every worker forked and every worker gone."""
     DrainingGeventWorker.client_timeout = settings.client_timeout
+    guard = guard or CrashGuard.from_settings(settings)
     return {
         "bind": [bind_address(settings)],
         "workers": 1,
@@ -142,16 +148,34 @@ def options(settings: Settings) -> dict[str, Any]:
         "logconfig_dict": logs.logconfig(settings),
         "accesslog": None,  # app.logs writes the access line (path only, never a query string)
         "preload_app": False,
-        "worker_exit": worker_exit,
+        "worker_exit": lambda server, worker: worker_exit(guard, server, worker),
+        "pre_fork": lambda server, worker: guard.before_fork(worker),
+        # a worker gone while the master is stopping (no listeners left) is no crash loop
+        "child_exit": lambda server, worker: guard.child_exit(worker, not server.LISTENERS),
+        "on_exit": lambda server: guard.exiting(),
         "proc_name": "vertex-gguf",
         # gunicorn 27 opens a control socket under $HOME by default: not wanted in a container.
         "control_socket_disable": True,
     }
 
 
+_module_options: dict[str, Any] = {}
+_module_guard: list[CrashGuard] = []
+
+
+def shared_guard(settings: Settings) -> CrashGuard:
+    """The crash guard of ``gunicorn -c python:app.gunicorn_conf`` (one per master; a worker
+    forked from it finds its own records in it: app.wsgi)."""
+    if not _module_guard:
+        _module_guard.append(CrashGuard.from_settings(settings))
+    return _module_guard[0]
+
+
 def __getattr__(name: str) -> Any:
     """Module-level config values for ``gunicorn -c python:app.gunicorn_conf``."""
-    opts = options(Settings())
-    if name in opts:
-        return opts[name]
+    if not _module_options:
+        settings = Settings()
+        _module_options.update(options(settings, shared_guard(settings)))
+    if name in _module_options:
+        return _module_options[name]
     raise AttributeError(name)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 from app.errors import GenerationTimeout, ServiceError
@@ -166,9 +166,12 @@ class Metrics:
         self.e2e.labels(label).observe(time.monotonic() - started)
         self.requests.labels(label, str(status)).inc()
 
-    def watch(self, engine: Any) -> None:
-        """The engine's gauges, read at each scrape."""
+    def watch(self, engine: Any, boot: Any = None) -> None:
+        """The engine's gauges, read at each scrape; with ``boot`` (app.crash_guard.Boot), the
+        worker deaths the master saw before this worker and whether it runs in safe mode."""
         self.registry.register(EngineCollector(engine))
+        if boot is not None:
+            self.registry.register(BootCollector(boot))
 
     def exposition(self, accept: str | None) -> Response:
         from flask import Response
@@ -251,6 +254,33 @@ class EngineCollector:
             waiting = embedder.stats().get("waiting", 0)
             yield GaugeMetricFamily(PREFIX + "embedding_requests_waiting", "Embedding requests "
                                     "queued for the embedding context.", value=float(waiting))
+
+
+class BootCollector:
+    """What this worker inherited from the crash guard: every earlier worker's death (the
+    master counts them; a worker is forked after each, so its figure is always current)."""
+
+    def __init__(self, boot: Any):
+        self.boot = boot
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        crashes = CounterMetricFamily(
+            PREFIX + "worker_crashes", "Worker processes that died from a signal (SIGSEGV, "
+            "SIGABRT, ...; unknown: killed with no fault recorded), by the load stage they were "
+            "in (ready: after the model was ready).", labels=["stage", "signal"])
+        counts: dict[tuple[str, str], int] = {}
+        for c in self.boot.crashes:
+            counts[(c.stage, c.signal)] = counts.get((c.stage, c.signal), 0) + 1
+        for labels, n in sorted(counts.items()):
+            crashes.add_metric(list(labels), float(n))
+        yield crashes
+        yield GaugeMetricFamily(
+            PREFIX + "safe_mode", "1 when this worker runs in safe mode (CPU_EXTRA_BUFFERS and "
+            "FLASH_ATTN off) after a worker died while loading.",
+            value=1.0 if self.boot.safe_reason else 0.0)
 
 
 def install(app: Flask, metrics: Metrics, endpoints: dict[str, str]) -> None:

@@ -47,6 +47,10 @@ def health() -> tuple[Response, int]:
     hub = current_app.extensions.get("vertex_gguf_streams")
     if hub is not None:
         body["streams"] = hub.stats()
+    # earlier workers' deaths and safe mode (app.crash_guard): absent when nothing happened
+    boot = current_app.extensions.get("vertex_gguf_boot")
+    if boot is not None:
+        body.update(boot.report())
     ok = state.ready
     limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
     stall = engine.stalled(limit) if ok else None

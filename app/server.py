@@ -8,6 +8,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from app import auth
+from app.crash_guard import Boot, CrashGuard, apply_safe_mode
 from app.gunicorn_conf import exit_worker_on_load_failure, options
 from app.settings import Settings
 
@@ -17,10 +18,12 @@ log = logging.getLogger(__name__)
 class Server(BaseApplication):
     def __init__(self, settings: Settings):
         self.settings = settings
+        # in the master: its workers' deaths (a forked worker reads what it inherits)
+        self.guard = CrashGuard.from_settings(settings)
         super().__init__()
 
     def load_config(self) -> None:
-        for key, value in options(self.settings).items():
+        for key, value in options(self.settings, self.guard).items():
             if value is not None:
                 self.cfg.set(key, value)
 
@@ -28,7 +31,14 @@ class Server(BaseApplication):
         # Runs in the worker after fork and after gevent's monkey-patching.
         from app import create_app
 
-        return create_app(self.settings, on_fatal=exit_worker_on_load_failure)
+        boot = self.guard.start_worker()
+        settings = apply_safe_mode(self.settings, boot)
+        return create_app(settings, engine=self.make_engine(settings, boot),
+                          on_fatal=exit_worker_on_load_failure, boot=boot)
+
+    def make_engine(self, settings: Settings, boot: Boot) -> Any:
+        """The engine (None: create_app's llama.cpp engine); tests put a crashing one here."""
+        return None
 
 
 def serve(settings: Settings) -> None:

@@ -186,6 +186,14 @@ class Settings(BaseSettings):
         description="Flash attention: auto, on or off.",
         **_env("FLASH_ATTN"),
     )
+    cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="llama.cpp's extra CPU buffer types for the weights (repacked layouts, "
+        "AMX): on, off (plain CPU buffers, as llama-server's --no-repack), or auto: on, "
+        "unless this llama.cpp was built with its AMX kernels (they crash: llama.cpp#20824) or "
+        "the last worker crashed while loading (the safe fallback).",
+        **_env("CPU_EXTRA_BUFFERS"),
+    )
     parallel: int = Field(
         8,
         description="Slots: sequences decoded together in one batch (continuous batching). "
@@ -394,6 +402,23 @@ class Settings(BaseSettings):
         ge=0,
         le=3600,
         **_env("GRACEFUL_TIMEOUT"),
+    )
+    crash_limit: int = Field(
+        3,
+        description="A worker that dies from a signal after the model was ready is restarted; "
+        "this many such deaths within CRASH_WINDOW seconds end the process (exit code 4) "
+        "instead of a restart loop. A death while loading is restarted once, in safe mode.",
+        ge=1,
+        le=1000,
+        **_env("CRASH_LIMIT"),
+    )
+    crash_window: float = Field(
+        600.0,
+        description="Seconds over which worker deaths after ready are counted against "
+        "CRASH_LIMIT.",
+        gt=0,
+        le=86400 * 7,
+        **_env("CRASH_WINDOW"),
     )
     worker_connections: int = Field(
         1000,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 STAGES = ("starting", "downloading", "loading", "warming_up", "ready", "failed")
@@ -11,7 +12,10 @@ STAGES = ("starting", "downloading", "loading", "warming_up", "ready", "failed")
 class LoadState:
     """Written by the engine thread, read by greenlets; single attribute writes only."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stage: Callable[[str, str], None] | None = None) -> None:
+        # told of every stage entered (and a failure's message): the crash guard's record,
+        # which the master reads if this worker dies (app.crash_guard)
+        self._on_stage = on_stage
         self.stage = "starting"
         self.progress: float | None = None
         self.detail: str | None = None
@@ -34,6 +38,8 @@ class LoadState:
             now = time.monotonic()
             self.seconds[self.stage] = now - self.entered.get(self.stage, now)
             self.entered[stage] = now
+            if self._on_stage is not None:
+                self._on_stage(stage, "")
         self.stage = stage
         self.progress = progress
         if detail is not None:
@@ -51,6 +57,8 @@ class LoadState:
 
     def fail(self, error: str) -> None:
         self.error = error
+        if self._on_stage is not None:
+            self._on_stage("failed", error)
         self.stage = "failed"
         self.version += 1
 

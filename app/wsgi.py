@@ -2,7 +2,11 @@
 app.wsgi:app``. Settings come from the environment."""
 
 from app import create_app
-from app.gunicorn_conf import exit_worker_on_load_failure
+from app.crash_guard import apply_safe_mode
+from app.gunicorn_conf import exit_worker_on_load_failure, shared_guard
 from app.settings import Settings
 
-app = create_app(Settings(), on_fatal=exit_worker_on_load_failure)
+_settings = Settings()
+_boot = shared_guard(_settings).start_worker()
+app = create_app(apply_safe_mode(_settings, _boot), on_fatal=exit_worker_on_load_failure,
+                 boot=_boot)

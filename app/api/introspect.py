@@ -70,7 +70,9 @@ def props() -> Response:
     svc = _service()
     info = svc.info()
     total = len(svc.engine.slots())
-    return jsonify(introspect.props(info, openai.model_meta(info), total, _settings()))
+    boot = current_app.extensions.get("vertex_gguf_boot")
+    return jsonify(introspect.props(info, openai.model_meta(info), total, _settings(),
+                                    boot.report() if boot is not None else {}))
 
 
 def slots() -> Response:

@@ -35,7 +35,7 @@ from app.bridge import (
     original_sleep,
     start_native_thread,
 )
-from app.engine import llama_log
+from app.engine import cpu_buffers, llama_log
 from app.engine.embed import POOLING_IDS
 from app.engine.handle import ChannelHandle
 from app.engine.llama_embed import (
@@ -99,6 +99,7 @@ class EngineConfig:
     threads_batch: int = setting_default("threads_batch")
     batch_size: int = setting_default("batch_size")
     flash_attn: Literal["auto", "on", "off"] = setting_default("flash_attn")
+    cpu_extra_buffers: Literal["auto", "on", "off"] = setting_default("cpu_extra_buffers")
     max_queue: int = setting_default("max_queue")
     sleep_idle_seconds: float = setting_default("sleep_idle_seconds")
     parallel: int = setting_default("parallel")
@@ -473,6 +474,11 @@ class LlamaEngine:
         gpu = ll.llama_supports_gpu_offload()
         mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
         self._split_params(mparams)
+        system_info = ll.llama_print_system_info().decode("utf-8", "replace").strip()
+        extra, why = cpu_buffers.resolve(cfg.cpu_extra_buffers, system_info)
+        if not extra and cfg.cpu_extra_buffers == "auto":
+            log.warning("%s", why)
+        mparams.use_extra_bufts = extra
 
         def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
             self._stage("loading", progress=float(progress))
@@ -531,10 +537,12 @@ class LlamaEngine:
             created=int(time.time()),
             n_vocab=self._n_vocab,
             control_texts=self._vocab_tables.control_texts,
+            cpu_extra_buffers=extra,
+            system_info=system_info,
         )
         log.info(
             "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, "
-            "split_mode=%s, tensor_split=%s, main_gpu=%d, threads=%d",
+            "split_mode=%s, tensor_split=%s, main_gpu=%d, threads=%d, cpu extra buffers=%s",
             path,
             cfg.parallel,
             self._n_ctx,
@@ -544,6 +552,7 @@ class LlamaEngine:
             cfg.tensor_split or "by free memory",
             cfg.main_gpu,
             n_threads,
+            "on" if extra else "off",
         )
 
     def _split_params(self, mparams) -> None:

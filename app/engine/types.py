@@ -127,6 +127,10 @@ class ModelInfo:
     # every name a request may use for the model (the id first); tags are informational
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
+    # whether llama.cpp was let use its extra CPU buffer types (CPU_EXTRA_BUFFERS, resolved),
+    # and the CPU features the llama.cpp build was compiled with (llama_print_system_info)
+    cpu_extra_buffers: bool = True
+    system_info: str = ""
 
     @property
     def names(self) -> tuple[str, ...]:

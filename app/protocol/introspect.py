@@ -141,8 +141,9 @@ def generation_defaults(n_ctx: int, model: str) -> dict[str, Any]:
 
 
 def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
-          settings: BaseModel) -> dict[str, Any]:
-    """GET /props: llama-server's fields, the model's names and metadata, and the settings."""
+          settings: BaseModel, boot: dict[str, Any] | None = None) -> dict[str, Any]:
+    """GET /props: llama-server's fields, the model's names and metadata, the settings, what
+    llama.cpp was built with and let use, and (``boot``) earlier workers' deaths and safe mode."""
     return {
         "default_generation_settings": generation_defaults(info.n_ctx, info.name),
         "total_slots": total_slots,
@@ -157,5 +158,8 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
         "eos_token": info.eos_token,
         "modalities": {"vision": False, "audio": False},
         "build_info": build_info(),
+        "system_info": info.system_info,
+        "cpu_extra_buffers": info.cpu_extra_buffers,
         "settings": public_settings(settings),
+        **(boot or {}),
     }

@@ -1,0 +1,297 @@
+"""Keeps a native crash from becoming a restart loop.
+
+llama.cpp can kill the worker process outright: a SIGSEGV in a CPU kernel (the AMX one on
+Sapphire Rapids, llama.cpp#20824), a ``GGML_ABORT``, a CUDA out-of-memory abort. gunicorn's
+master restarts a dead worker at once, and a model that dies while loading dies the same way
+again: the container would answer 503 "loading" for ever. The guard lives in the master (through
+gunicorn's hooks, app.gunicorn_conf) and in each worker:
+
+- Before each fork the master opens two anonymous files for the new worker: its stage record
+  (the worker writes its load stage there at every change, and ``exited`` on a clean exit) and
+  its fault record (Python's faulthandler writes the fatal signal and every thread's stack there
+  when the worker dies of one).
+- When a worker is gone, the master reads both. No ``exited``: the worker died. Dead while
+  loading, the next worker boots in safe mode (the risky settings still at ``auto`` turned off);
+  dead while loading in safe mode too, or ``CRASH_LIMIT`` deaths after ready within
+  ``CRASH_WINDOW``, and the master refuses the next fork: the process exits with code 4 and the
+  cause as its last log line, so Cloud Run and Vertex AI show a failed revision.
+- A worker starts with what the master knew when it forked it (the deaths so far, safe mode):
+  /health, /props and /metrics report it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import re
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
+
+# gunicorn's code for "the app could not load": the process ends with it whenever the model
+# cannot be served (a load error, a crash while loading, a crash loop)
+EXIT_CODE = 4
+# settings safe mode turns off when they are still at auto; none of them changes an answer
+SAFE_SETTINGS = {"cpu_extra_buffers": "off", "flash_attn": "off"}
+# ... and in the environment: CUDA graphs (read by ggml-cuda at first use; no-op on the CPU)
+SAFE_ENV = {"GGML_CUDA_DISABLE_GRAPHS": "1"}
+LOAD_STAGES = ("starting", "downloading", "loading", "warming_up")
+RECORD_BYTES = 4096
+FAULT_BYTES = 64 << 10  # of a fault record, read back (all threads' stacks; the top is enough)
+# faulthandler's first line names the signal in words
+_FAULTS = {
+    "segmentation fault": "SIGSEGV",
+    "bus error": "SIGBUS",
+    "illegal instruction": "SIGILL",
+    "floating-point exception": "SIGFPE",
+    "floating point exception": "SIGFPE",
+    "aborted": "SIGABRT",
+}
+_FATAL = re.compile(r"Fatal Python error: ([^\n]+)")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
+
+
+@dataclass(frozen=True)
+class Crash:
+    """One worker's death, as the master read it."""
+
+    pid: int
+    stage: str  # the load stage it was in (``ready``: after the model was ready)
+    signal: str  # SIGSEGV, SIGABRT, ... or ``unknown`` (no fault recorded: SIGKILL, an OOM kill)
+    at: float  # time.time()
+    where: str = ""  # the innermost Python frames of the thread that faulted, if it had any
+
+    def describe(self) -> str:
+        how = f"died from {self.signal}" if self.signal != "unknown" else (
+            "was killed with no fault recorded (SIGKILL: out of memory?)")
+        when = "after the model was ready" if self.stage == "ready" else (
+            f"while {self.stage.replace('_', ' ')}")
+        return f"worker {self.pid} {how} {when}"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"stage": self.stage, "signal": self.signal, "at": int(self.at)}
+        if self.where:
+            out["where"] = self.where
+        return out
+
+
+def parse_fault(text: str) -> tuple[str, str]:
+    """(signal name, where) from what faulthandler wrote; ("unknown", "") for nothing."""
+    m = _FATAL.search(text)
+    if not m:
+        return "unknown", ""
+    sig = _FAULTS.get(m.group(1).strip().lower(), m.group(1).strip())
+    # the first thread block with Python frames: the faulting thread's, unless that one is a
+    # native thread (ggml's compute threads have none), then the thread that called into it
+    for block in re.split(r"\n\s*\n", text[m.end():]):
+        frames = [f for f in (_FRAME.match(line) for line in block.splitlines()) if f]
+        if frames:
+            current = block.lstrip().startswith("Current thread")
+            where = "; ".join(f"{os.path.basename(f[1])}:{f[2]} in {f[3]}" for f in frames[:3])
+            return sig, where if current else f"(a native thread; beside it) {where}"
+    return sig, ""
+
+
+def safe_changes(settings: Any) -> dict[str, str]:
+    """What safe mode would change: each risky setting the operator left at auto."""
+    return {k: v for k, v in SAFE_SETTINGS.items() if getattr(settings, k, None) == "auto"}
+
+
+class _Record:
+    """A worker's stage and fault records: anonymous files the master opens before the fork
+    and reads after the worker is gone (nothing on disk, nothing to clean up)."""
+
+    def __init__(self) -> None:
+        self._files: list[BinaryIO] = []
+        self.stage_fd = self._open("vertex-gguf-stage")
+        self.fault_fd = self._open("vertex-gguf-fault")
+
+    def _open(self, name: str) -> int:
+        if hasattr(os, "memfd_create"):
+            return os.memfd_create(name)
+        f = tempfile.TemporaryFile(prefix=name)  # noqa: SIM115 - kept open until close()
+        self._files.append(f)
+        return f.fileno()
+
+    def write(self, stage: str, detail: str = "") -> None:
+        data = f"{stage}\n{detail}".encode("utf-8", "replace")[:RECORD_BYTES]
+        os.pwrite(self.stage_fd, data.ljust(RECORD_BYTES, b"\0"), 0)
+
+    def mark_exited(self) -> None:
+        """The worker is leaving through Python's exit path (its stage is kept)."""
+        os.pwrite(self.stage_fd, b"x", RECORD_BYTES)
+
+    def read(self) -> tuple[str, str, bool, str]:
+        """(stage, detail, exited cleanly, fault text)."""
+        raw = os.pread(self.stage_fd, RECORD_BYTES + 1, 0)
+        stage, _, detail = raw[:RECORD_BYTES].rstrip(b"\0").decode("utf-8", "replace").partition(
+            "\n")
+        fault = os.pread(self.fault_fd, FAULT_BYTES, 0).decode("utf-8", "replace")
+        return stage or "starting", detail, raw[RECORD_BYTES:] == b"x", fault
+
+    def close(self) -> None:
+        if self._files:
+            for f in self._files:
+                f.close()
+        else:
+            os.close(self.stage_fd)
+            os.close(self.fault_fd)
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a worker knows when it starts: the deaths before it and whether it is in safe mode.
+    ``record(stage, detail)`` writes the worker's load stage where the master will read it
+    (app.state.LoadState calls it at every stage, and with the error when the load fails)."""
+
+    crashes: tuple[Crash, ...] = ()
+    safe_mode: dict[str, str] = field(default_factory=dict)  # setting -> safe value (or env)
+    safe_reason: str = ""
+    record: Callable[[str, str], None] = lambda stage, detail: None
+
+    def report(self) -> dict[str, Any]:
+        """For /health and /props: nothing when nothing happened."""
+        out: dict[str, Any] = {}
+        if self.crashes:
+            out["worker_crashes"] = {"total": len(self.crashes),
+                                     "last": self.crashes[-1].as_dict()}
+        if self.safe_reason:
+            out["safe_mode"] = {"reason": self.safe_reason, "changed": dict(self.safe_mode)}
+        return out
+
+
+class CrashGuard:
+    """The master's record of its workers' deaths, and what each new worker inherits."""
+
+    def __init__(self, crash_limit: int, crash_window: float, safe: dict[str, str]):
+        self.limit = crash_limit
+        self.window = crash_window
+        self.safe = safe  # what safe mode changes (empty: no fallback applies)
+        self.crashes: list[Crash] = []
+        self.safe_reason = ""  # set: every worker from now on boots in safe mode
+        self.halt_reason = ""  # set: the next fork is refused and the process ends
+        self._live: dict[int, _Record] = {}  # id(worker) -> its record (master)
+        self._mine: _Record | None = None  # in a worker: its own record
+        self._halted = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> CrashGuard:
+        return cls(settings.crash_limit, settings.crash_window, safe_changes(settings))
+
+    # ---- master --------------------------------------------------------------------------
+    def before_fork(self, worker: object) -> None:
+        """gunicorn's pre_fork: refuse to fork into a known death, else give the worker its
+        records (the child finds them in ``_mine``)."""
+        if self.halt_reason:
+            from gunicorn.errors import HaltServer
+
+            self._halted = True
+            raise HaltServer(self.halt_reason, EXIT_CODE)
+        try:
+            rec = _Record()
+        except OSError as exc:  # no fd or no temp space: run unguarded, as plain gunicorn
+            log.warning("crash guard off for the next worker: %s", exc)
+            self._mine = None
+            return
+        self._live[id(worker)] = rec
+        self._mine = rec
+
+    def child_exit(self, worker: Any, stopping: bool) -> None:
+        """gunicorn's child_exit: a worker is gone. Did it die, and what happens next?"""
+        rec = self._live.pop(id(worker), None)
+        if rec is None:
+            return
+        try:
+            stage, _detail, exited, fault = rec.read()
+        finally:
+            rec.close()
+        sig, where = parse_fault(fault)
+        # a clean exit, or a load error (gunicorn halts on its exit code); a fault recorded
+        # counts whatever exit path the worker took after it
+        if stage == "failed" or (exited and sig == "unknown"):
+            return
+        crash = Crash(pid=int(getattr(worker, "pid", 0) or 0), stage=stage, signal=sig,
+                      at=time.time(), where=where)
+        self.crashes.append(crash)
+        log.error("%s%s", crash.describe(), f" (in {where})" if where else "")
+        if not stopping:
+            self._decide(crash)
+
+    def _decide(self, crash: Crash) -> None:
+        if crash.stage in LOAD_STAGES:
+            if self.safe_reason:
+                self.halt_reason = (f"the model cannot start: {crash.describe()}, in safe mode "
+                                    f"too ({_settings_text(self.safe)})")
+            elif not self.safe:
+                self.halt_reason = (f"the model cannot start: {crash.describe()}, and no safe "
+                                    "fallback applies (CPU_EXTRA_BUFFERS and FLASH_ATTN are set "
+                                    "explicitly)")
+            else:
+                self.safe_reason = crash.describe()
+                log.error("the next worker starts in safe mode: %s (and CUDA graphs off)",
+                          _settings_text(self.safe))
+            return
+        recent = [c for c in self.crashes
+                  if c.stage not in LOAD_STAGES and crash.at - c.at <= self.window]
+        if len(recent) >= self.limit:
+            self.halt_reason = (f"{len(recent)} worker deaths within {self.window:g} s after "
+                                f"the model was ready (CRASH_LIMIT={self.limit}); the last: "
+                                f"{crash.describe()}")
+        else:
+            log.error("restarting the worker (%d of CRASH_LIMIT=%d deaths within %g s)",
+                      len(recent), self.limit, self.window)
+
+    def exiting(self) -> None:
+        """gunicorn's on_exit: a worker whose model failed to load (gunicorn halted on its exit
+        code before child_exit) left the cause in its record: make it the last line."""
+        if self._halted:
+            return
+        for rec in self._live.values():
+            stage, detail, _, _ = rec.read()
+            if stage == "failed":
+                log.error("vertex-gguf stops (exit code %d): %s", EXIT_CODE, detail)
+                return
+
+    # ---- worker --------------------------------------------------------------------------
+    def start_worker(self) -> Boot:
+        """In a new worker, before its app is built: arm faulthandler on the fault record, and
+        say what this worker inherits."""
+        rec = self._mine
+        if rec is not None:
+            # a native abort() (GGML_ABORT) must end the worker with SIGABRT, as every other
+            # fatal signal does: not run gunicorn's SIGABRT handler (its "timeout" exit path,
+            # racing the abort) after faulthandler has written the fault
+            signal.signal(signal.SIGABRT, signal.SIG_DFL)
+            faulthandler.enable(file=rec.fault_fd, all_threads=True)
+            rec.write("starting")
+        safe: dict[str, str] = {}
+        if self.safe_reason:
+            safe = dict(self.safe)
+            for name, value in SAFE_ENV.items():
+                if name not in os.environ:
+                    os.environ[name] = value
+                    safe[name] = value
+            log.error("safe mode: %s, because %s", _settings_text(safe), self.safe_reason)
+        return Boot(crashes=tuple(self.crashes), safe_mode=safe, safe_reason=self.safe_reason,
+                    record=rec.write if rec is not None else Boot.record)
+
+    def worker_exit(self) -> None:
+        """gunicorn's worker_exit: a clean exit (whatever happens after is no crash loop)."""
+        if self._mine is not None:
+            self._mine.mark_exited()
+
+
+def apply_safe_mode(settings: Any, boot: Boot) -> Any:
+    """The settings a worker in safe mode runs with."""
+    changes = {k: v for k, v in boot.safe_mode.items() if k in SAFE_SETTINGS}
+    return settings.model_copy(update=changes) if changes else settings
+
+
+def _settings_text(changes: dict[str, str]) -> str:
+    return ", ".join(f"{k.upper()}={v}" for k, v in changes.items()) or "nothing to change"
