@@ -59,12 +59,16 @@ ENV PATH=/opt/venv/bin:$PATH
 # or, on Linux with Python 3.11, pip-tools:
 #   pip-compile --generate-hashes --output-file requirements/image.lock pyproject.toml
 # (tests/test_deploy.py checks the lock against pyproject.toml).
+# llama.cpp's AMX kernels crash on CPUs that have AMX (GCP's C3, C4 and A3 hosts:
+# https://github.com/ggml-org/llama.cpp/issues/20824); GGML_NATIVE off leaves them out already,
+# and these say so, whatever ggml's defaults become (docs/crashes.md).
+ARG NO_AMX="-DGGML_AMX_TILE=off -DGGML_AMX_INT8=off -DGGML_AMX_BF16=off"
 COPY requirements/image.lock /tmp/image.lock
 RUN export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" \
     && if [ "$BACKEND" = "cuda" ]; then \
-        export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS} -DGGML_NATIVE=off"; \
+        export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS} -DGGML_NATIVE=off ${NO_AMX}"; \
     else \
-        export CMAKE_ARGS="-DGGML_NATIVE=off"; \
+        export CMAKE_ARGS="-DGGML_NATIVE=off ${NO_AMX}"; \
     fi \
     && pip install --upgrade "pip==25.3" \
     && pip install --require-hashes -r /tmp/image.lock \

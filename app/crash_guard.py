@@ -260,8 +260,8 @@ class CrashGuard:
 
     # ---- worker --------------------------------------------------------------------------
     def start_worker(self) -> Boot:
-        """In a new worker, before its app is built: arm faulthandler on the fault record, and
-        say what this worker inherits."""
+        """In a new worker, before its app is built: arm faulthandler on the fault record, put
+        safe mode's environment in place, and say what this worker inherits."""
         rec = self._mine
         if rec is not None:
             # a native abort() (GGML_ABORT) must end the worker with SIGABRT, as every other
@@ -270,14 +270,22 @@ class CrashGuard:
             signal.signal(signal.SIGABRT, signal.SIG_DFL)
             faulthandler.enable(file=rec.fault_fd, all_threads=True)
             rec.write("starting")
+        boot = self.boot()
+        if boot.safe_reason:
+            for name, value in boot.safe_mode.items():
+                if name in SAFE_ENV:
+                    os.environ[name] = value
+            log.error("safe mode: %s, because %s", _settings_text(boot.safe_mode),
+                      boot.safe_reason)
+        return boot
+
+    def boot(self) -> Boot:
+        """What a worker forked now inherits (its own records, if the hooks gave it any)."""
+        rec = self._mine
         safe: dict[str, str] = {}
         if self.safe_reason:
             safe = dict(self.safe)
-            for name, value in SAFE_ENV.items():
-                if name not in os.environ:
-                    os.environ[name] = value
-                    safe[name] = value
-            log.error("safe mode: %s, because %s", _settings_text(safe), self.safe_reason)
+            safe.update({k: v for k, v in SAFE_ENV.items() if k not in os.environ})
         return Boot(crashes=tuple(self.crashes), safe_mode=safe, safe_reason=self.safe_reason,
                     record=rec.write if rec is not None else Boot.record)
 

@@ -26,7 +26,13 @@ from pathlib import Path
 
 import anthropic
 import openai
-from common import process, serve
+from common import (
+    add_extra_buffers_arg,
+    extra_buffers_env,
+    llama_server_extra_buffers,
+    process,
+    serve,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -110,10 +116,10 @@ def drive(base: str, call: Call, n: int, c: int, tokens: int) -> dict:
             "errors": errors}
 
 
-def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int
-                 ) -> contextlib.AbstractContextManager[str]:
+def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int,
+                 extra: list[str]) -> contextlib.AbstractContextManager[str]:
     return process([binary, "-m", model, "--host", "127.0.0.1", "--port", "{port}", "-np",
-                    str(slots), "-c", str(ctx * slots), "-t", str(threads), "--jinja"],
+                    str(slots), "-c", str(ctx * slots), "-t", str(threads), "--jinja", *extra],
                    None, "/health", "llama-server", 300)
 
 
@@ -131,10 +137,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
+    add_extra_buffers_arg(ap)
     args = ap.parse_args()
     slots = args.concurrency
     env = {"MODEL": args.model, "THREADS": str(args.threads), "PARALLEL": str(slots),
-           "CTX_SIZE": str(args.ctx * slots), "REQUEST_TIMEOUT": "0"}
+           "CTX_SIZE": str(args.ctx * slots), "REQUEST_TIMEOUT": "0", **extra_buffers_env(args)}
     servers: list[tuple[str, Callable[[], contextlib.AbstractContextManager[str]]]] = [
         ("vertex-gguf", lambda: serve(ROOT, env)),
     ]
@@ -142,7 +149,8 @@ def main() -> None:
         servers.append(("baseline", lambda: serve(Path(args.baseline), env)))
     if args.llama_server:
         servers.append(("llama-server", lambda: llama_server(
-            args.llama_server, args.model, slots, args.ctx, args.threads)))
+            args.llama_server, args.model, slots, args.ctx, args.threads,
+            llama_server_extra_buffers(args))))
     results: dict[tuple[str, str], dict] = {}
     for name, start in servers:
         with start() as base:

@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-from common import free_port, wait_ready
+from common import (
+    add_extra_buffers_arg,
+    extra_buffers_env,
+    free_port,
+    llama_server_extra_buffers,
+    wait_ready,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPICS = ["the sea", "a robot", "the moon", "a city at night", "autumn", "a lighthouse", "trains",
@@ -118,11 +124,13 @@ def servers(args) -> list[tuple[str, list[str], dict, str]]:
     n, ctx, t = args.parallel, args.ctx, args.threads
     out = [("vertex-gguf", [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
             {"MODEL": args.model, "PARALLEL": str(n), "CTX_SIZE": str(ctx), "THREADS": str(t),
-             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0"}, "/health")]
+             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args)},
+            "/health")]
     if args.llama_server:
         out.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
                                      "--port", "{port}", "-np", str(n), "-c", str(ctx * n), "-t", str(t),
-                                     "-tb", str(t)], {}, "/health"))
+                                     "-tb", str(t), *llama_server_extra_buffers(args)], {},
+                        "/health"))
     if args.peer_python:
         out.append(("llama-cpp-python stock", [args.peer_python, "-m", "llama_cpp.server", "--model", args.model,
                                                "--host", "127.0.0.1", "--port", "{port}", "--n_ctx", str(ctx),
@@ -156,6 +164,7 @@ def main() -> None:
     ap.add_argument("--peer-python")
     ap.add_argument("--batched-example")
     ap.add_argument("--only", help="comma-separated server names to run")
+    add_extra_buffers_arg(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     results: dict[str, dict[int, Result]] = {}

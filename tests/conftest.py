@@ -80,9 +80,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m app`` on a free loopback port; logs go to a temp file."""
+    """``python -m app`` (or another ``module``) on a free loopback port; logs go to a temp
+    file."""
 
-    def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None):
+    def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None,
+                 module: str = "app"):
         self.port = free_port()
         fd, self.log_path = tempfile.mkstemp(prefix="vertex-gguf-", suffix=".log")
         self.log_file = os.fdopen(fd, "wb")
@@ -92,7 +94,7 @@ class ServerProcess:
         if "AIP_HTTP_PORT" in full_env:
             self.port = int(full_env["AIP_HTTP_PORT"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", *(args or [])],
+            [sys.executable, "-m", module, *(args or [])],
             env=full_env,
             cwd=ROOT,
             stdout=self.log_file,
@@ -132,6 +134,11 @@ class ServerProcess:
 
     def logs(self) -> str:
         return Path(self.log_path).read_text(errors="replace")
+
+    def exit_code(self, limit: float = 60) -> int:
+        """The server's exit status once it has ended by itself (bounded wait)."""
+        wait_for(lambda: self.proc.poll() is not None, limit, "server exit")
+        return self.proc.returncode
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -8,7 +8,7 @@ What the engine does, from these test-only variables:
   ``generating`` (a request whose prompt contains ``CRASH`` kills it mid-generation).
 - ``CRASH_SIGNAL``: ``SIGSEGV`` (a real invalid read through ctypes), ``SIGABRT`` (libc's
   ``abort()``, as a ``GGML_ABORT``), ``SIGKILL`` (as the OOM killer), or any other signal's
-  name (raised with ``os.kill``).
+  name (raised in the dying thread).
 - ``CRASH_UNLESS_SAFE=1``: a worker in safe mode (CPU_EXTRA_BUFFERS=off) starts normally, as a
   build whose extra buffer types crash does once they are off.
 """
@@ -36,7 +36,10 @@ def die(name: str) -> None:
         ctypes.string_at(0)  # reads address 0: a real segmentation fault
     elif name == "SIGABRT":
         ctypes.CDLL(None).abort()
-    os.kill(os.getpid(), getattr(signal, name))
+    elif name == "SIGKILL":
+        os.kill(os.getpid(), signal.SIGKILL)
+    # to this thread, as the CPU raises SIGILL or SIGBUS in the thread that ran the instruction
+    getattr(ctypes.CDLL(None), "raise")(int(getattr(signal, name)))
     time.sleep(60)  # a signal that does not end the process fails the test (bounded)
 
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, GGMLQuantizationType, quants
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
