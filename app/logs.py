@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
@@ -44,14 +45,38 @@ class RequestFilter(logging.Filter):
         return True
 
 
+# what may not reach a text log raw: a newline in a URL path would start a forged line
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    """Control characters as escapes (``\\n``, ``\\x1b``, ``\\u2028``): one record, one line."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group()) or (
+        f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}"),
+        text)
+
+
 class TextFormatter(logging.Formatter):
+    """One line per record, whatever its message holds (control characters escaped); a stack
+    trace follows on lines that each start with a tab, so no line of it reads as a record."""
+
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
         if not hasattr(record, "request_tag"):
             RequestFilter().filter(record)
-        return super().format(record)
+        record.message = escape_controls(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        extra = [t for t in (record.exc_text, record.stack_info and self.formatStack(
+            record.stack_info)) if t]
+        for text in extra:
+            line += "".join("\n\t" + escape_controls(part) for part in text.splitlines())
+        return line
 
 
 class JsonFormatter(logging.Formatter):

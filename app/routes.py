@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
+from app import reqctx
 from app.api import base, introspect, streams
 from app.api.base import read_body
 from app.core.service import Service
@@ -120,7 +121,7 @@ def control() -> Response:
         raise BadRequest("'id' (the id of a running response) is required", param="id")
     if body.get("action") != "reasoning_end":
         raise BadRequest("action must be 'reasoning_end'", param="action")
-    return jsonify({"success": _service().control(body["id"])})
+    return jsonify({"success": _service().control(body["id"], reqctx.cache_scope())})
 
 
 def error_response(exc: BaseException) -> Response:

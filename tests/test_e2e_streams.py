@@ -371,3 +371,21 @@ def test_redis_killed_and_restarted_mid_stream_fails_no_stream(replicas, redis_s
     assert replay == got
     assert "Redis (STREAM_STORE) failed" in a.logs()
     assert "Traceback" not in a.logs()
+
+
+def test_a_reader_past_the_end_on_the_other_replica_ends_with_the_stream(replicas):
+    """Security review round 2, H1: B follows A's live stream from past where it will end. When
+    A's stream ends, B's reader ends too (it used to spin through Redis, thousands of commands
+    a second, until the session's TTL, long after its client left), and past the end of a
+    finished stream is the same 400 on both replicas."""
+    a, b = replicas
+    read_some(a, "x-5", {**LONG, "max_tokens": 120}, 2)  # A generates on, detached
+    with requests.get(b.url("/v1/stream"), params={"conv_id": "x-5", "from": 10**9},
+                      stream=True, timeout=60) as follower:
+        assert follower.status_code == 200
+        rest = b"".join(follower.iter_content(chunk_size=None))  # a read timeout if it spins
+    assert rest == b""
+    assert lookup(a, "x-5")["is_done"]
+    for srv in (a, b):
+        past = resume(srv, "x-5", 10**9)
+        assert past.status_code == 400 and past.json()["error"]["param"] == "from"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 
 import pytest
 
@@ -294,6 +295,41 @@ def test_a_stream_is_logged_when_it_closes(client, json_lines):
     assert entry["httpRequest"]["responseSize"] == str(len(data))
     assert entry["logging.googleapis.com/spanId"] == "00f067aa0ba902b7"
     assert entry["request_id"] == resp.headers["X-Request-Id"]
+
+
+def test_a_path_cannot_forge_a_text_log_line(client):
+    """Security review round 2, L1: a %0A in the URL path was written raw into the text
+    access line, so a client could write log lines of its own choosing."""
+    out, handler = capture(Settings(log_format="text"))
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    forged = "2026-01-01 00:00:00,000 INFO vertex_gguf.access FORGED POST /v1/admin 200"
+    try:
+        client.get("/v1/nope%0A" + forged.replace(" ", "%20") + "%0D%1B%E2%80%A8").close()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old)
+    lines = out.getvalue().splitlines()
+    assert not any(line.startswith("2026-01-01") for line in lines), lines
+    access = [line for line in lines if "vertex_gguf.access" in line and "/v1/nope" in line]
+    assert len(access) == 1
+    assert "/v1/nope\\n2026-01-01" in access[0] and "\\r\\x1b" in access[0]
+    # WSGI paths are latin-1: a UTF-8 line separator arrives as bytes, C1 ones escaped
+    assert "\\x80" in access[0]
+    assert logs.escape_controls("a\u2028b\x85c") == "a\\u2028b\\x85c"
+
+
+def test_a_stack_trace_in_text_logs_stays_under_its_record():
+    fmt = logs.TextFormatter()
+    try:
+        raise ValueError("bad\nFORGED 2026-01-01 INFO line")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, "p", 1, "failed", (), sys.exc_info())
+    first, *rest = fmt.format(record).split("\n")
+    assert " ERROR x" in first and first.endswith(": failed")
+    assert rest and all(line.startswith("\t") for line in rest)
 
 
 def test_lines_written_off_the_hub_carry_the_request_id(json_lines):

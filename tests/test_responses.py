@@ -622,9 +622,93 @@ def test_reasoning_control_ends_a_thought_on_request():
     assert nope.get_json() == {"success": False}
 
 
+def test_reasoning_control_of_another_keys_run_does_nothing():
+    """Security review round 2, I1: the run id alone used to be enough to end any key's
+    thought; another key now gets what an unknown id gets."""
+    engine = FakeEngine(reply=THINK_REPLY, delay=0.05)
+    client = make_client(engine, reasoning_format="parsed", stream_heartbeat_seconds=0,
+                         api_key="key-a,key-b")
+    resp = client.post("/v1/responses", json={"input": "x", "stream": True,
+                                              "reasoning_control": True},
+                       headers=A_KEY, buffered=False)
+    seen: list[dict[str, Any]] = []
+    for chunk in itertools.islice(resp.response, 50):  # until the thought is under way
+        seen += [d for _, d in sse_events(chunk.decode())]
+        if any(d["type"] == "response.reasoning_text.delta" for d in seen):
+            break
+    rid = seen[0]["response"]["id"]
+    body = {"id": rid, "action": "reasoning_end"}
+    other = client.post("/v1/chat/completions/control", json=body, headers=B_KEY)
+    assert other.get_json() == {"success": False}
+    assert engine.handles[-1].injected == []
+    mine = client.post("/v1/chat/completions/control", json=body, headers=A_KEY)
+    assert mine.get_json() == {"success": True}
+    assert engine.handles[-1].injected == ["</think>"]
+    resp.close()
+
+
 def test_routes_this_server_does_not_have_are_404s():
     client = make_client(FakeEngine())
     rid = post(client, {"input": "hi"}).get_json()["id"]
     assert client.get(f"/v1/responses/{rid}/input_items").status_code == 404
     assert client.post(f"/v1/responses/{rid}/cancel", json={}).status_code == 404
     assert client.get("/v1/responses/input_tokens").status_code == 404
+
+
+# ---- the store is per API key (security review round 2, H2) ----------------------------------
+
+A_KEY = {"Authorization": "Bearer key-a"}
+B_KEY = {"x-api-key": "key-b"}
+
+
+def test_another_keys_response_is_the_same_404_as_an_unknown_one():
+    client = make_client(FakeEngine(), api_key="key-a,key-b")
+    rid = client.post("/v1/responses", json={"input": "my pin is 1234"},
+                      headers=A_KEY).get_json()["id"]
+    unknown = client.get("/v1/responses/resp_unknown", headers=B_KEY)
+    got = client.get(f"/v1/responses/{rid}", headers=B_KEY)
+    assert got.status_code == 404
+    assert got.get_json()["error"] == {**unknown.get_json()["error"],
+                                       "message": got.get_json()["error"]["message"]}
+    cont = client.post("/v1/responses", json={"input": "repeat it", "previous_response_id": rid},
+                       headers=B_KEY)
+    assert cont.status_code == 404
+    assert cont.get_json()["error"]["code"] == "previous_response_not_found"
+    count = client.post("/v1/responses/input_tokens",
+                        json={"input": "x", "previous_response_id": rid}, headers=B_KEY)
+    assert count.status_code == 404
+    assert client.delete(f"/v1/responses/{rid}", headers=B_KEY).status_code == 404
+    # the owner still has it, and may continue and delete it
+    assert client.get(f"/v1/responses/{rid}", headers=A_KEY).status_code == 200
+    assert client.post("/v1/responses", json={"input": "again", "previous_response_id": rid},
+                       headers=A_KEY).status_code == 200
+    assert client.delete(f"/v1/responses/{rid}", headers=A_KEY).status_code == 200
+    assert client.get(f"/v1/responses/{rid}", headers=A_KEY).status_code == 404
+
+
+def test_one_key_filling_the_store_evicts_only_its_own():
+    client = make_client(FakeEngine(), api_key="key-a,key-b", responses_store_size=4)
+    mine = [client.post("/v1/responses", json={"input": f"a{i}"}, headers=A_KEY).get_json()["id"]
+            for i in range(2)]
+    theirs = [client.post("/v1/responses", json={"input": f"b{i}"},
+                          headers=B_KEY).get_json()["id"] for i in range(20)]
+    assert [client.get(f"/v1/responses/{r}", headers=A_KEY).status_code for r in mine] == \
+        [200, 200]
+    # B keeps its newest within what is left: the store's bound holds
+    kept = [r for r in theirs if client.get(f"/v1/responses/{r}", headers=B_KEY).status_code == 200]
+    assert kept == theirs[-2:]
+    assert len(api_of(client).store) == 4
+
+
+def test_a_full_store_evicts_from_the_key_holding_the_most():
+    from app.api.responses import ResponseStore
+
+    store = ResponseStore(size=4, ttl=60)
+    for i in range(3):
+        store.put("big", f"b{i}", {}, [])
+    store.put("small", "s0", {}, [])
+    store.put("small", "s1", {}, [])  # over the bound: "big" holds the most, its oldest goes
+    assert store.get("big", "b0") is None and store.get("big", "b1") is not None
+    assert store.get("small", "s0") is not None and len(store) == 4
+    store.put("small", "s2", {}, [])  # a tie: the writer's own oldest goes
+    assert store.get("small", "s0") is None and store.get("big", "b1") is not None

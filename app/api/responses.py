@@ -25,7 +25,7 @@ from typing import Any, Literal
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app import bridge
+from app import bridge, reqctx
 from app.api.base import Api, read_body
 from app.core.events import (
     Answer,
@@ -418,14 +418,19 @@ class Stored:
 
 
 class ResponseStore:
-    """The most recent ``size`` responses, each for ``ttl`` seconds (oldest evicted first).
-    Read from request threads and written from the hub: a native lock guards it."""
+    """The most recent ``size`` responses, each for ``ttl`` seconds, kept apart per API key
+    (``scope``: reqctx.cache_scope(), as the prefix cache and resumable streams are): another
+    key's id is the same 404 as an unknown one. Full, the store evicts the oldest response of
+    the key holding the most (the writer's own on a tie), so one key storing many responses
+    only ever evicts its own while another key holds fewer. Read from request threads and
+    written from the hub: a native lock guards it."""
 
     def __init__(self, size: int, ttl: float, clock: Callable[[], float] = time.monotonic):
         self.size = size
         self.ttl = ttl
         self.clock = clock
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._scopes: dict[str, OrderedDict[str, Stored]] = {}  # scope -> its LRU
+        self._total = 0
         self._lock = bridge.allocate_lock()
 
     @property
@@ -435,35 +440,55 @@ class ResponseStore:
     def __len__(self) -> int:
         with self._lock:
             self._expire()
-            return len(self._items)
+            return self._total
 
-    def put(self, rid: str, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    def put(self, scope: str, rid: str, response: dict[str, Any],
+            messages: list[dict[str, Any]]) -> None:
         if not self.enabled:
             return
         with self._lock:
             self._expire()
-            self._items[rid] = Stored(response, messages, self.clock() + self.ttl)
-            self._items.move_to_end(rid)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            items = self._scopes.setdefault(scope, OrderedDict())
+            if items.pop(rid, None) is not None:
+                self._total -= 1
+            items[rid] = Stored(response, messages, self.clock() + self.ttl)
+            self._total += 1
+            while self._total > self.size:
+                victim = max(self._scopes,
+                             key=lambda s: (len(self._scopes[s]), s == scope))
+                self._scopes[victim].popitem(last=False)
+                self._total -= 1
+                if not self._scopes[victim]:
+                    del self._scopes[victim]
 
-    def get(self, rid: str) -> Stored | None:
+    def get(self, scope: str, rid: str) -> Stored | None:
         with self._lock:
             self._expire()
-            return self._items.get(rid)
+            items = self._scopes.get(scope)
+            return items.get(rid) if items is not None else None
 
-    def delete(self, rid: str) -> bool:
+    def delete(self, scope: str, rid: str) -> bool:
         with self._lock:
             self._expire()
-            return self._items.pop(rid, None) is not None
+            items = self._scopes.get(scope)
+            if items is None or items.pop(rid, None) is None:
+                return False
+            self._total -= 1
+            if not items:
+                del self._scopes[scope]
+            return True
 
     def _expire(self) -> None:
+        """Each key's LRU is in the order its responses were stored, so expiry stops at the
+        first that is still fresh."""
         now = self.clock()
-        while self._items:
-            rid, first = next(iter(self._items.items()))
-            if first.expires > now:
-                return
-            del self._items[rid]
+        for scope in list(self._scopes):
+            items = self._scopes[scope]
+            while items and next(iter(items.values())).expires <= now:
+                items.popitem(last=False)
+                self._total -= 1
+            if not items:
+                del self._scopes[scope]
 
 
 class ResponseNotFound(NotFound):
@@ -534,6 +559,7 @@ class ResponsesReq:
     history: list[dict[str, Any]]
     store: bool
     reasoning_tokens: int = 0  # completion tokens when the thought's last piece came
+    scope: str = ""  # the API key's scope, taken at parsing: the store keeps it with the answer
 
 
 class Responses(Api):
@@ -571,7 +597,7 @@ class Responses(Api):
         req = parse_request(body)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            prev = self.store.get(req.previous_response_id)
+            prev = self.store.get(reqctx.cache_scope(), req.previous_response_id)
             if prev is None:
                 raise ResponseNotFound(
                     f"Previous response with id {req.previous_response_id!r} not found.",
@@ -620,7 +646,7 @@ class Responses(Api):
             "truncation": "disabled",
             "user": req.user,
         }
-        return inp, ResponsesReq(echo, history, store)
+        return inp, ResponsesReq(echo, history, store, scope=reqctx.cache_scope())
 
     # ---- the response object --------------------------------------------------------------
     def response(self, req: ResponsesReq, run: Run, status: str, output: list[dict[str, Any]],
@@ -645,7 +671,7 @@ class Responses(Api):
 
     def keep(self, req: ResponsesReq, resp: dict[str, Any], turn: dict[str, Any]) -> None:
         if req.store:
-            self.store.put(resp["id"], resp, [*req.history, turn])
+            self.store.put(req.scope, resp["id"], resp, [*req.history, turn])
 
     # ---- whole answers --------------------------------------------------------------------
     def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
@@ -720,7 +746,7 @@ class Responses(Api):
         return jsonify({"object": "response.input_tokens", "input_tokens": count})
 
     def _stored(self, response_id: str) -> Stored:
-        entry = self.store.get(response_id)
+        entry = self.store.get(reqctx.cache_scope(), response_id)
         if entry is None:
             raise ResponseNotFound(f"Response with id {response_id[:100]!r} not found.",
                                    param="response_id")
@@ -733,8 +759,8 @@ class Responses(Api):
         return jsonify(self._stored(response_id).response)
 
     def delete(self, response_id: str) -> Response:
-        self._stored(response_id)
-        self.store.delete(response_id)
+        if not self.store.delete(reqctx.cache_scope(), response_id):
+            self._stored(response_id)  # the same 404 as a GET's
         return jsonify({"id": response_id, "object": "response", "deleted": True})
 
 

@@ -41,7 +41,8 @@ class Service:
         self.metrics = metrics if metrics is not None else Metrics()  # its own registry
         self.options = options
         self.prepare_timeout = prepare_timeout
-        self._live: dict[str, _ThoughtGuard] = {}  # runs open to reasoning control, by id
+        # runs open to reasoning control, by id, with the API key's scope that started each
+        self._live: dict[str, tuple[str, _ThoughtGuard]] = {}
 
     def info(self) -> ModelInfo:
         info = self.engine.info
@@ -135,10 +136,11 @@ class Service:
         assert isinstance(first, Accepted), first
         return Run(self, plan, handle, first.prompt_tokens, rid, api, submitted)
 
-    def control(self, rid: str) -> bool:
-        """End the thought of the running request ``rid`` now; False if it has none open."""
-        guard = self._live.get(rid)
-        return bool(guard and guard.end_thought())
+    def control(self, rid: str, scope: str = "") -> bool:
+        """End the thought of the running request ``rid`` now; False if it has none open, or
+        if another API key (``scope``) started it: the same answer as an unknown id."""
+        found = self._live.get(rid)
+        return bool(found and found[0] == scope and found[1].end_thought())
 
 
 class Run:
@@ -168,7 +170,7 @@ class Run:
         self.finish_reason: str | None = None  # the first choice's, once it has ended
         self.cached_tokens: int | None = None  # prompt tokens reused, once every choice ended
         if self._guard.watching and plan.reasoning_control:
-            svc._live[rid] = self._guard
+            svc._live[rid] = (plan.generation.cache_scope, self._guard)
 
     @property
     def completion_tokens(self) -> int:

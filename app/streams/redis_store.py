@@ -52,6 +52,7 @@ FLUSH_EVERY = 0.05
 ALIVE_MS = 5000  # the liveness key's lifetime
 RETRY = 1.0  # seconds between attempts while Redis is unreachable
 BLOCK_MS = 2000  # a reader's longest XREAD wait (below the socket timeout)
+SEEK_RETRY = 0.1  # seconds before a reader seeks again after a gap (never a tight loop)
 OUTAGE_GRACE = 30.0  # seconds a reader on another replica rides out a Redis outage
 LIVE_EXPIRY = 3600  # seconds a live session's keys outlive their last refresh (a dead replica)
 
@@ -369,9 +370,12 @@ class RedisStore:
                 ended, lost = False, False
                 for entry_id, fields in entries:
                     if b"e" in fields:
-                        if _start(entry_id) == pos:
+                        # the end at or before our offset is the end, whatever the offset (a
+                        # reader that started past where the stream stopped has nothing more);
+                        # after it, bytes before it were rewritten under us
+                        if _start(entry_id) <= pos:
                             ended = True
-                        else:  # the end, but bytes before it were rewritten under us
+                        else:
                             lost = True
                         break
                     start, data = _start(entry_id), fields[b"d"]
@@ -388,9 +392,11 @@ class RedisStore:
                 if lost:
                     if not self._still_kept(uid, pos):
                         return
+                    # seek again, calmly: a rewrite takes the producer a moment, and the
+                    # heartbeat below must still run so a departed client is noticed
                     last_id = None
-                    continue
-                if not entries and not self._producing(uid, pos):
+                    gevent.sleep(SEEK_RETRY)
+                elif not entries and not self._producing(uid, pos):
                     return
                 faulty_since = None
             except (*OUTAGES, _MetaGone) as exc:
