@@ -567,6 +567,15 @@ class Settings(BaseSettings):
         le=3600,
         **_env("BODY_TIMEOUT"),
     )
+    header_timeout: float = Field(
+        20.0,
+        description="Seconds a new connection may take to send its request line and headers; "
+        "slower is a 408 (a client that never finishes its headers cannot hold a connection). "
+        "Later requests on a kept-alive connection have the keep-alive time.",
+        gt=0,
+        le=3600,
+        **_env("HEADER_TIMEOUT"),
+    )
     client_timeout: float = Field(
         120.0,
         description="Seconds a client socket may stall a read or a write (a reader that stops "

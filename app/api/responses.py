@@ -8,8 +8,9 @@ holds a reasoning item, a message and function calls; streamed, it is the typed 
 OpenAI sends (``event:`` + ``data:`` lines, a ``sequence_number`` on each, no ``[DONE]``).
 
 Recent responses are kept in a bounded in-process store (RESPONSES_STORE_SIZE entries for
-RESPONSES_STORE_TTL seconds), so ``previous_response_id`` continues a conversation and
-``GET /v1/responses/{id}`` returns one; each replica has its own store.
+RESPONSES_STORE_TTL seconds), per API key, so ``previous_response_id`` continues a conversation
+and ``GET /v1/responses/{id}`` returns one to the key that made it; each replica has its own
+store.
 """
 
 from __future__ import annotations
