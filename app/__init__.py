@@ -11,7 +11,7 @@ import gevent
 from flask import Flask
 
 from app import formats
-from app.settings import Settings, from_settings, slots_per_request
+from app.settings import Settings, from_settings, slots_per_request, stream_max_live
 
 if TYPE_CHECKING:
     from app.core.plan import PlanOptions
@@ -111,7 +111,8 @@ def create_app(
     # resumable streams (X-Conversation-Id): this replica's sessions, mirrored to STREAM_STORE
     app.extensions["vertex_gguf_streams"] = Streams(
         settings.stream_buffer_bytes, settings.stream_session_ttl,
-        policy_of(settings).heartbeat_seconds, settings.stream_store)
+        policy_of(settings).heartbeat_seconds, settings.stream_store,
+        max_live=stream_max_live(settings), unread_timeout=settings.stream_unread_timeout)
     gevent.spawn(service.warm)
     apis = api.register(app, settings, service)
     routes.register(app, settings.health_route)

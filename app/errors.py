@@ -107,6 +107,13 @@ class QueueFull(ServiceError):
     retry_after = 1
 
 
+class TooManyStreams(QueueFull):
+    """An API key already runs as many resumable generations as it may (429)."""
+
+    code = "too_many_streams"
+    retry_after = 5
+
+
 class Unavailable(ServiceError):
     """The server cannot take this request now; another replica (or a retry) can."""
 

@@ -501,6 +501,23 @@ class Settings(BaseSettings):
         le=7 * 86400,
         **_env("STREAM_SESSION_TTL"),
     )
+    stream_max_live_per_key: int = Field(
+        0,
+        description="Most resumable generations (X-Conversation-Id) one API key may run at once "
+        "on a replica, read or not; more is a 429 too_many_streams (0: half the slots). Without "
+        "API keys every caller shares one count.",
+        ge=0,
+        le=10_000,
+        **_env("STREAM_MAX_LIVE_PER_KEY"),
+    )
+    stream_unread_timeout: float = Field(
+        120.0,
+        description="Seconds a resumable generation may run with nobody reading it (its client "
+        "gone, no GET /v1/stream on any replica) before it is stopped; 0: never.",
+        ge=0,
+        le=86400,
+        **_env("STREAM_UNREAD_TIMEOUT"),
+    )
     request_timeout: float = Field(
         0,
         description="Seconds a generation may run before it is ended with a timeout error (a "
@@ -803,6 +820,11 @@ def settings_table() -> str:
 def slots_per_request(settings: Settings) -> int:
     """SLOTS_PER_REQUEST, resolved (0 means half the slots)."""
     return settings.slots_per_request or max(1, settings.parallel // 2)
+
+
+def stream_max_live(settings: Settings) -> int:
+    """STREAM_MAX_LIVE_PER_KEY, resolved (0 means half the slots)."""
+    return settings.stream_max_live_per_key or max(1, settings.parallel // 2)
 
 
 def name_list(value: str | None) -> tuple[str, ...]:

@@ -360,3 +360,54 @@ def test_a_stop_before_the_producer_ran_still_closes_the_run(client):
     assert frames.closed
     reader.close()
     assert hub.live() == 0
+
+
+# ---- per key: a cap on live generations, and none runs unread (security review round 2, M2) ----
+
+K1 = {"Authorization": "Bearer k1"}
+K2 = {"Authorization": "Bearer k2"}
+
+
+def test_a_key_may_run_only_so_many_resumable_generations(engine):
+    client = make_client(engine, api_key="k1,k2", stream_max_live_per_key=2,
+                         stream_unread_timeout=0)
+    engine.hold_after = 1  # every generation pauses after its first word: all stay live
+    held = [post(client, f"c{i}", headers=K1, buffered=False) for i in range(2)]
+    third = post(client, "c2", headers=K1)
+    assert third.status_code == 429
+    assert third.json["error"]["code"] == "too_many_streams"
+    assert "STREAM_MAX_LIVE_PER_KEY=2" in third.json["error"]["message"]
+    assert third.headers["Retry-After"]
+    # another key is not held back by the first one's streams
+    other = post(client, "c0", headers=K2, buffered=False)
+    assert other.status_code == 200
+    # a second POST with a live id replaces it: no new room needed
+    again = post(client, "c1", headers=K1, buffered=False)
+    assert again.status_code == 200
+    # plain streams are not counted
+    assert post(client, None, headers=K1, buffered=False).status_code == 200
+    # one ended: room for one more
+    assert client.delete("/v1/stream?conv_id=c0", headers=K1).status_code == 204
+    assert post(client, "c3", headers=K1, buffered=False).status_code == 200
+    engine.resume.set()
+    for resp in (*held, other, again):
+        resp.close()
+
+
+def test_a_generation_nobody_reads_is_stopped(engine):
+    engine.delay = 0.02  # 40 words: about a second of generating
+    client = make_client(engine, stream_unread_timeout=0.3)
+    resp = post(client, "abandoned", buffered=False)
+    next(iter(resp.response))
+    resp.close()  # the client goes, and nobody comes back
+    status = wait_done(client, "abandoned")
+    assert engine.handles[-1].cancelled  # the generation was stopped, not run to its end
+    assert b"[DONE]" not in get(client, "abandoned").data
+    assert status["total_bytes"] < len(post(client, "whole").data)
+
+
+def test_a_generation_with_a_reader_is_not_stopped(engine):
+    engine.delay = 0.02
+    client = make_client(engine, stream_unread_timeout=0.3)
+    body = post(client, "read").data  # read to its end, however long that takes
+    assert body.endswith(b"data: [DONE]\n\n") and not engine.handles[-1].cancelled

@@ -206,6 +206,7 @@ class Api:
         hub: streams.Streams = current_app.extensions["vertex_gguf_streams"]
         scope = reqctx.cache_scope()
         hub.replace(conv, scope)
+        hub.admit(scope)  # 429 past the key's cap, before the generation starts
         quiet = copy.copy(self)
         quiet.heartbeat = None  # heartbeats are per connection: each reader sends its own
         return hub.produce(conv, scope, quiet._stream(body, headers), self.keepalive)

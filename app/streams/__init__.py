@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import gevent
 
 from app import reqctx
+from app.errors import TooManyStreams
 from app.streams.session import (
     OffsetLost,
     Session,
@@ -42,10 +43,13 @@ _readers = itertools.count()  # ids of connected readers (their pins)
 class Streams:
     """This process's sessions by conversation id, and the Redis mirror when one is set."""
 
-    def __init__(self, cap: int, ttl: float, heartbeat: float | None, store_url: str = "memory"):
+    def __init__(self, cap: int, ttl: float, heartbeat: float | None, store_url: str = "memory",
+                 max_live: int = 0, unread_timeout: float = 0.0):
         self.cap = cap
         self.ttl = ttl
         self.heartbeat = heartbeat or None
+        self.max_live = max_live  # live sessions per API key on this replica (0: no cap)
+        self.unread_timeout = unread_timeout  # a generation nobody reads is stopped (0: never)
         self._sessions: dict[str, Session] = {}
         self._collector: gevent.Greenlet | None = None
         self.remote = None
@@ -59,6 +63,19 @@ class Streams:
         """A POST with this id is starting: whatever ran under it stops now (on any replica),
         before the new request is even validated (llama-server's order)."""
         self.cancel(conv_id, scope, "replaced by a new request with the same id")
+
+    def admit(self, scope: str) -> None:
+        """A new resumable generation for this key, unless it already runs STREAM_MAX_LIVE_PER_KEY
+        of them here (a 429): one key cannot park generations nobody reads ahead of every other
+        key's requests."""
+        if not self.max_live:
+            return
+        live = sum(1 for s in self._sessions.values() if s.scope == scope and not s.done)
+        if live >= self.max_live:
+            raise TooManyStreams(
+                f"this API key already runs {live} resumable streams (X-Conversation-Id) on "
+                f"this replica, the most it may (STREAM_MAX_LIVE_PER_KEY={self.max_live}): end "
+                "one (DELETE /v1/stream) or wait for one to finish")
 
     def produce(self, conv_id: str, scope: str, frames: Iterator[bytes],
                 keepalive: bytes) -> Iterator[bytes]:
@@ -75,14 +92,18 @@ class Streams:
         if self.remote is not None:
             self.remote.mirror(session)
         if self._collector is None:
-            self._collector = gevent.spawn(self._collect_every, GC_EVERY)
+            every = min(GC_EVERY, max(1.0, self.unread_timeout / 4)) if self.unread_timeout \
+                else GC_EVERY
+            self._collector = gevent.spawn(self._collect_every, every)
         return _Reader(session, 0, self.heartbeat)
 
-    @staticmethod
-    def _drain(session: Session) -> None:
+    def _drain(self, session: Session) -> None:
         try:
             for chunk in session.frames:
                 session.write(chunk)
+                if self._unread(session, time.monotonic()):
+                    session.cancelled = True
+                    break
         except Exception:  # noqa: BLE001 - the renderers turn failures into events themselves
             log.exception("resumable stream %s: producing failed", session.conv_id)
         finally:
@@ -90,6 +111,19 @@ class Streams:
             session.finish()
             log.info("resumable stream %s ended after %d bytes%s", session.conv_id,
                      session.total, " (stopped)" if session.cancelled else "")
+
+    def _unread(self, session: Session, now: float) -> bool:
+        """A live generation that no reader has followed for STREAM_UNREAD_TIMEOUT seconds,
+        here or (through Redis) on another replica: it is stopped."""
+        if not self.unread_timeout or session.done:
+            return False
+        if session.unread_for(now) < self.unread_timeout:
+            return False
+        if self.remote is not None and self.remote.read_lately(session.uid):
+            return False
+        log.info("resumable stream %s: stopped, nobody has read it for %g s "
+                 "(STREAM_UNREAD_TIMEOUT)", session.conv_id, self.unread_timeout)
+        return True
 
     # ---- readers -----------------------------------------------------------------------------
     def follow(self, conv_id: str, scope: str, pos: int) -> Iterator[bytes]:
@@ -192,11 +226,14 @@ class Streams:
 
     def _collect(self) -> None:
         """Forget expired sessions: their memory, every GC_EVERY seconds (a request for one
-        finds it expired at once, see _local)."""
+        finds it expired at once, see _local); stop the generations nobody reads (one still
+        waiting for a slot writes nothing, so its producer cannot notice by itself)."""
         now = time.monotonic()
         for key, s in list(self._sessions.items()):
             if self._expired(s, now):
                 del self._sessions[key]
+            elif self._unread(s, now):
+                self._evict(s, "nobody read it (STREAM_UNREAD_TIMEOUT)")
 
     def close(self) -> None:
         if self._collector is not None:

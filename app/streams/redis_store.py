@@ -13,6 +13,8 @@ Redis. Per session (``uid``, one per POST):
 - ``a:<uid>``: present while the producer lives (refreshed every second, expires in five): a
   reader whose producer died ends instead of waiting for ever;
 - ``x:<uid>``: a tombstone: the session was stopped (DELETE, second POST) from another replica;
+- ``r:<uid>``: present while a reader on some replica follows the session (refreshed every two
+  seconds, expires in ten): the owner does not stop it as unread (STREAM_UNREAD_TIMEOUT);
 - channel ``cancel``: a uid whose generation must stop: the owner stops it at once (and checks
   the tombstone every second, in case the message was lost).
 
@@ -53,6 +55,8 @@ ALIVE_MS = 5000  # the liveness key's lifetime
 RETRY = 1.0  # seconds between attempts while Redis is unreachable
 BLOCK_MS = 2000  # a reader's longest XREAD wait (below the socket timeout)
 SEEK_RETRY = 0.1  # seconds before a reader seeks again after a gap (never a tight loop)
+READING_EVERY = 2.0  # seconds between a remote reader's "still reading" marks
+READING_TTL = 10  # seconds a mark lasts (a reader gone stops marking)
 OUTAGE_GRACE = 30.0  # seconds a reader on another replica rides out a Redis outage
 LIVE_EXPIRY = 3600  # seconds a live session's keys outlive their last refresh (a dead replica)
 
@@ -86,6 +90,11 @@ def _alive(uid: str) -> str:
 
 def _stopped(uid: str) -> str:
     return f"{PREFIX}x:{uid}"
+
+
+def _reading(uid: str) -> str:
+    """Set, with a short expiry, while a reader on some replica follows the session."""
+    return f"{PREFIX}r:{uid}"
 
 
 def _start(entry_id: bytes) -> int:
@@ -358,8 +367,12 @@ class RedisStore:
         last_id: bytes | None = None  # None: seek the entry holding pos
         quiet_since = time.monotonic()
         faulty_since: float | None = None
+        marked = 0.0  # when this reader last said, in Redis, that it reads
         while True:
             try:
+                if time.monotonic() - marked >= READING_EVERY:
+                    self._mark_reading(uid)
+                    marked = time.monotonic()
                 if last_id is None:
                     found = self.client.xrevrange(key, max=f"{pos + 1}-0", min="-", count=1)
                     last_id = found[0][0] if found else b"0-0"
@@ -414,6 +427,15 @@ class RedisStore:
             if heartbeat and time.monotonic() - quiet_since >= heartbeat:
                 quiet_since = time.monotonic()
                 yield keepalive
+
+    def read_lately(self, uid: str) -> bool:
+        """Whether a reader on another replica has followed the session in the last
+        READING_TTL seconds (unreachable Redis: assume so, a stop is not undone)."""
+        return bool(self._try("checking a stream's readers",
+                              lambda: self.client.exists(_reading(uid)), True))
+
+    def _mark_reading(self, uid: str) -> None:
+        self.client.set(_reading(uid), b"1", ex=READING_TTL)
 
     def _still_kept(self, uid: str, pos: int) -> bool:
         first = self.client.hget(_meta(uid), "first")

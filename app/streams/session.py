@@ -114,6 +114,7 @@ class Session:
         self.flushing = False  # the Redis mirror has not written the end yet
         self._changed = gevent.event.Event()
         self._pins: dict[int, int] = {}  # connected readers' positions
+        self.unread_since: float | None = time.monotonic()  # no reader since (None: read now)
 
     # ---- writing (the producer) --------------------------------------------------------------
     @property
@@ -175,10 +176,17 @@ class Session:
         """A connected reader is at ``pos`` (None: it has gone)."""
         if pos is None:
             self._pins.pop(reader, None)
-            if self.done and not self._pins:
-                self._compact()
+            if not self._pins:
+                self.unread_since = time.monotonic()
+                if self.done:
+                    self._compact()
         else:
             self._pins[reader] = pos
+            self.unread_since = None
+
+    def unread_for(self, now: float) -> float:
+        """Seconds since the last connected reader of this replica left (0 while one reads)."""
+        return 0.0 if self.unread_since is None else now - self.unread_since
 
     def status(self) -> Status:
         return Status(self.conv_id, self.done, self.total, int(self.started_at),
