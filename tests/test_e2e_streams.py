@@ -299,8 +299,10 @@ def redis_server(tmp_path_factory) -> Iterator[Redis]:
 
 @pytest.fixture(scope="module")
 def replicas(default_model, redis_server) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    a = ServerProcess({**ENV, "STREAM_STORE": redis_server.url})
-    b = ServerProcess({**ENV, "STREAM_STORE": redis_server.url})
+    # STREAM_UNREAD_TIMEOUT: long enough for the short streams left unread a moment here
+    env = {**ENV, "STREAM_STORE": redis_server.url, "STREAM_UNREAD_TIMEOUT": "8"}
+    a = ServerProcess(env)
+    b = ServerProcess(env)
     try:
         a.wait_ready()
         b.wait_ready()
@@ -389,3 +391,17 @@ def test_a_reader_past_the_end_on_the_other_replica_ends_with_the_stream(replica
     for srv in (a, b):
         past = resume(srv, "x-5", 10**9)
         assert past.status_code == 400 and past.json()["error"]["param"] == "from"
+
+
+def test_a_reader_on_the_other_replica_keeps_a_generation_going(replicas):
+    """Security review round 2, M2, across replicas: a resumable generation nobody reads is
+    stopped after STREAM_UNREAD_TIMEOUT (8 s here), but one read through Redis on another
+    replica is not (its reader marks the session in Redis)."""
+    a, b = replicas
+    read_some(a, "x-6", {**LONG, "max_tokens": 2500}, 2)  # detached on A, read only on B
+    whole = resume(b, "x-6", 0, timeout=300)  # follows live through Redis to the end
+    assert whole.content.endswith(b"data: [DONE]\n\n")
+    assert len(normalized(whole.content)) > 1000  # ran well past the unread timeout
+    read_some(a, "x-7", {**LONG, "max_tokens": 3500}, 2)  # nobody reads this one
+    wait_for(lambda: (s := lookup(a, "x-7")) and s["is_done"], 120, "x-7 stopped")
+    assert b"[DONE]" not in resume(a, "x-7", 0).content
