@@ -13,6 +13,7 @@ import random
 import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,11 @@ LIMITS = grammar.Limits(
 
 class Worker:
     def __init__(self, model: Path):
+        # its stderr kept, so a crash's message is in the failure (a Python error, or llama.cpp's)
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.grammar_worker", str(model)], cwd=ROOT,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
         )
 
     def run(self, text: str) -> dict:
@@ -49,12 +52,17 @@ class Worker:
             self.close()
         assert ready, f"llama.cpp hung on this grammar:\n{text[:2000]}"
         line = self.proc.stdout.readline()
-        assert line, f"llama.cpp crashed (exit {self.proc.poll()}) on:\n{text[:2000]}"
+        if not line:
+            self.proc.wait(10)
+            self.err.seek(0)
+            tail = self.err.read()[-3000:].decode(errors="replace")
+        assert line, f"llama.cpp crashed (exit {self.proc.poll()}) on:\n{text[:2000]}\n{tail}"
         return json.loads(line)
 
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
+        self.err.close()
 
 
 @pytest.fixture(scope="module")
