@@ -226,8 +226,13 @@ def main() -> None:
         time.sleep(min(args.warmup, args.seconds / 4))
         pid = worker_pid(proc.pid)
         rss0, fds0 = usage(pid)
-        for t in threads:
-            t.join(args.seconds + 600)
+        timeline = [(time.monotonic() - start, rss0)]
+        deadline = until + 600
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            time.sleep(min(30.0, max(0.1, until - time.monotonic())) if time.monotonic() < until
+                       else 1.0)
+            if time.monotonic() < until + 1:
+                timeline.append((time.monotonic() - start, usage(pid)[0]))
         time.sleep(5)  # cancelled generations and closed connections settle
         alive = worker_pid(proc.pid)
         rss1, fds1 = usage(alive)
@@ -249,6 +254,7 @@ def main() -> None:
           f"deaths the crash guard saw: {crashes or 0})")
     print(f"worker RSS: {rss0 / 1024:.0f} MiB after the warm-up -> {rss1 / 1024:.0f} MiB at the "
           f"end; open fds: {fds0} -> {fds1}")
+    print("RSS under load (s: MiB): " + ", ".join(f"{t:.0f}: {r / 1024:.0f}" for t, r in timeline))
     gaps = sorted(tally.gaps) or [0.0]
     print(f"gaps between an honest stream's chunks once it generates: p50 "
           f"{gaps[len(gaps) // 2] * 1000:.0f} ms, p99 {gaps[int(len(gaps) * 0.99)] * 1000:.0f} "
