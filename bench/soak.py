@@ -93,13 +93,25 @@ def stream_body(path: str, tokens: int) -> dict:
     return body
 
 
-def honest(base: str, rng: random.Random, tally: Tally) -> None:
+def open_stream(base: str, rng: random.Random, tally: Tally, task: str, tokens: int,
+                ) -> tuple[str, requests.Response | None]:
+    """A streaming POST on one of the four chat APIs: (its path, the response or None when it
+    was refused, counted as an error)."""
     path = rng.choice(list(BODIES))
-    with requests.post(base + path, json=stream_body(path, 48), headers=headers(rng),
-                       stream=True, timeout=300) as r:
-        if r.status_code != 200:
-            tally.error(f"honest {path}: {r.status_code} {r.text[:80]}")
-            return
+    r = requests.post(base + path, json=stream_body(path, tokens), headers=headers(rng),
+                      stream=True, timeout=300)
+    if r.status_code != 200:
+        tally.error(f"{task} {path}: {r.status_code} {r.text[:80]}")
+        r.close()
+        return path, None
+    return path, r
+
+
+def honest(base: str, rng: random.Random, tally: Tally) -> None:
+    path, r = open_stream(base, rng, tally, "honest", 48)
+    if r is None:
+        return
+    with r:
         last, data = None, b""
         for chunk in r.iter_content(chunk_size=None):
             # gaps between two chunks that carry generated text: what a reader of a running
@@ -118,12 +130,10 @@ def honest(base: str, rng: random.Random, tally: Tally) -> None:
 
 
 def dropped(base: str, rng: random.Random, tally: Tally) -> None:
-    path = rng.choice(list(BODIES))
-    with requests.post(base + path, json=stream_body(path, 400), headers=headers(rng),
-                       stream=True, timeout=300) as r:
-        if r.status_code != 200:
-            tally.error(f"dropped {path}: {r.status_code}")
-            return
+    _, r = open_stream(base, rng, tally, "dropped", 400)
+    if r is None:
+        return
+    with r:
         chunks = r.iter_content(chunk_size=None)
         next(chunks, None)
         next(chunks, None)

@@ -603,17 +603,23 @@ def test_predict_serves_responses_bodies():
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "tools.0.type"
 
 
-def test_reasoning_control_ends_a_thought_on_request():
-    engine = FakeEngine(reply=THINK_REPLY, delay=0.05)
-    client = make_client(engine, reasoning_format="parsed", stream_heartbeat_seconds=0)
-    resp = client.post("/v1/responses", json={"input": "x", "stream": True, "reasoning_control": True},
-                       buffered=False)
+def thinking_stream(client, **kw) -> tuple[Any, str]:
+    """A streamed response open to reasoning control, read until its thought is under way:
+    (the response, its id)."""
+    resp = client.post("/v1/responses", json={"input": "x", "stream": True,
+                                              "reasoning_control": True}, buffered=False, **kw)
     seen: list[dict[str, Any]] = []
-    for chunk in itertools.islice(resp.response, 50):  # until the thought is under way
+    for chunk in itertools.islice(resp.response, 50):
         seen += [d for _, d in sse_events(chunk.decode())]
         if any(d["type"] == "response.reasoning_text.delta" for d in seen):
             break
-    rid = seen[0]["response"]["id"]
+    return resp, seen[0]["response"]["id"]
+
+
+def test_reasoning_control_ends_a_thought_on_request():
+    engine = FakeEngine(reply=THINK_REPLY, delay=0.05)
+    client = make_client(engine, reasoning_format="parsed", stream_heartbeat_seconds=0)
+    resp, rid = thinking_stream(client)
     ok = client.post("/v1/chat/completions/control", json={"id": rid, "action": "reasoning_end"})
     assert ok.get_json() == {"success": True}
     assert engine.handles[-1].injected == ["</think>"]
@@ -628,15 +634,7 @@ def test_reasoning_control_of_another_keys_run_does_nothing():
     engine = FakeEngine(reply=THINK_REPLY, delay=0.05)
     client = make_client(engine, reasoning_format="parsed", stream_heartbeat_seconds=0,
                          api_key="key-a,key-b")
-    resp = client.post("/v1/responses", json={"input": "x", "stream": True,
-                                              "reasoning_control": True},
-                       headers=A_KEY, buffered=False)
-    seen: list[dict[str, Any]] = []
-    for chunk in itertools.islice(resp.response, 50):  # until the thought is under way
-        seen += [d for _, d in sse_events(chunk.decode())]
-        if any(d["type"] == "response.reasoning_text.delta" for d in seen):
-            break
-    rid = seen[0]["response"]["id"]
+    resp, rid = thinking_stream(client, headers=A_KEY)
     body = {"id": rid, "action": "reasoning_end"}
     other = client.post("/v1/chat/completions/control", json=body, headers=B_KEY)
     assert other.get_json() == {"success": False}
