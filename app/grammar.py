@@ -70,12 +70,6 @@ class Limits:
     def from_settings(cls, settings: Any) -> Limits:
         return cls(**{f.name: getattr(settings, f"grammar_{f.name}") for f in fields(cls)})
 
-    @classmethod
-    def defaults(cls) -> Limits:
-        from app.settings import Settings
-
-        return cls(**{f.name: Settings.model_fields[f"grammar_{f.name}"].default for f in fields(cls)})
-
 
 @dataclass(frozen=True)
 class Stats:
@@ -790,17 +784,3 @@ def json_object() -> str:
     from llama_cpp.llama_grammar import JSON_GBNF
 
     return JSON_GBNF
-
-
-def for_response_format(fmt: dict[str, Any] | None, limits: Limits) -> tuple[str, str] | None:
-    """(grammar, the field it comes from) for a chat ``response_format``; None for text."""
-    if not fmt or fmt.get("type", "text") == "text":
-        return None
-    if fmt["type"] == "json_object":
-        return json_object(), "response_format"
-    param = "response_format.json_schema.schema"
-    spec = fmt.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        raise BadRequest(f"{param} must be a JSON Schema object", param=param)
-    return from_schema(schema, param, limits), param

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from app import formats
 from app.engine.sampling import GrammarDeadEnd, GrammarSpec, Sampler, Vocab, compile_grammar
 from app.engine.types import SamplingParams
-from app.protocol.tools import call_grammar, validate_tools
+from app.grammar import Limits
+from app.protocol.tools import validate_tools
+from app.settings import Settings
+
+LIMITS = Limits.from_settings(Settings())
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +76,7 @@ def test_feeding_text_checks_every_byte(vocab):
 def test_a_lazy_tool_grammar_takes_hold_at_its_trigger_and_lets_go_of_a_malformed_call(vocab):
     tools = validate_tools([{"type": "function", "function": {"name": "get", "parameters": {
         "type": "object", "properties": {"q": {"type": "string"}}}}}])
-    text = call_grammar("hermes", tools, parallel=False)
+    text = formats.get("hermes").grammar(tools, parallel=False, limits=LIMITS)
     good = sampler(vocab, text, ("<tool_call>",))
     good.observe(b"Let me look. <tool_call>\n{\"na")
     assert good.armed and good.grammar is not None

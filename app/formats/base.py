@@ -92,14 +92,13 @@ class ToolFormat:
         return messages, {**extra, "tools": protect(template_tools(tools))}
 
     def grammar(self, tools: list[Tool], *, parallel: bool, required: bool = True, lead: str = "",
-                template: str = "", limits: Limits | None = None,
+                template: str = "", limits: Limits,
                 thought: ReasoningFormat = THINK) -> str:
         """GBNF forcing one call (several when ``parallel``); under tool_choice auto the caller
         makes it lazy on ``triggers``, so ``required`` changes nothing here. ``lead``: ""
         (the call comes first), "think" (an optional thought first) or "open" (the template
         opened a thought: it must close first)."""
-        rules, calls = self.calls(tools, parallel=parallel, template=template,
-                                  limits=limits or Limits.defaults())
+        rules, calls = self.calls(tools, parallel=parallel, template=template, limits=limits)
         return "\n".join([*rules, f"calls ::= {calls}", *thought.lead(lead, "calls")])
 
     def calls(self, tools: list[Tool], *, parallel: bool, template: str,

@@ -34,12 +34,12 @@ class Generic(ToolFormat):
         return with_system(messages, protect(system_prompt(tools, required))), extra
 
     def grammar(self, tools: list[Tool], *, parallel: bool, required: bool = True, lead: str = "",
-                template: str = "", limits: Limits | None = None,
+                template: str = "", limits: Limits,
                 thought: ReasoningFormat = THINK) -> str:
         """The whole reply's grammar (never lazy; no thought comes first, so ``lead`` is
         unused): calls, or when not ``required`` also a direct answer."""
         schema = reply_schema(tools, required, parallel)
-        return from_schema(schema, "tools", limits or Limits.defaults())
+        return from_schema(schema, "tools", limits)
 
     def scan(self, body: str, spec: ReplySpec, final: bool, add: Add) -> str:
         """``{"tool_calls": [...]}`` or ``{"response": "..."}`` (the grammar allows nothing else)."""

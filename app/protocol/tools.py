@@ -26,9 +26,8 @@ from app.formats.base import template_tools
 from app.formats.gbnf import hoist_defs
 from app.formats.generic import render_history, reply_schema, system_prompt
 from app.formats.mistral import mistral_id
-from app.grammar import Limits
 
-__all__ = ["NAME_RE", "TRIGGERS", "Tool", "call_grammar", "check_tools", "hoist_defs", "make_tool",
+__all__ = ["NAME_RE", "TRIGGERS", "Tool", "check_tools", "hoist_defs", "make_tool",
            "mistral_id", "native_history", "render_history", "reply_schema", "string_params",
            "system_prompt", "template_tools", "validate_tools"]
 
@@ -100,13 +99,6 @@ def string_params(tool: Tool) -> frozenset[str]:
 def native_history(messages: list[dict[str, Any]], tool_format: str) -> list[dict[str, Any]]:
     """History for a template that renders tool calls itself (see ToolFormat.history)."""
     return formats.get(tool_format).history(messages)
-
-
-def call_grammar(tool_format: str, tools: list[Tool], *, parallel: bool, lead: str = "",
-                 template: str = "", limits: Limits | None = None) -> str:
-    """GBNF forcing one call (several when ``parallel``) in a format (see ToolFormat.grammar)."""
-    return formats.get(tool_format).grammar(tools, parallel=parallel, lead=lead,
-                                            template=template, limits=limits)
 
 
 # What starts a call in each native format: a lazy grammar (tool_choice auto) waits for it.
