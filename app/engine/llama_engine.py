@@ -75,7 +75,6 @@ from app.errors import (
     ShuttingDown,
     as_service_error,
 )
-from app.settings import setting_default
 from app.state import LoadState
 
 log = logging.getLogger(__name__)
@@ -90,37 +89,38 @@ PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bou
 @dataclass(frozen=True)
 class EngineConfig:
     """What the engine needs of the settings. Each field named like a setting is that setting
-    (``app.settings.from_settings`` fills them by name; their defaults are the settings'); the
-    rest are derived from settings by the caller."""
+    (``app.settings.from_settings`` fills them by name); the rest are derived from settings by
+    the caller. No defaults, so none can drift from the settings' (the engine knows nothing of
+    where its configuration comes from)."""
 
-    ctx_size: int = setting_default("ctx_size")
-    gpu_layers: int = setting_default("gpu_layers")
-    threads: int = setting_default("threads")
-    threads_batch: int = setting_default("threads_batch")
-    batch_size: int = setting_default("batch_size")
-    flash_attn: Literal["auto", "on", "off"] = setting_default("flash_attn")
-    cpu_extra_buffers: Literal["auto", "on", "off"] = setting_default("cpu_extra_buffers")
-    max_queue: int = setting_default("max_queue")
-    sleep_idle_seconds: float = setting_default("sleep_idle_seconds")
-    parallel: int = setting_default("parallel")
-    prefill_chunk: int = setting_default("prefill_chunk")
-    served_model_name: str | None = setting_default("served_model_name")
-    model_tags: str | None = setting_default("model_tags")
-    max_prompt_bytes: int = setting_default("max_prompt_bytes")  # 0: context x longest token
-    grammar_max_step_ms: float = setting_default("grammar_max_step_ms")
-    split_mode: str = setting_default("split_mode")
-    tensor_split: str | None = setting_default("tensor_split")
-    main_gpu: int = setting_default("main_gpu")
-    embeddings: Literal["auto", "on", "off", "only"] = setting_default("embeddings")
-    embedding_pooling: str = setting_default("embedding_pooling")
-    embedding_ctx: int = setting_default("embedding_ctx")
-    embedding_batch: int = setting_default("embedding_batch")
+    ctx_size: int
+    gpu_layers: int
+    threads: int
+    threads_batch: int
+    batch_size: int
+    flash_attn: Literal["auto", "on", "off"]
+    cpu_extra_buffers: Literal["auto", "on", "off"]
+    max_queue: int
+    sleep_idle_seconds: float
+    parallel: int
+    prefill_chunk: int
+    served_model_name: str | None
+    model_tags: str | None
+    max_prompt_bytes: int  # 0: context x longest token
+    grammar_max_step_ms: float
+    split_mode: str
+    tensor_split: str | None
+    main_gpu: int
+    embeddings: Literal["auto", "on", "off", "only"]
+    embedding_pooling: str
+    embedding_ctx: int
+    embedding_batch: int
     # derived
-    chat_template: str | None = None  # the template's text (None: the GGUF's own)
-    verbose: bool = False  # llama.cpp's own logging
+    chat_template: str | None  # the template's text (None: the GGUF's own)
+    verbose: bool  # llama.cpp's own logging
     # markers the reply parsers read (app.formats.preserved_tokens): some models make them
     # control tokens, which llama.cpp leaves out of the text unless asked
-    preserved_tokens: tuple[str, ...] = ()
+    preserved_tokens: tuple[str, ...]
 
 
 @dataclass(eq=False)
