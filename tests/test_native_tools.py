@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from app import formats
 from app.engine.fake import FakeEngine
+from app.formats.gbnf import hoist_defs
 from app.protocol import tools
 from tests.clients import langchain_streamed_call, pydantic_ai_streamed_sum
 from tests.conftest import make_client, running_server
@@ -95,7 +97,7 @@ def test_grammar_per_tool_choice(name, fmt, shown, reply):
     if "<think>" in engine.info.chat_template:  # a thinking model may write anything first
         assert params.grammar is None
     else:
-        assert params.grammar_triggers == tools.TRIGGERS[fmt]
+        assert params.grammar_triggers == formats.get(fmt).triggers
     client.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
     assert engine.requests[-1].params.grammar is None and "get_weather" not in engine.requests[-1].prompt
 
@@ -250,7 +252,7 @@ def test_nested_schemas_with_defs_are_held_by_the_grammar(name):
 
 
 def test_hoisted_defs_rename_clashes():
-    params, defs = tools.hoist_defs(tools.validate_tools([NESTED, OTHER_ITEM]))
+    params, defs = hoist_defs(tools.validate_tools([NESTED, OTHER_ITEM]))
     assert set(defs) == {"Item", "Item_1"}
     assert params[0]["properties"]["items"]["items"] == {"$ref": "#/$defs/Item"}
     assert params[1]["properties"]["item"] == {"$ref": "#/$defs/Item_1"}

@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from app.engine.fake import FakeEngine
-from app.protocol.reasoning import split, split_thought
+from app.formats.think import split, split_thought
 from tests.conftest import make_client, running_server
 
 REPLY = "<think>\nI should add 3 and 4.</think>\nThe answer is <b>7</b>."

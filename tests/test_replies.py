@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from app import formats
 from app.api.openai import chat_delta, chat_message
+from app.core.decode import ReplyStream
 from app.core.events import Answer, Call, ChoiceEnd, Usage, fold
-from app.protocol.replies import Reply, ReplySpec, ReplyStream, detect_format, parse_reply
+from app.formats.reply import Reply, parse_reply
+from app.formats.spec import ReplySpec
 
 TEMPLATES = Path(__file__).parent / "templates"
 MARKUP = ("<tool_call", "</tool_call", "<function", "<parameter", "[TOOL_CALLS", "[ARGS", "python_tag",
@@ -65,6 +68,15 @@ CASES = [
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 
 
+def spec_of(tool_format: str | None, **kw) -> ReplySpec:
+    """How to read a reply in the format called ``tool_format`` (None: no tools)."""
+    return ReplySpec(formats.get(tool_format) if tool_format else None, **kw)
+
+
+def format_name(template: str | None) -> str:
+    return formats.detect(template).name
+
+
 def message(reply: Reply) -> tuple[dict, bool]:
     """The OpenAI message of a whole parse (complete calls only), and whether it made calls."""
     calls = [Call(c.id, c.name, c.arguments) for c in reply.calls if c.complete]
@@ -100,7 +112,7 @@ def accumulate(deltas):
 
 @pytest.mark.parametrize("fmt, extra, reply, content, calls, reasoning", CASES, ids=IDS)
 def test_whole_parse(fmt, extra, reply, content, calls, reasoning):
-    msg, called = message(parse_reply(reply, ReplySpec(fmt, **extra), [], final=True))
+    msg, called = message(parse_reply(reply, spec_of(fmt, **extra), [], final=True))
     assert msg["content"] == (content or (None if calls else ""))
     assert msg.get("reasoning_content") == reasoning
     got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls", [])]
@@ -109,7 +121,7 @@ def test_whole_parse(fmt, extra, reply, content, calls, reasoning):
 
 @pytest.mark.parametrize("fmt, extra, reply, content, calls, reasoning", CASES, ids=IDS)
 def test_streamed_deltas_equal_the_whole_parse_at_every_cut(fmt, extra, reply, content, calls, reasoning):
-    spec = ReplySpec(fmt, **extra)
+    spec = spec_of(fmt, **extra)
     whole, _ = message(parse_reply(reply, spec, [], final=True))
     for cut in range(len(reply) + 1):
         rs = ReplyStream(spec)
@@ -138,7 +150,7 @@ def test_streamed_deltas_equal_the_whole_parse_at_every_cut(fmt, extra, reply, c
 ])
 def test_malformed_calls_never_count(fmt, reply, content, names):
     """Arguments that are not JSON, or markup that does not follow the format, make no call."""
-    msg, _ = message(parse_reply(reply, ReplySpec(fmt), [], final=True))
+    msg, _ = message(parse_reply(reply, spec_of(fmt), [], final=True))
     assert [c["function"]["name"] for c in msg.get("tool_calls", [])] == names
     assert (msg["content"] or "") == content
 
@@ -146,26 +158,26 @@ def test_malformed_calls_never_count(fmt, reply, content, names):
 def test_cut_reply_keeps_what_parsed_cleanly():
     reply = CASES[0][2]
     cut = reply[: reply.index('"add"') + 12]
-    msg, called = message(parse_reply(cut, ReplySpec("hermes"), [], final=True))
+    msg, called = message(parse_reply(cut, spec_of("hermes"), [], final=True))
     assert called and [c["function"]["name"] for c in msg["tool_calls"]] == ["get_weather"]
     assert msg["content"] == "Let me check."
 
 
 def test_unclosed_thought_never_calls():
     reply = '<think>I could call <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
-    msg, called = message(parse_reply(reply, ReplySpec("hermes", think=True), [], final=True))
+    msg, called = message(parse_reply(reply, spec_of("hermes", think=True), [], final=True))
     assert not called and msg["content"] == "" and "<tool_call>" in msg["reasoning_content"]
 
 
 def test_inline_thought_stays_in_the_content():
     reply = "<think>hmm</think>\nYes."
-    msg, _ = message(parse_reply(reply, ReplySpec(None, think=True, inline=True), [], final=True))
+    msg, _ = message(parse_reply(reply, spec_of(None, think=True, inline=True), [], final=True))
     assert msg["content"] == "<think>hmm</think>Yes." and "reasoning_content" not in msg
 
 
 def test_mistral_ids_are_nine_alphanumerics():
     ids: list[str] = []
-    parse_reply('[TOOL_CALLS]add[ARGS]{"a": 1}', ReplySpec("mistral"), ids, final=True)
+    parse_reply('[TOOL_CALLS]add[ARGS]{"a": 1}', spec_of("mistral"), ids, final=True)
     assert len(ids) == 1 and len(ids[0]) == 9 and ids[0].isalnum()
 
 
@@ -181,13 +193,13 @@ def test_mistral_ids_are_nine_alphanumerics():
     ("unsloth-mistral-Devstral-Small-2507", "mistral"),
 ])
 def test_format_detected_from_real_templates(name, fmt):
-    assert detect_format((TEMPLATES / f"{name}.jinja").read_text()) == fmt
+    assert format_name((TEMPLATES / f"{name}.jinja").read_text()) == fmt
 
 
 def test_templates_without_tools_are_generic():
     from app.protocol.chat_template import CHATML
 
-    assert detect_format(CHATML) == detect_format(None) == "generic"
+    assert format_name(CHATML) == format_name(None) == "generic"
 
 
 FRAGMENTS = {
@@ -214,7 +226,7 @@ def test_random_replies_only_ever_grow(fmt):
     rng = random.Random(fmt)
     specs = [{}, {"think": True}, {"think": True, "in_thought": True}, {"think": True, "inline": True}]
     for _ in range(250):
-        spec = ReplySpec(fmt, **rng.choice(specs))
+        spec = spec_of(fmt, **rng.choice(specs))
         text = "".join(rng.choice(FRAGMENTS[fmt] + THOUGHTS) for _ in range(rng.randint(1, 14)))
         ids: list[str] = []
         states = [parse_reply(text[:k], spec, ids) for k in range(len(text) + 1)]
@@ -231,7 +243,7 @@ def test_random_replies_only_ever_grow(fmt):
 def test_the_fold_of_the_events_is_the_whole_parse_at_every_cut(fmt, extra, reply, content, calls, reasoning):
     """What a non-streamed answer holds (the fold) is what the final parse says, wherever the
     text was cut into pieces."""
-    spec = ReplySpec(fmt, **extra)
+    spec = spec_of(fmt, **extra)
     whole, _ = message(parse_reply(reply, spec, [], final=True))
     for cut in range(0, len(reply) + 1, 3):
         rs = ReplyStream(spec)

@@ -46,6 +46,7 @@ from app.core.input import ChatInput, OutputFormat, ToolChoice
 from app.core.service import Run
 from app.engine.types import SamplingParams
 from app.errors import BadRequest, NotFound, ServiceError, as_service_error
+from app.formats.spec import NAME_RE
 from app.protocol import openai, tools
 from app.protocol.sse import comment, event
 
@@ -392,7 +393,7 @@ def output_format(fmt: dict[str, Any] | None) -> tuple[OutputFormat | None, dict
     if kind == "json_object":
         return OutputFormat("json_object", param="text.format"), {"type": "json_object"}
     name = fmt.get("name", "response")
-    if not isinstance(name, str) or not tools.NAME_RE.fullmatch(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise BadRequest("text.format.name: 1-64 letters, digits, '_' or '-'",
                          param="text.format.name")
     schema = fmt.get("schema")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.engine.types import SamplingParams
-from app.protocol.tools import Tool
+from app.formats.spec import Tool
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.engine.types import GenerationRequest, ModelInfo
 from app.errors import BadRequest
 from app.formats import THINK
-from app.protocol import chat_template, replies, tools
-from app.protocol.tools import Tool
+from app.formats.spec import ReplySpec, Tool
+from app.protocol import chat_template, tools
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class PlanOptions:
 @dataclass
 class Plan:
     generation: GenerationRequest
-    reply: replies.ReplySpec | None = None  # how to parse the reply (None: it is plain text)
+    reply: ReplySpec | None = None  # how to parse the reply (None: it is plain text)
     reasoning_budget: int | None = None
     reasoning_control: bool = False
     model: str | None = None  # the name the answers carry (Service.model_name)
@@ -125,8 +125,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
                              grammar_triggers=fmt.triggers if lazy else ())
     spec = None
     if offered or think:
-        spec = replies.ReplySpec(
-            tool_format=fmt.name if offered else None,
+        spec = ReplySpec(
+            format=fmt if offered else None,
             think=think,
             in_thought=in_thought,
             inline=opts.reasoning_format == "inline",

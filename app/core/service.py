@@ -17,13 +17,14 @@ from typing import TypeVar
 import gevent
 
 from app import bridge
+from app.core.decode import ReplyStream
 from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
 from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
 from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
 from app.errors import ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
+from app.formats.think import CLOSE, split_thought
 from app.metrics import ABORT, Metrics
-from app.protocol import reasoning, replies
 
 # How often a run whose reader is not streaming checks that its client is still connected.
 GONE_POLL = 0.5
@@ -158,7 +159,7 @@ class Run:
         self._plan = plan
         self._handle = handle
         self._guard = _ThoughtGuard(plan, handle)
-        self._decoders: dict[int, replies.ReplyStream] = {}
+        self._decoders: dict[int, ReplyStream] = {}
         self._ended: dict[int, Finished] = {}
         self._over = False
         # metrics: time to first token and between tokens (first choice), counted once at the end
@@ -288,11 +289,11 @@ class Run:
         if reason == ABORT:
             m.gone()
 
-    def _decoder(self, index: int) -> replies.ReplyStream:
+    def _decoder(self, index: int) -> ReplyStream:
         dec = self._decoders.get(index)
         if dec is None:
             assert self._plan.reply is not None
-            dec = self._decoders[index] = replies.ReplyStream(self._plan.reply, index)
+            dec = self._decoders[index] = ReplyStream(self._plan.reply, index)
         return dec
 
 
@@ -316,7 +317,7 @@ class _ThoughtGuard:
             return
         self.text += ev.text
         was_open = self.open
-        self.open = reasoning.split_thought(self.text, self.in_thought).open
+        self.open = split_thought(self.text, self.in_thought).open
         if self.open and not was_open:
             self.tokens_at_open = 0 if self.in_thought else ev.completion_tokens
         over = self.budget is not None and ev.completion_tokens - self.tokens_at_open >= self.budget
@@ -330,6 +331,6 @@ class _ThoughtGuard:
         if self.ended or not self.open:
             return False
         self.ended = True
-        self.handle.inject(reasoning.CLOSE, unless=reasoning.CLOSE)
+        self.handle.inject(CLOSE, unless=CLOSE)
         return True
 

@@ -6,7 +6,7 @@ offered (``offer``), the grammar that forces a call (``grammar``), the reply sca
 its call ids (``call_id``), and its markers, which are at once what the scanner reads, what the
 engine keeps in the text (``preserved_tokens``) and, for those that open a call, what a lazy
 grammar waits for (``triggers``). Replies are still parsed by a pure function of the text so far
-(``app.protocol.replies.parse_reply``); the format only says how to read one.
+(``app.formats.reply.parse_reply``); the format only says how to read one.
 
 Adding a format is one module here and one entry in ``FORMATS``: the TOOL_FORMAT setting, the
 engine's preserved tokens and the lazy-grammar triggers all follow from the registry.
@@ -14,12 +14,13 @@ engine's preserved tokens and the lazy-grammar triggers all follow from the regi
 
 from __future__ import annotations
 
-from app.formats.base import NAME_RE, ToolFormat
+from app.formats.base import ToolFormat
 from app.formats.generic import Generic
 from app.formats.hermes import Hermes
 from app.formats.llama3 import Llama3
 from app.formats.mistral import Mistral
 from app.formats.qwen3_coder import Qwen3Coder
+from app.formats.spec import NAME_RE
 from app.formats.think import THINK, ReasoningFormat
 
 __all__ = ["FORMATS", "NAME_RE", "REASONING", "THINK", "ReasoningFormat", "ToolFormat", "choose",

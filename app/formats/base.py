@@ -8,26 +8,17 @@ open a call are what a lazy grammar waits for.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from app.engine.text import held_suffix
 from app.formats.partial_json import Found
+from app.formats.spec import Add, ReplySpec, Tool
 from app.formats.think import THINK, ReasoningFormat
 from app.grammar import Limits
 
-if TYPE_CHECKING:
-    from app.protocol.replies import ReplySpec
-    from app.protocol.tools import Tool
-
-_NAME_CHARS = "A-Za-z0-9_-"
-NAME_RE = re.compile(f"[{_NAME_CHARS}]{{1,64}}")  # a tool's name (used with fullmatch)
-NAME_PREFIX_RE = re.compile(f"[{_NAME_CHARS}]*")  # as much of a name as is written so far
-
-Add = Callable[[str | None, str, bool], None]  # a call found: (name, arguments so far, complete)
-Block = Callable[[str, int, str, "ReplySpec", bool], tuple[list[Found], int | None]]
+Block = Callable[[str, int, str, ReplySpec, bool], tuple[list[Found], int | None]]
 T = TypeVar("T")
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app import grammar
-
-if TYPE_CHECKING:
-    from app.protocol.tools import Tool
+from app.formats.spec import Tool
 
 _GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|([A-Za-z][A-Za-z0-9-]*)')
 

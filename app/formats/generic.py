@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.formats.base import Add, T, ToolFormat, load_args
+from app.formats.base import T, ToolFormat, load_args
 from app.formats.gbnf import call_schema
 from app.formats.partial_json import Incomplete, call_object, expect, string, ws
+from app.formats.spec import Add, ReplySpec, Tool
 from app.formats.think import THINK, ReasoningFormat
 from app.grammar import Limits, from_schema
-
-if TYPE_CHECKING:
-    from app.protocol.replies import ReplySpec
-    from app.protocol.tools import Tool
 
 
 class Generic(ToolFormat):

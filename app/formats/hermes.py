@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from app.formats.base import MarkerFormat, rest_is
 from app.formats.gbnf import call_schema, schema_rules
 from app.formats.partial_json import Found, call_object, ws
+from app.formats.spec import ReplySpec, Tool
 from app.grammar import Limits
-
-if TYPE_CHECKING:
-    from app.protocol.replies import ReplySpec
-    from app.protocol.tools import Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

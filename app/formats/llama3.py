@@ -4,16 +4,11 @@ is an answer, not a call."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from app.formats.base import Add, ToolFormat
+from app.formats.base import ToolFormat
 from app.formats.gbnf import call_schema, schema_rules
 from app.formats.partial_json import Incomplete, call_object, expect, string, ws
+from app.formats.spec import Add, ReplySpec, Tool
 from app.grammar import Limits
-
-if TYPE_CHECKING:
-    from app.protocol.replies import ReplySpec
-    from app.protocol.tools import Tool
 
 PYTHON_TAG = "<|python_tag|>"
 

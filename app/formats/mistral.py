@@ -11,16 +11,13 @@ import hashlib
 import re
 import secrets
 import string
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.formats.base import NAME_PREFIX_RE, NAME_RE, MarkerFormat, rest_is
+from app.formats.base import MarkerFormat, rest_is
 from app.formats.gbnf import call_schema, lit, schema_rules
 from app.formats.partial_json import Found, call_object, is_json, value_end, ws
+from app.formats.spec import NAME_PREFIX_RE, NAME_RE, ReplySpec, Tool
 from app.grammar import Limits
-
-if TYPE_CHECKING:
-    from app.protocol.replies import ReplySpec
-    from app.protocol.tools import Tool
 
 TOOL_CALLS, CALL_ID, ARGS = "[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"
 _ALPHABET = string.ascii_letters + string.digits

@@ -7,18 +7,14 @@ is read as JSON when it parses (``ReplySpec.string_params`` says which are strin
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from app.engine.text import held_suffix
-from app.formats.base import NAME_PREFIX_RE, NAME_RE, MarkerFormat, rest_is
+from app.formats.base import MarkerFormat, rest_is
 from app.formats.gbnf import lit, until
 from app.formats.hermes import CLOSE, OPEN
 from app.formats.partial_json import Found, ws
+from app.formats.spec import NAME_PREFIX_RE, NAME_RE, ReplySpec, Tool
 from app.grammar import Limits
-
-if TYPE_CHECKING:
-    from app.protocol.replies import ReplySpec
-    from app.protocol.tools import Tool
 
 FUNCTION, END_FUNCTION = "<function=", "</function>"
 PARAMETER, END_PARAMETER = "<parameter=", "</parameter>"

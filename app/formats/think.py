@@ -74,3 +74,17 @@ class ReasoningFormat:
 
 
 THINK = ReasoningFormat("think", "<think>", "</think>")
+OPEN, CLOSE = THINK.open, THINK.close
+
+
+def split_thought(text: str, in_thought: bool = False, final: bool = False) -> Thought:
+    """The thought and what follows it in ``text`` (the whole reply so far, or all of it): a
+    thought is recognised only at the start of a reply, or from the first token when the chat
+    template already opened it; a streaming caller gets a prefix of the final answer each time."""
+    return THINK.split(text, in_thought, final)
+
+
+def split(text: str, in_thought: bool = False) -> tuple[str | None, str]:
+    """(reasoning or None, content) of a whole reply."""
+    t = split_thought(text, in_thought, final=True)
+    return t.reasoning, t.rest or ""

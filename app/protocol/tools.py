@@ -8,35 +8,18 @@ the reply constrained by a grammar to ``{"tool_calls": [{"name", "arguments"}]}`
 may answer in words, ``{"response": "..."}``. When a call is required (tool_choice required or
 named) a grammar forces one in whichever format; under tool_choice auto a native format gets a
 lazy grammar that only takes hold once the model writes the format's opening marker. The
-replies themselves are read by app.protocol.replies.
+replies themselves are read by app.formats.reply.
 
 What is particular to one format (its history, grammar, triggers, call ids) lives on its class in
-app.formats; the functions here that take a format's name delegate to it.
+app.formats; this module checks what a request offers (``Tool`` itself is app.formats.spec's).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from app import formats
 from app.errors import BadRequest
-from app.formats import NAME_RE
-from app.formats.base import template_tools
-from app.formats.gbnf import hoist_defs
-from app.formats.generic import render_history, reply_schema, system_prompt
-from app.formats.mistral import mistral_id
-
-__all__ = ["NAME_RE", "TRIGGERS", "Tool", "check_tools", "hoist_defs", "make_tool",
-           "mistral_id", "native_history", "render_history", "reply_schema", "string_params",
-           "system_prompt", "template_tools", "validate_tools"]
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str
-    parameters: dict[str, Any]
+from app.formats.spec import NAME_RE, Tool
 
 
 def make_tool(name: Any, description: Any, parameters: Any, where: str,
@@ -94,12 +77,3 @@ def string_params(tool: Tool) -> frozenset[str]:
 
     props = tool.parameters.get("properties") or {}
     return frozenset(k for k, v in props.items() if is_string(v))
-
-
-def native_history(messages: list[dict[str, Any]], tool_format: str) -> list[dict[str, Any]]:
-    """History for a template that renders tool calls itself (see ToolFormat.history)."""
-    return formats.get(tool_format).history(messages)
-
-
-# What starts a call in each native format: a lazy grammar (tool_choice auto) waits for it.
-TRIGGERS = {f.name: f.triggers for f in formats.FORMATS.values() if f.triggers}
