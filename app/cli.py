@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from app.settings import Settings, bounds_text, default_text, env_names, flag_name
+from app.settings import Settings
+from app.settings_doc import bounds_text, default_text, env_names, flag_name
 
 COMMANDS = {
     "serve": "run the server (the default)",
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.setup(settings)  # LOG_FORMAT: text, or Cloud Logging's JSON entries
     if command == "settings-table":
-        from app.settings import settings_table
+        from app.settings_doc import settings_table
 
         print(settings_table())
         return 0

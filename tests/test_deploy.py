@@ -21,7 +21,8 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from app.settings import Settings, env_names
+from app.settings import Settings
+from app.settings_doc import env_names
 from tests.deploy_files import (
     ROOT,
     TF,

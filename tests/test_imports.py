@@ -18,6 +18,7 @@ APP = ROOT / "app"
 # top to bottom; a module belongs to the first entry that is it or a package above it
 LAYERS: list[tuple[str, ...]] = [
     ("app.__main__", "app.cli"),  # the command line
+    ("app.settings_doc",),  # the settings rendered for people (help, the README's table)
     ("app.server", "app.wsgi"),  # the process under gunicorn
     ("app",),  # the composition root (app/__init__.py: create_app)
     ("app.routes", "app.auth", "app.gunicorn_conf", "app.model_source"),  # the HTTP edge

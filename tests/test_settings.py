@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.cli import build_parser, load_settings
-from app.settings import Settings, flag_name, settings_table
+from app.settings import Settings
+from app.settings_doc import flag_name, settings_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
