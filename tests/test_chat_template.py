@@ -3,7 +3,7 @@
 import pytest
 
 from app.errors import BadRequest
-from app.protocol.chat_template import flatten_content, render
+from app.formats.chat_template import flatten_content, render
 
 # SmolLM2-135M-Instruct's template, as its GGUF carries it.
 SMOLLM2 = (

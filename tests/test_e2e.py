@@ -162,7 +162,7 @@ def test_openai_sdk_chat_non_streaming_with_exact_usage(sdk):
     assert resp.choices[0].message.content.strip()
     assert resp.choices[0].finish_reason in {"stop", "length"}
     # exact prompt token count: the template rendered and tokenized here must agree
-    from app.protocol.chat_template import render
+    from app.formats.chat_template import render
 
     tok = vocab()
     prompt = render(tok.metadata.get("tokenizer.chat_template"), CHAT["messages"])

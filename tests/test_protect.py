@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.engine.types import PROTECT_CLOSE, PROTECT_OPEN
-from app.protocol.chat_template import protector
+from app.formats.chat_template import protector
 
 CONTROL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<reponame>")
 

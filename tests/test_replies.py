@@ -197,7 +197,7 @@ def test_format_detected_from_real_templates(name, fmt):
 
 
 def test_templates_without_tools_are_generic():
-    from app.protocol.chat_template import CHATML
+    from app.formats.chat_template import CHATML
 
     assert format_name(CHATML) == format_name(None) == "generic"
 

@@ -36,7 +36,7 @@ class ChatInput:
     ``content`` text, and on assistant turns ``tool_calls`` (``{id, type: function,
     function: {name, arguments}}``, the form chat templates are written for) and
     ``reasoning_content``; tool turns carry ``tool_call_id``. Text that came from the client is
-    marked (see app.protocol.chat_template.protector) by the planner, not here.
+    marked (see app.formats.chat_template.protector) by the planner, not here.
     """
 
     messages: list[dict[str, Any]]

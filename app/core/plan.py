@@ -13,9 +13,9 @@ from app import formats, grammar
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.engine.types import GenerationRequest, ModelInfo
 from app.errors import BadRequest
-from app.formats import THINK
+from app.formats import THINK, chat_template
 from app.formats.spec import ReplySpec, Tool
-from app.protocol import chat_template, tools
+from app.protocol import tools
 
 log = logging.getLogger(__name__)
 

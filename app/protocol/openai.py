@@ -21,8 +21,8 @@ from app.errors import (
     Unauthorized,
     Unavailable,
 )
+from app.formats.chat_template import flatten_content
 from app.protocol import validate
-from app.protocol.chat_template import flatten_content
 from app.protocol.http_status import lookup, status_of
 
 SYSTEM_FINGERPRINT = "vertex-gguf"
