@@ -36,13 +36,13 @@ def engine_config(settings: Settings) -> EngineConfig:
 
 def plan_options(settings: Settings) -> PlanOptions:
     """The planner's settings, taken by name; only the derived fields are spelled out."""
-    from app import grammar
     from app.core.plan import PlanOptions
+    from app.grammar import gate
 
     return from_settings(
         PlanOptions,
         settings,
-        limits=grammar.Limits.from_settings(settings),
+        limits=gate.Limits.from_settings(settings),
         protect_messages=settings.special_tokens_in_messages == "text",
         timeout=settings.request_timeout or None,
         slots_per_request=slots_per_request(settings),

@@ -7,23 +7,23 @@ import json
 import pytest
 from llama_cpp import llama_grammar as lg
 
-from app import grammar
 from app.errors import BadRequest
+from app.grammar import gate, json_schema
 from app.protocol.http_status import status_of
 from app.settings import Settings
 
-LIMITS = grammar.Limits.from_settings(Settings())
+LIMITS = gate.Limits.from_settings(Settings())
 
 
 def refused(text: str) -> str:
-    with pytest.raises(grammar.GrammarError) as info:
-        grammar.check(text, "grammar", LIMITS)
+    with pytest.raises(gate.GrammarError) as info:
+        gate.check(text, "grammar", LIMITS)
     assert info.value.param == "grammar" and status_of(info.value) == 400
     return info.value.message
 
 
 def test_limits_come_from_settings_and_are_all_named_there():
-    for field in grammar.Limits.__dataclass_fields__:
+    for field in gate.Limits.__dataclass_fields__:
         assert f"grammar_{field}" in Settings.model_fields
 
 
@@ -71,20 +71,20 @@ def test_the_builtin_grammars_and_typical_ones_pass():
                  "root ::= " + "(" * 4000 + '"a"' + ")" * 4000,
                  "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(9000)) + 'r9000 ::= "a"',
                  'root ::= <[1]> !<[2]>'):
-        grammar.check(text, "grammar", LIMITS)
-    assert grammar.check('root ::= <[1]> "a"', "g", LIMITS).has_tokens
-    assert not grammar.check(lg.JSON_GBNF, "g", LIMITS).has_tokens
+        gate.check(text, "grammar", LIMITS)
+    assert gate.check('root ::= <[1]> "a"', "g", LIMITS).has_tokens
+    assert not gate.check(lg.JSON_GBNF, "g", LIMITS).has_tokens
 
 
 def test_schema_bounds():
-    text = grammar.from_schema({"type": "string", "maxLength": 300_000}, "s", LIMITS)
-    assert grammar.check(text, "s", LIMITS).depth < 10  # not enforced: no 300k nested groups
-    text = grammar.from_schema({"type": "string", "maxLength": 1000}, "s", LIMITS)
-    assert grammar.check(text, "s", LIMITS).depth > 1000  # enforced
-    with pytest.raises(grammar.GrammarTooComplex, match="GRAMMAR_MAX_REPETITION"):
-        grammar.from_schema({"type": "string", "minLength": 10**9}, "s", LIMITS)
-    with pytest.raises(grammar.GrammarTooComplex, match="pattern"):
-        grammar.from_schema({"type": "string", "pattern": "^a{0,5000}$"}, "s", LIMITS)
+    text = json_schema.from_schema({"type": "string", "maxLength": 300_000}, "s", LIMITS)
+    assert gate.check(text, "s", LIMITS).depth < 10  # not enforced: no 300k nested groups
+    text = json_schema.from_schema({"type": "string", "maxLength": 1000}, "s", LIMITS)
+    assert gate.check(text, "s", LIMITS).depth > 1000  # enforced
+    with pytest.raises(gate.GrammarTooComplex, match="GRAMMAR_MAX_REPETITION"):
+        json_schema.from_schema({"type": "string", "minLength": 10**9}, "s", LIMITS)
+    with pytest.raises(gate.GrammarTooComplex, match="pattern"):
+        json_schema.from_schema({"type": "string", "pattern": "^a{0,5000}$"}, "s", LIMITS)
 
 
 @pytest.mark.parametrize("schema, needle", [
@@ -97,17 +97,17 @@ def test_schema_bounds():
 ])
 def test_schemas_refused_before_conversion(schema, needle):
     with pytest.raises(BadRequest, match=needle):
-        grammar.from_schema(schema, "s", LIMITS)
+        json_schema.from_schema(schema, "s", LIMITS)
 
 
 def test_rule_naming_is_linear_and_gives_the_library_s_grammar():
     props = {chr(0x4E00 + i): {"type": "string"} for i in range(300)}
     schema = {"type": "object", "properties": props, "required": list(props)}
-    assert grammar.from_schema(schema, "s", LIMITS) == lg.json_schema_to_gbnf(json.dumps(schema))
+    assert json_schema.from_schema(schema, "s", LIMITS) == lg.json_schema_to_gbnf(json.dumps(schema))
 
 
 def test_schema_key_order_is_kept():
-    text = grammar.from_schema({"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+    text = json_schema.from_schema({"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
                                 "required": ["b", "a"]}, "s", LIMITS)
     root = next(line for line in text.splitlines() if line.startswith("root ::="))
     assert root.index("b-kv") < root.index("a-kv")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from app import grammar
 from app.errors import BadRequest
+from app.grammar import gate, json_schema
 from tests.conftest import ROOT
 
 N_GRAMMARS = 2000
@@ -27,7 +27,7 @@ N_SCHEMAS = 400
 TIMEOUT = 20.0  # seconds for one compile + probe: a hang, not a slow step
 
 # small limits, so random grammars reach them often and what passes stays cheap
-LIMITS = grammar.Limits(
+LIMITS = gate.Limits(
     max_bytes=8192, max_rules=400, max_symbols=4000, max_depth=40, max_repetition=50,
     max_alternatives=60, max_optionals=8, max_step_ms=100.0, max_properties=60,
     max_optional_properties=12,
@@ -178,11 +178,11 @@ def test_random_and_adversarial_grammars(worker, seed):
     for i in range(N_GRAMMARS):
         text = adversarial(rng) if i % 4 == 0 else random_grammar(rng)
         try:
-            grammar.check(text, "grammar", LIMITS)
-        except grammar.GrammarTooComplex:
+            gate.check(text, "grammar", LIMITS)
+        except gate.GrammarTooComplex:
             refused_limits += 1
             continue
-        except grammar.GrammarError as err:
+        except gate.GrammarError as err:
             refused_syntax += 1
             # no stricter than llama.cpp: it must refuse the grammar too; except {m,n} with n < m,
             # which llama.cpp takes and then loops ~2^64 times making rules (why the gate has it)
@@ -200,8 +200,8 @@ def test_random_schemas(worker):
     for _ in range(N_SCHEMAS):
         schema = random_schema(rng)
         try:
-            text = grammar.from_schema(schema, "schema", LIMITS)
-            grammar.check(text, "schema", LIMITS)
+            text = json_schema.from_schema(schema, "schema", LIMITS)
+            gate.check(text, "schema", LIMITS)
         except BadRequest:
             continue
         accepted += 1

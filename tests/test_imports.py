@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.core", "app.logs", "app.gcs"),  # the protocol-neutral middle; logs; model download
     ("app.protocol", "app.settings"),  # wire shapes; the settings table
     ("app.formats",),  # the model's text: tool-call and reasoning formats, reply parsing
-    ("app.grammar", "app.engine"),  # the grammar gate; llama.cpp behind the engine interface
+    ("app.grammar", "app.engine"),  # the grammar gate and converter; llama.cpp behind the engine
     ("app.metrics", "app.streams", "app.bridge"),  # shared services
     ("app.crash_guard", "app.reqctx", "app.errors", "app.worker", "app.state",
      "app.default_model"),  # the base: imports nothing above it

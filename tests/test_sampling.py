@@ -12,7 +12,7 @@ import pytest
 from app import formats
 from app.engine.sampling import GrammarDeadEnd, GrammarSpec, Sampler, Vocab, compile_grammar
 from app.engine.types import SamplingParams
-from app.grammar import Limits
+from app.grammar.gate import Limits
 from app.protocol.tools import validate_tools
 from app.settings import Settings
 

@@ -9,12 +9,13 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import formats, grammar
+from app import formats
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.engine.types import GenerationRequest, ModelInfo
 from app.errors import BadRequest
 from app.formats import THINK, chat_template
 from app.formats.spec import ReplySpec, Tool
+from app.grammar import gate, json_schema
 from app.protocol import tools
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class PlanOptions:
 
     reasoning_format: str
     tool_format: str  # a formats.FORMATS name, or auto
-    limits: grammar.Limits
+    limits: gate.Limits
     protect_messages: bool  # SPECIAL_TOKENS_IN_MESSAGES=text
     timeout: float | None  # REQUEST_TIMEOUT (None: no limit)
     slots_per_request: int  # SLOTS_PER_REQUEST, resolved
@@ -59,15 +60,15 @@ def pick(offered: tuple[Tool, ...], choice: ToolChoice) -> tuple[list[Tool], boo
     return chosen, True
 
 
-def output_grammar(output: OutputFormat | None, limits: grammar.Limits) -> tuple[str, str] | None:
+def output_grammar(output: OutputFormat | None, limits: gate.Limits) -> tuple[str, str] | None:
     """(grammar, the field it comes from) for structured output; None for free text."""
     if output is None:
         return None
     if output.kind == "json_object":
-        return grammar.json_object(), output.param
+        return json_schema.json_object(), output.param
     if not isinstance(output.schema, dict):
         raise BadRequest(f"{output.param} must be a JSON Schema object", param=output.param)
-    return grammar.from_schema(output.schema, output.param, limits), output.param
+    return json_schema.from_schema(output.schema, output.param, limits), output.param
 
 
 def plan_text(inp: TextInput, opts: PlanOptions) -> Plan:
@@ -113,7 +114,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         try:
             call = fmt.grammar(offered, parallel=parallel, required=required, lead=lead,
                                template=template, limits=limits)
-            grammar.check(call, "tools", limits)  # cached: _checked() checks it again
+            gate.check(call, "tools", limits)  # cached: _checked() checks it again
         except BadRequest:
             if not lazy:
                 raise
@@ -148,7 +149,7 @@ def _checked(plan: Plan, opts: PlanOptions) -> Plan:
         )
     params = plan.generation.params
     if params.grammar is not None:
-        stats = grammar.check(params.grammar, params.grammar_param, opts.limits)
+        stats = gate.check(params.grammar, params.grammar_param, opts.limits)
         params = replace(params, grammar_prefilter=not stats.has_tokens)
         plan.generation = replace(plan.generation, params=params)
     return plan

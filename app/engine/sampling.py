@@ -115,7 +115,7 @@ class GrammarSpec:
 
 
 def compile_grammar(vocab: Vocab, text: str) -> Any:
-    """A llama.cpp grammar sampler for ``text`` (already checked by app.grammar), or None."""
+    """A llama.cpp grammar sampler for ``text`` (already checked by app.grammar.gate), or None."""
     ptr = vocab.ll.llama_sampler_init_grammar(vocab.ptr, text.encode("utf-8"), b"root")
     return ptr or None
 

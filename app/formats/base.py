@@ -16,7 +16,7 @@ from app.engine.text import held_suffix
 from app.formats.partial_json import Found
 from app.formats.spec import Add, ReplySpec, Tool
 from app.formats.think import THINK, ReasoningFormat
-from app.grammar import Limits
+from app.grammar.gate import Limits
 
 Block = Callable[[str, int, str, ReplySpec, bool], tuple[list[Found], int | None]]
 T = TypeVar("T")

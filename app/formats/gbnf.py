@@ -7,8 +7,8 @@ import json
 import re
 from typing import Any
 
-from app import grammar
 from app.formats.spec import Tool
+from app.grammar import gate, json_schema
 
 _GBNF_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|([A-Za-z][A-Za-z0-9-]*)')
 
@@ -18,10 +18,10 @@ def lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def schema_rules(schema: dict[str, Any], prefix: str, limits: grammar.Limits) -> str:
+def schema_rules(schema: dict[str, Any], prefix: str, limits: gate.Limits) -> str:
     """A JSON Schema's grammar with every rule renamed ``prefix + name`` (so several can live
     in one grammar); its start rule is ``prefix + "root"``."""
-    gbnf = grammar.from_schema(schema, "tools", limits)
+    gbnf = json_schema.from_schema(schema, "tools", limits)
     return _GBNF_TOKEN.sub(lambda m: prefix + m.group(1) if m.group(1) else m.group(0), gbnf)
 
 

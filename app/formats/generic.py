@@ -15,7 +15,8 @@ from app.formats.gbnf import call_schema
 from app.formats.partial_json import Incomplete, call_object, expect, string, ws
 from app.formats.spec import Add, ReplySpec, Tool
 from app.formats.think import THINK, ReasoningFormat
-from app.grammar import Limits, from_schema
+from app.grammar.gate import Limits
+from app.grammar.json_schema import from_schema
 
 
 class Generic(ToolFormat):

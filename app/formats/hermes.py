@@ -6,7 +6,7 @@ from app.formats.base import MarkerFormat, rest_is
 from app.formats.gbnf import call_schema, schema_rules
 from app.formats.partial_json import Found, call_object, ws
 from app.formats.spec import ReplySpec, Tool
-from app.grammar import Limits
+from app.grammar.gate import Limits
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

@@ -8,7 +8,7 @@ from app.formats.base import ToolFormat
 from app.formats.gbnf import call_schema, schema_rules
 from app.formats.partial_json import Incomplete, call_object, expect, string, ws
 from app.formats.spec import Add, ReplySpec, Tool
-from app.grammar import Limits
+from app.grammar.gate import Limits
 
 PYTHON_TAG = "<|python_tag|>"
 

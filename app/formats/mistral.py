@@ -17,7 +17,7 @@ from app.formats.base import MarkerFormat, rest_is
 from app.formats.gbnf import call_schema, lit, schema_rules
 from app.formats.partial_json import Found, call_object, is_json, value_end, ws
 from app.formats.spec import NAME_PREFIX_RE, NAME_RE, ReplySpec, Tool
-from app.grammar import Limits
+from app.grammar.gate import Limits
 
 TOOL_CALLS, CALL_ID, ARGS = "[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"
 _ALPHABET = string.ascii_letters + string.digits

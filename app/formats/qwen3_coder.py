@@ -14,7 +14,7 @@ from app.formats.gbnf import lit, until
 from app.formats.hermes import CLOSE, OPEN
 from app.formats.partial_json import Found, ws
 from app.formats.spec import NAME_PREFIX_RE, NAME_RE, ReplySpec, Tool
-from app.grammar import Limits
+from app.grammar.gate import Limits
 
 FUNCTION, END_FUNCTION = "<function=", "</function>"
 PARAMETER, END_PARAMETER = "<parameter=", "</parameter>"

@@ -1,0 +1,193 @@
+"""JSON Schema -> GBNF, for ``response_format`` and tool schemas.
+
+Through llama-cpp-python's converter, with two changes: its rule naming is O(1) per rule
+instead of O(rules) (3000 property names that escape to the same rule name took seconds), and
+the schema is checked before conversion (only local ``$ref``, bounded property counts; a
+``minLength`` / ``minItems`` over ``max_repetition`` is refused, and a ``maxLength`` /
+``maxItems`` allowing more than half of it is not enforced, as llama.cpp itself does for
+``{m,n}`` above 2000: the converter nests two rules per optional repetition, and llama.cpp
+refuses a group of over 2000 rules). What it makes still passes the gate (app.grammar.gate).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from typing import Any
+
+from app.bridge import allocate_lock
+from app.errors import BadRequest
+from app.grammar.gate import GrammarTooComplex, Limits
+
+_CACHE_SIZE = 256
+_CACHE_LOCK = allocate_lock()  # conversions run on several worker threads
+
+
+_BOUNDS_MIN = ("minLength", "minItems")
+_BOUNDS_MAX = ("maxLength", "maxItems")
+_QUANTIFIER = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _prepare_schema(schema: Any, param: str, limits: Limits) -> Any:
+    """A copy of ``schema`` the converter can take cheaply, or a 400 saying why not."""
+    properties = 0
+    # the converter nests two rules per optional repetition, and llama.cpp refuses a group
+    # holding over 2000 rules: a span (max - min) above half the limit is not enforced
+    enforce_up_to = limits.max_repetition // 2
+    root: Any = None
+    # iterative copy: (source, parent container, key in parent)
+    todo: list[tuple[Any, Any, Any]] = [(schema, None, None)]
+    while todo:
+        node, parent, key = todo.pop()
+        if isinstance(node, dict):
+            copy: Any = {}
+            ref = node.get("$ref")
+            if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
+                raise BadRequest(
+                    f"{param}: only local $ref ('#/...') is supported, not {str(ref)[:100]!r}",
+                    param=param,
+                )
+            props = node.get("properties")
+            if isinstance(props, dict):
+                properties += len(props)
+                required = node.get("required")
+                n_required = len({r for r in required if r in props}) if isinstance(required, list) else 0
+                if len(props) - n_required > limits.max_optional_properties:
+                    raise GrammarTooComplex(
+                        f"{param}: an object with {len(props) - n_required} optional properties, "
+                        f"over the limit of {limits.max_optional_properties} "
+                        "(GRAMMAR_MAX_OPTIONAL_PROPERTIES)",
+                        param=param,
+                    )
+            enum = node.get("enum")
+            if isinstance(enum, list) and len(enum) > limits.max_alternatives:
+                raise GrammarTooComplex(
+                    f"{param}: an enum of {len(enum)} values, over the limit of "
+                    f"{limits.max_alternatives} (GRAMMAR_MAX_ALTERNATIVES)",
+                    param=param,
+                )
+            for k, v in node.items():
+                if k in _BOUNDS_MIN and isinstance(v, int) and v > limits.max_repetition:
+                    raise GrammarTooComplex(
+                        f"{param}: {k} {v} is over the limit of {limits.max_repetition} "
+                        "(GRAMMAR_MAX_REPETITION)",
+                        param=param,
+                    )
+                low = node.get("minLength" if k == "maxLength" else "minItems", 0)
+                low = low if isinstance(low, int) else 0
+                if k in _BOUNDS_MAX and isinstance(v, int) and v - low > enforce_up_to:
+                    continue  # not enforced (as llama.cpp does with {m,n} over its threshold)
+                if k == "pattern" and isinstance(v, str):
+                    _check_pattern(v, param, limits)
+                copy[k] = None  # the slot, in order; filled when the value is copied
+                todo.append((v, copy, k))
+        elif isinstance(node, list):
+            copy = [None] * len(node)
+            todo.extend((v, copy, i) for i, v in enumerate(node))
+        else:
+            copy = node
+        if parent is None:
+            root = copy
+        else:
+            parent[key] = copy
+        if properties > limits.max_properties:
+            raise GrammarTooComplex(
+                f"{param}: more than {limits.max_properties} properties "
+                "(GRAMMAR_MAX_PROPERTIES)",
+                param=param,
+            )
+    return root
+
+
+def _check_pattern(pattern: str, param: str, limits: Limits) -> None:
+    for m in _QUANTIFIER.finditer(pattern):
+        bound = max(int(m.group(1)), int(m.group(2) or 0))
+        if bound > limits.max_repetition:
+            raise GrammarTooComplex(
+                f"{param}: the pattern repeats {bound} times, over the limit of "
+                f"{limits.max_repetition} (GRAMMAR_MAX_REPETITION)",
+                param=param,
+            )
+
+
+def _converter_class() -> type:
+    from llama_cpp import llama_grammar as lg
+
+    class Converter(lg.SchemaConverter):
+        """llama-cpp-python's converter, with rule naming in O(1): the library probes
+        ``name0, name1, ...`` from 0 on every collision (quadratic in colliding names)."""
+
+        def __init__(self) -> None:
+            super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+            self._key_of: dict[tuple[str, str], str] = {}
+            self._next: dict[str, int] = {}
+
+        def _add_rule(self, name: str, rule: str) -> str:
+            esc = lg.INVALID_RULE_CHARS_RE.sub("-", name)
+            if esc not in self._rules or self._rules[esc] == rule:
+                key = esc
+            else:
+                found = self._key_of.get((esc, rule))
+                if found is None:
+                    i = self._next.get(esc, 0)
+                    while f"{esc}{i}" in self._rules and self._rules[f"{esc}{i}"] != rule:
+                        i += 1
+                    found = f"{esc}{i}"
+                    self._next[esc] = i + 1
+                key = found
+            self._rules[key] = rule
+            self._key_of[(esc, rule)] = key
+            return key
+
+    return Converter
+
+
+_CONVERTER: type | None = None
+_CACHE: OrderedDict[str, str] = OrderedDict()
+
+
+def _converter() -> Any:
+    global _CONVERTER
+    if _CONVERTER is None:
+        _CONVERTER = _converter_class()
+    return _CONVERTER()
+
+
+def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
+    """A JSON Schema as GBNF; a schema over the limits or the converter rejects is a 400.
+
+    Pure Python and CPU-bound: callers run it off the request hub (see app.bridge.offload).
+    Converted grammars are cached by the schema's text (agents send the same schemas again).
+    """
+    try:
+        key = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadRequest(f"{param} is not a JSON Schema: {exc}", param=param) from None
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+        if cached is not None:
+            _CACHE.move_to_end(key)
+            return cached
+    prepared = _prepare_schema(schema, param, limits)
+    try:
+        conv = _converter()
+        resolved = conv.resolve_refs(prepared, "input")
+        conv.visit(resolved, "")
+        gbnf = conv.format_grammar()
+    except RecursionError:
+        raise GrammarTooComplex(f"{param}: the schema nests too deeply to convert", param=param) from None
+    except Exception as exc:  # noqa: BLE001 - the converter raises assorted errors (asserts too)
+        raise BadRequest(f"{param} cannot be enforced: {exc}", param=param) from None
+    with _CACHE_LOCK:
+        _CACHE[key] = gbnf
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return gbnf
+
+
+def json_object() -> str:
+    """The grammar of any JSON object (``response_format: json_object``)."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    return JSON_GBNF
