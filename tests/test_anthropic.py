@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from app.api import anthropic as api
+from app.api import anthropic as anthropic_api
+from app.api.anthropic import Messages
+from app.api.anthropic import stream as anthropic_stream
+from app.api.anthropic.parsing import MessagesRequest, chat_input, parse, template_messages
+from app.api.anthropic.stream import tool_id
 from app.engine.fake import FakeEngine
 from tests.conftest import make_client
 
@@ -29,8 +33,8 @@ CALL_REPLY = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}'
 @pytest.fixture
 def fixed_ids(monkeypatch):
     """Deterministic message and tool ids (golden transcripts)."""
-    monkeypatch.setattr(api, "message_id", lambda: "msg_1")
-    monkeypatch.setattr(api, "tool_id", lambda call_id: "toolu_1")
+    monkeypatch.setattr(anthropic_api, "message_id", lambda: "msg_1")
+    monkeypatch.setattr(anthropic_stream, "tool_id", lambda call_id: "toolu_1")
 
 
 def assert_error(resp, status: int, kind: str, needle: str | None = None) -> str:
@@ -344,7 +348,7 @@ def test_tool_use_round_trip():
 
 
 def test_tool_result_error_and_blocks_reach_the_tool_message():
-    req = api.parse(api.MessagesRequest, {**MSG, "messages": [
+    req = parse(MessagesRequest, {**MSG, "messages": [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "Use the tool.", "signature": "sig"},
@@ -356,7 +360,7 @@ def test_tool_result_error_and_blocks_reach_the_tool_message():
              "content": [{"type": "text", "text": "missing b"}]},
             {"type": "tool_result", "tool_use_id": "toolu_8"}]},
     ]})
-    assert api.template_messages(req) == [
+    assert template_messages(req) == [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "Let me add.", "reasoning_content": "Use the tool.",
          "tool_calls": [{"id": "toolu_9", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
@@ -374,7 +378,7 @@ def test_tool_result_error_and_blocks_reach_the_tool_message():
     ({"type": "none"}, "none", None, True),
 ])
 def test_tool_choice_maps_to_the_core(choice, mode, name, parallel):
-    inp = api.chat_input(api.parse(api.MessagesRequest, {**MSG, "tools": [ADD], "tool_choice": choice}), 128)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "tools": [ADD], "tool_choice": choice}), 128)
     assert (inp.tool_choice.mode, inp.tool_choice.name, inp.parallel_tool_calls) == (mode, name, parallel)
     assert inp.tools[0].parameters == ADD["input_schema"]
 
@@ -396,19 +400,19 @@ def test_tool_choice_in_a_native_template():
 
 
 def test_tool_ids_are_toolu():
-    assert api.tool_id("call_abc") == "toolu_abc"
-    assert api.tool_id("Ab3dE5gH9") == "Ab3dE5gH9"  # Mistral's own form stays
+    assert tool_id("call_abc") == "toolu_abc"
+    assert tool_id("Ab3dE5gH9") == "Ab3dE5gH9"  # Mistral's own form stays
 
 
 # ---- thinking and structured output ---------------------------------------------------------
 
 
 def test_thinking_config_maps_to_budget_and_template_kwargs():
-    inp = api.chat_input(api.parse(api.MessagesRequest, {**MSG, "thinking": {"type": "enabled", "budget_tokens": 16}}), 8)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "enabled", "budget_tokens": 16}}), 8)
     assert inp.reasoning_budget == 16 and inp.template_kwargs == {}
-    inp = api.chat_input(api.parse(api.MessagesRequest, {**MSG, "thinking": {"type": "disabled"}}), 8)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "disabled"}}), 8)
     assert inp.reasoning_budget is None and inp.template_kwargs == {"enable_thinking": False}
-    inp = api.chat_input(api.parse(api.MessagesRequest, {**MSG, "thinking": {"type": "adaptive"}}), 8)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "adaptive"}}), 8)
     assert inp.reasoning_budget is None and inp.template_kwargs == {}
 
 
@@ -470,7 +474,7 @@ VERTEX_CLAUDE = {"anthropic_version": "vertex-2023-10-16", "max_tokens": 8,
     ({"prompt": "x", "system": "s"}, False),
 ])
 def test_looks_like(client, body, expected):
-    assert api.Messages.looks_like(None, body) is expected  # type: ignore[arg-type]
+    assert Messages.looks_like(None, body) is expected  # type: ignore[arg-type]
 
 
 def test_predict_envelope_with_request_format(client):

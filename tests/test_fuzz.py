@@ -20,9 +20,9 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api.anthropic import CountTokensRequest, MessagesRequest
+from app.api.anthropic.parsing import CountTokensRequest, MessagesRequest
 from app.api.embeddings import OpenAIEmbeddingsRequest, VertexInstance
-from app.api.responses import ResponsesRequest
+from app.api.responses.parsing import ResponsesRequest
 from app.engine.fake import FakeEngine
 from app.engine.fake_embed import FakeEmbedder
 from app.protocol.introspect import DetokenizeRequest, TokenizeRequest

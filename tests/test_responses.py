@@ -17,7 +17,9 @@ from openai import NotFoundError, OpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
-from app.api import responses as responses_api
+from app.api.responses import Responses
+from app.api.responses import stream as responses_stream
+from app.api.responses.parsing import EFFORT_BUDGET, input_messages
 from app.engine.fake import FakeEngine
 from tests.conftest import make_client
 
@@ -35,7 +37,7 @@ CALL_REPLY = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Par
 THINK_REPLY = "<think>Two and two. Four.</think>The answer is 4."
 
 
-def api_of(client) -> responses_api.Responses:
+def api_of(client) -> Responses:
     view = client.application.view_functions["responses.responses:/v1/responses"]
     return view.__self__
 
@@ -245,7 +247,7 @@ def test_reasoning_is_an_item_before_the_message():
     assert "".join(d["delta"] for d in datas if d["type"] == "response.reasoning_text.delta") == "Two and two. Four."
 
 
-@pytest.mark.parametrize("effort, budget", sorted(responses_api.EFFORT_BUDGET.items()))
+@pytest.mark.parametrize("effort, budget", sorted(EFFORT_BUDGET.items()))
 def test_effort_is_a_reasoning_budget(effort, budget):
     api = api_of(make_client(FakeEngine()))
     inp, _ = api.parse({"input": "x", "reasoning": {"effort": effort}})
@@ -283,7 +285,7 @@ def test_input_items_become_chat_messages():
         {"role": "system", "content": "More rules."},
         {"role": "user", "content": "ok?"},
     ]
-    assert responses_api.input_messages(items) == [
+    assert input_messages(items) == [
         {"role": "system", "content": "Rules."},
         {"role": "user", "content": "ab"},
         {"role": "assistant", "content": "Let me look.", "reasoning_content": "hmm", "tool_calls": [
@@ -295,7 +297,7 @@ def test_input_items_become_chat_messages():
         {"role": "system", "content": "More rules."},
         {"role": "user", "content": "ok?"},
     ]
-    assert responses_api.input_messages("hi") == [{"role": "user", "content": "hi"}]
+    assert input_messages("hi") == [{"role": "user", "content": "hi"}]
 
 
 BAD = {
@@ -386,7 +388,7 @@ def normalised(text: str) -> str:
 @pytest.fixture
 def fixed_ids(monkeypatch):
     counter = itertools.count()
-    monkeypatch.setattr(responses_api, "_token", lambda: f"{next(counter):04d}")
+    monkeypatch.setattr(responses_stream, "_token", lambda: f"{next(counter):04d}")
 
 
 GOLDEN_CASES = {
@@ -699,7 +701,7 @@ def test_one_key_filling_the_store_evicts_only_its_own():
 
 
 def test_a_full_store_evicts_from_the_key_holding_the_most():
-    from app.api.responses import ResponseStore
+    from app.api.responses.store import ResponseStore
 
     store = ResponseStore(size=4, ttl=60)
     for i in range(3):

@@ -1,0 +1,150 @@
+"""Anthropic Messages (``/v1/messages``, ``/v1/messages/count_tokens``).
+
+A Messages request (system, content blocks, tools with ``input_schema``, ``tool_choice``,
+``thinking``) becomes the core's ChatInput; the result becomes a ``message`` object with
+thinking, text and tool_use blocks, and the events become Anthropic's named SSE events
+(``message_start``, ``content_block_*``, ``message_delta``, ``message_stop``, ``ping``; no
+``[DONE]``). Errors are ``{"type": "error", "error": {"type", "message"}}``, as HTTP errors before
+the first byte and as an ``event: error`` after it.
+
+Usage follows Anthropic's meaning: ``input_tokens`` are the prompt tokens that were decoded, the
+ones served from the KV cache (a slot's reused prefix) are ``cache_read_input_tokens``; their sum
+is the prompt's length, which is what ``count_tokens`` answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from flask import Blueprint, jsonify
+
+from app.api.anthropic.parsing import CountTokensRequest, MessagesRequest, chat_input, parse
+from app.api.anthropic.stream import (
+    PING,
+    _Blocks,
+    content,
+    error_body,
+    message_id,
+    stop_reason,
+    usage,
+)
+from app.api.base import Api, read_body
+from app.core.events import ChoiceEnd, Failure, Result, Tick, Usage
+from app.core.input import ChatInput
+from app.core.service import Run
+from app.errors import ServiceError
+from app.protocol.sse import event
+
+
+@dataclass(frozen=True)
+class _Req:
+    model: str | None
+
+
+class Messages(Api):
+    name = "messages"
+    paths = ("/v1/messages",)
+    request_formats = ("messages", "anthropic", "/v1/messages")
+    id_prefix = "msg"
+    keepalive = PING
+    count_path: ClassVar[str] = "/v1/messages/count_tokens"
+
+    def looks_like(self, body: dict[str, Any]) -> bool:
+        """A raw Vertex body is a Messages request when it carries ``anthropic_version`` (every
+        Claude body on Vertex does), or has ``messages`` and something only Messages has: a
+        top-level ``system``, ``stop_sequences`` or ``thinking``, a tool with ``input_schema``,
+        a ``tool_choice`` object of type auto/any/tool/none, or a content block of type
+        tool_use, tool_result, thinking or redacted_thinking."""
+        if "anthropic_version" in body:
+            return True
+        if "messages" not in body:
+            return False
+        if any(k in body for k in ("system", "stop_sequences", "thinking")):
+            return True
+        ts = body.get("tools")
+        if isinstance(ts, list) and any(isinstance(t, dict) and "input_schema" in t for t in ts):
+            return True
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool", "none"):
+            return True
+        messages = body.get("messages")
+        for m in messages if isinstance(messages, list) else ():
+            blocks = m.get("content") if isinstance(m, dict) else None
+            for b in blocks if isinstance(blocks, list) else ():
+                if isinstance(b, dict) and b.get("type") in _ANTHROPIC_ONLY:
+                    return True
+        return False
+
+    def new_id(self) -> str:
+        return message_id()
+
+    def error_body(self, err: ServiceError) -> dict[str, Any]:
+        return error_body(err)
+
+    def parse(self, body: Any) -> tuple[ChatInput, _Req]:
+        req = parse(MessagesRequest, body)
+        return chat_input(req, self.settings.max_tools), _Req(req.model)
+
+    def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
+        a, u = result.answers[0], result.usage
+        return {
+            "id": run.id,
+            "type": "message",
+            "role": "assistant",
+            "content": content(a),
+            "model": run.model,
+            "stop_reason": stop_reason(a.reason, a.stop_sequence),
+            "stop_sequence": a.stop_sequence if a.reason == "stop" else None,
+            "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+        }
+
+    def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
+        return self._frames(run)
+
+    def _frames(self, run: Run) -> Iterator[bytes]:
+        start = {"id": run.id, "type": "message", "role": "assistant", "content": [],
+                 "model": run.model, "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
+        yield event("message_start", {"type": "message_start", "message": start})
+        yield PING  # as Anthropic does
+        blocks = _Blocks()
+        end: ChoiceEnd | None = None
+        for ev in run.events(heartbeat=self.heartbeat):
+            if isinstance(ev, Tick):
+                yield PING
+            elif isinstance(ev, ChoiceEnd):
+                end = ev
+                yield from blocks.stop()
+            elif isinstance(ev, Usage):
+                assert end is not None
+                stop = end.stop_sequence if end.reason == "stop" else None
+                delta = {"stop_reason": stop_reason(end.reason, stop), "stop_sequence": stop}
+                yield event("message_delta", {"type": "message_delta", "delta": delta, "usage":
+                            usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)})
+                yield event("message_stop", {"type": "message_stop"})
+            elif isinstance(ev, Failure):
+                yield event("error", error_body(ev.error))
+                return
+            else:
+                yield from blocks.feed(ev)
+
+    # ---- count_tokens -----------------------------------------------------------------------
+    def blueprint(self, bp: Blueprint) -> None:
+        bp.add_url_rule(self.count_path, f"{self.name}:count_tokens", self.count_view,
+                        methods=["POST"])
+
+    def count_tokens(self, body: Any) -> dict[str, int]:
+        """``{"input_tokens": N}``: the prompt this body would be, tokenized as it would be."""
+        def build() -> ChatInput:
+            return chat_input(parse(CountTokensRequest, body), self.settings.max_tools)
+
+        return {"input_tokens": self.service.count_tokens(build)}
+
+    def count_view(self) -> Any:
+        return jsonify(self.count_tokens(read_body()))
+
+
+# Content block types only a Messages request has (for telling a raw Vertex body apart).
+_ANTHROPIC_ONLY = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})
