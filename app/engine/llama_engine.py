@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -46,11 +45,10 @@ from app.engine.llama_embed import (
     LlamaEmbedder,
     open_context,
 )
+from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.sampling import GrammarSpec, GrammarTooSlow, Sampler, Vocab, compile_grammar
 from app.engine.text import TextAssembler
 from app.engine.types import (
-    PROTECT_CLOSE,
-    PROTECT_OPEN,
     Accepted,
     Event,
     Failed,
@@ -81,7 +79,6 @@ log = logging.getLogger(__name__)
 
 _FLASH = {"auto": -1, "off": 0, "on": 1}
 _SPLIT = {"none": 0, "layer": 1, "row": 2}  # llama_split_mode
-_PROTECTED = re.compile(f"{PROTECT_OPEN}(.*?){PROTECT_CLOSE}", re.DOTALL)
 PREP_THREADS = 2
 PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
 
@@ -494,10 +491,10 @@ class LlamaEngine:
             )
         self._model = model
         self._vocab = ll.llama_model_get_vocab(model)
+        self._tok = Tokenizer(ll, self._vocab, cfg.preserved_tokens)
         n_ctx_train = ll.llama_model_n_ctx_train(model)
 
         n_threads = cfg.threads or len(os.sched_getaffinity(0))
-        self._piece_buf = ctypes.create_string_buffer(256)
         self._vocab_tables = Vocab(ll, self._vocab)
         mode = self._embedding_mode(model)
         self._generates = mode != "only"
@@ -507,12 +504,9 @@ class LlamaEngine:
             self._embedder = self._make_embedder(n_ctx_train, n_threads, only=mode == "only")
             if not self._generates:
                 self._n_ctx = self._embedder.info.n_ctx
-        self._bos = ll.llama_vocab_bos(self._vocab)
-        self._add_bos = bool(ll.llama_vocab_get_add_bos(self._vocab))
         self._n_vocab = self._vocab_tables.n
         # a prompt longer than this in bytes cannot fit: refused before it is tokenized
         self._max_prompt_bytes = cfg.max_prompt_bytes or self._n_ctx * self._vocab_tables.longest_piece
-        self._preserved = self._control_tokens(cfg.preserved_tokens)
 
         template = cfg.chat_template
         if template is None:
@@ -527,13 +521,13 @@ class LlamaEngine:
             n_embd=ll.llama_model_n_embd(model),
             n_params=ll.llama_model_n_params(model),
             size=ll.llama_model_size(model),
-            vocab_type=self._vocab_type_name(ll.llama_vocab_type(self._vocab)),
+            vocab_type=vocab_type_name(ll.llama_vocab_type(self._vocab)),
             path=path,
             n_ctx=self._n_ctx,
             n_ctx_train=n_ctx_train,
             chat_template=template,
-            bos_token=self._token_text(self._bos),
-            eos_token=self._token_text(ll.llama_vocab_eos(self._vocab)),
+            bos_token=self._tok.text_of(self._tok.bos),
+            eos_token=self._tok.text_of(ll.llama_vocab_eos(self._vocab)),
             created=int(time.time()),
             n_vocab=self._n_vocab,
             control_texts=self._vocab_tables.control_texts,
@@ -643,7 +637,7 @@ class LlamaEngine:
         )
         return LlamaEmbedder(
             self._ll, self._model, self._vocab, embed_cfg,
-            tokenize=lambda text: self._tokenize(text, add_bos=True, special=False),
+            tokenize=lambda text: self._tok.tokens(text, add_bos=True, special=False),
             max_input_bytes=n_ctx * self._vocab_tables.longest_piece,
             n_vocab=self._vocab_tables.n,
             turns=self._turns,
@@ -656,7 +650,7 @@ class LlamaEngine:
         self._stage("warming_up", progress=None)
         events: list[Event] = []
         text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
-        long = self._tokenize(text, add_bos=self._add_bos)[: self.config.prefill_chunk]
+        long = self._tok.tokens(text, add_bos=self._tok.add_bos)[: self.config.prefill_chunk]
         jobs = []
         for i in range(self.config.parallel):
             prompt = tuple(long) if i == 0 else tuple(long[: 8 + i])
@@ -816,7 +810,7 @@ class LlamaEngine:
                     f"the context of {self._n_ctx} tokens",
                     param="messages",
                 )
-            return self._tokenize_prompt(req.prompt, add_bos=req.add_bos and self._add_bos)
+            return self._tok.prompt(req.prompt, add_bos=req.add_bos and self._tok.add_bos)
         else:
             if len(req.prompt) >= self._n_ctx:
                 raise ContextOverflow(
@@ -1031,7 +1025,7 @@ class LlamaEngine:
         job = slot.job
         if not job or not job.inject:
             return []
-        toks = self._tokenize(job.inject, add_bos=False)
+        toks = self._tok.tokens(job.inject, add_bos=False)
         if len(toks) > room or slot.n_past + 1 + len(toks) >= self._n_ctx:
             return []  # no room in this step's batch (or the context): try again next step
         text, job.inject = job.inject, ""
@@ -1062,7 +1056,7 @@ class LlamaEngine:
             self._finish(slot, "stop")
             return
         job.n_generated += 1
-        raw = self._piece(tok)
+        raw = self._tok.piece(tok)
         job.generated += raw
         assert job.sampler is not None
         job.sampler.observe(job.generated)
@@ -1148,64 +1142,6 @@ class LlamaEngine:
             self._drop(queue.popleft(), err)
 
     # ---- llama.cpp helpers (engine thread only) ----------------------------------------------
-    def _tokenize_prompt(self, text: str, add_bos: bool) -> list[int]:
-        """A prompt's tokens: control tokens parsed, except in protected spans (message text)."""
-        if PROTECT_OPEN not in text and PROTECT_CLOSE not in text:
-            return self._tokenize(text, add_bos)
-        parts = _PROTECTED.split(text)  # template, message text, template, ...
-        tokens: list[int] = []
-        for i, part in enumerate(parts):
-            part = part.replace(PROTECT_OPEN, "").replace(PROTECT_CLOSE, "")
-            if part or i == 0:
-                tokens += self._tokenize(part, add_bos=add_bos and i == 0, special=i % 2 == 0)
-        return tokens
-
-    def _tokenize(self, text: str, add_bos: bool, special: bool = True) -> list[int]:
-        """Any thread: llama.cpp's tokenizer only reads the vocabulary."""
-        ll = self._ll
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest("prompt is not valid UTF-8 (a lone surrogate)", param="prompt") from None
-        size = len(data) + 2
-        buf = (ll.llama_token * size)()
-        n = ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_bos, special)
-        if n < 0:
-            raise BadRequest("prompt could not be tokenized", param="prompt")
-        tokens = buf[:n]
-        if add_bos and len(tokens) >= 2 and tokens[0] == tokens[1] == self._bos:
-            tokens.pop(0)  # the template already wrote the BOS text
-        return tokens
-
-    def _piece(self, tok: int) -> bytes:
-        special = tok in self._preserved  # tool-call and thought markers the parsers need
-        n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self._ll.llama_token_to_piece(self._vocab, tok, buf, -n, 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
-
-    def _single_token(self, text: str) -> int | None:
-        """The token that spells ``text`` on its own (special tokens included), if there is one."""
-        toks = self._tokenize(text, add_bos=False)
-        return toks[0] if len(toks) == 1 else None
-
-    def _control_tokens(self, texts: tuple[str, ...]) -> frozenset[int]:
-        """Control tokens among ``texts``: detokenized without their text unless preserved."""
-        out = set()
-        for text in texts:
-            tok = self._single_token(text)
-            if tok is not None and self._ll.llama_vocab_is_control(self._vocab, tok):
-                out.add(tok)
-        return frozenset(out)
-
-    def _token_text(self, tok: int) -> str:
-        if tok < 0:
-            return ""
-        n = self._ll.llama_token_to_piece(self._vocab, tok, self._piece_buf, 256, 0, True)
-        return self._piece_buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
-
     def _make_sampler(self, p: SamplingParams, index: int, probe: bool) -> Sampler:
         """A choice's sampler; with a grammar, compiled here and, for the first choice, probed
         (see Sampler.probe)."""
@@ -1241,39 +1177,15 @@ class LlamaEngine:
         self._release_llama()
 
     # ---- introspection (/tokenize, /detokenize, /slots): any thread but the engine's ---------
-    @staticmethod
-    def _vocab_type_name(value: int) -> str:
-        from app.engine.types import VOCAB_TYPES
-
-        return VOCAB_TYPES[value] if 0 <= value < len(VOCAB_TYPES) else str(value)
-
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        """llama_tokenize with buffers of its own (``_tokenize`` drops a doubled BOS for the
-        templates' sake; this one answers exactly what llama.cpp says, as llama-server does)."""
+        """/tokenize: exactly what llama.cpp says (Tokenizer.exact), the model held meanwhile."""
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
         try:
-            return self._tokenize_exact(text, add_special, parse_special)
+            return self._tok.exact(text, add_special, parse_special)
         finally:
             self.release_model()
-
-    def _tokenize_exact(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
-        ll = self._ll
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest("content is not valid UTF-8 (a lone surrogate)",
-                             param="content") from None
-        size = len(data) + 8
-        for _ in range(2):  # the second try has the size llama.cpp asked for
-            buf = (ll.llama_token * size)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_special,
-                                  parse_special)
-            if n >= 0:
-                return buf[:n]
-            size = -n
-        raise BadRequest("content could not be tokenized", param="content")
 
     def pieces(self, tokens: list[int]) -> list[bytes]:
         """Each token's text as bytes, control tokens included (llama-server's pieces)."""
@@ -1288,18 +1200,7 @@ class LlamaEngine:
             )
         self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
         try:
-            ll, vocab = self._ll, self._vocab
-            size = 256
-            buf = ctypes.create_string_buffer(size)
-            out: list[bytes] = []
-            for tok in tokens:
-                n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
-                if n < 0:
-                    size = -n
-                    buf = ctypes.create_string_buffer(size)
-                    n = ll.llama_token_to_piece(vocab, tok, buf, size, 0, True)
-                out.append(buf.raw[: max(n, 0)])
-            return out
+            return self._tok.pieces(tokens)
         finally:
             self.release_model()
 
