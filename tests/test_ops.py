@@ -177,38 +177,48 @@ def test_each_key_has_its_own_cache_scope(keyed, engine):
 
 
 def test_the_engine_reuses_kv_only_within_a_scope():
-    """LlamaEngine._admit on a stand-in for the model: a slot holding another scope's KV
-    counts as sharing nothing."""
-    from collections import deque
-
-    from app.engine.llama_engine import LlamaEngine, _Job, _Slot
+    """The scheduler's admission on a stand-in for the model: a slot holding another scope's
+    KV counts as sharing nothing."""
+    from app.engine.llama_batch import Batch, Job, Slot
     from app.engine.types import GenerationRequest
 
     class Memory:
         def llama_memory_seq_rm(self, *args):
             return True
 
-    eng = LlamaEngine.__new__(LlamaEngine)
-    eng._ll = Memory()
-    eng._mem = None
-    eng._slots = [_Slot(0, cached=[1, 2, 3, 4, 5], scope="a"), _Slot(1)]
-    eng._waiting = deque()
+    sched = Batch(Memory(), ctx=None, mem=None, batch=None, vocab=None, tok=None, n_ctx=64,
+                  prefill_chunk=8, parallel=2, over=lambda job: None)
+    sched.slots[0].cached, sched.slots[0].scope = [1, 2, 3, 4, 5], "a"
+    assert isinstance(sched.slots[1], Slot)
 
-    def admit(scope: str) -> _Job:
-        job = _Job(GenerationRequest("x", cache_scope=scope), sink=lambda ev: None,
-                   tokens=[1, 2, 3, 4, 9])
-        eng._waiting.append(job)
-        eng._admit()
+    def admit(scope: str) -> Job:
+        job = Job(GenerationRequest("x", cache_scope=scope), sink=lambda ev: None,
+                  tokens=[1, 2, 3, 4, 9])
+        sched.waiting.append(job)
+        sched.admit()
         return job
 
     other = admit("b")
     assert other.cached_tokens == 0
-    for slot in eng._slots:
+    for slot in sched.slots:
         slot.job = None
-    eng._slots[0].cached, eng._slots[0].scope = [1, 2, 3, 4, 5], "a"
-    eng._slots[1].cached = []
+    sched.slots[0].cached, sched.slots[0].scope = [1, 2, 3, 4, 5], "a"
+    sched.slots[1].cached = []
     same = admit("a")
     assert same.cached_tokens == 4
+
+    # the end of the graceful timeout: every running job gets its error, every slot is free
+    from app.engine.types import Failed
+    from app.errors import ShuttingDown
+
+    got: list = []
+    over: list = []
+    sched.over = over.append
+    running = Job(GenerationRequest("x"), sink=got.append, tokens=[1])
+    sched.slots[1].job = running
+    sched.fail_active(ShuttingDown("server is shutting down"))
+    assert [type(e) for e in got] == [Failed] and running in over
+    assert not sched.busy()
 
 
 # ---- request ids -----------------------------------------------------------------------------

@@ -20,12 +20,10 @@ import ctypes
 import logging
 import os
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
 
 from app.bridge import (
     Channel,
@@ -37,6 +35,7 @@ from app.bridge import (
 from app.engine import cpu_buffers, llama_log
 from app.engine.embed import POOLING_IDS
 from app.engine.handle import ChannelHandle
+from app.engine.llama_batch import Batch, Job, drop
 from app.engine.llama_embed import (
     DEFAULT_MAX_CTX,
     GENERATIVE_MAX_CTX,
@@ -46,7 +45,7 @@ from app.engine.llama_embed import (
     open_context,
 )
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
-from app.engine.sampling import GrammarSpec, GrammarTooSlow, Sampler, Vocab, compile_grammar
+from app.engine.sampling import GrammarSpec, Sampler, Vocab, compile_grammar
 from app.engine.text import TextAssembler
 from app.engine.types import (
     Accepted,
@@ -56,8 +55,6 @@ from app.engine.types import (
     GenerationRequest,
     ModelInfo,
     SamplingParams,
-    Sink,
-    TextPiece,
     outside_vocab,
 )
 from app.errors import (
@@ -65,7 +62,6 @@ from app.errors import (
     ContextOverflow,
     EmbeddingOnly,
     EngineFailure,
-    GenerationTimeout,
     ModelLoadError,
     ModelNotReady,
     QueueFull,
@@ -120,47 +116,10 @@ class EngineConfig:
     preserved_tokens: tuple[str, ...]
 
 
-@dataclass(eq=False)
-class _Job:
-    request: GenerationRequest
-    sink: Sink
-    tokens: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    done: bool = False
-    deadline: float | None = None
-    cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
-    index: int = 0  # the choice (n > 1)
-    followers: list[_Job] = field(default_factory=list)  # the other choices, led by this job
-    leader: _Job | None = None  # for a follower, the job that leads it
-    inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
-    inject_unless: bytes = b""  # ... dropped if the generated text already has this
-    generated: bytearray = field(default_factory=bytearray)  # the raw text, for inject_unless
-    max_new: int = 0
-    n_generated: int = 0
-    assembler: TextAssembler | None = None
-    sampler: Sampler | None = None  # built on a prep thread; freed when the job is over
-    submitted: float = field(default_factory=time.monotonic)
-    queued: float = 0.0  # seconds from submission to a slot (for /metrics)
-
-
-@dataclass(eq=False)
-class _Slot:
-    seq_id: int
-    job: _Job | None = None
-    cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
-    last_used: float = 0.0
-    follows: _Slot | None = None  # a choice waiting for its leader's prompt KV
-    n_past: int = 0  # tokens of this sequence already in the KV cache
-    n_prompt_done: int = 0  # prompt tokens decoded so far
-    last_token: int = -1
-    i_batch: int = -1  # index in the current batch whose logits this slot samples
-    scope: str = ""  # cache_scope of the request whose KV the slot holds (an API key's digest)
-
-
 class LlamaHandle(ChannelHandle):
     """A submitted job (and its other choices) as seen by the request's greenlet."""
 
-    def __init__(self, engine: LlamaEngine, job: _Job, channel: Channel):
+    def __init__(self, engine: LlamaEngine, job: Job, channel: Channel):
         super().__init__(channel, 1 + len(job.followers))
         self._engine = engine
         self._job = job
@@ -193,11 +152,11 @@ class LlamaEngine:
         self._resolve_model = resolve_model
         self._on_fatal = on_fatal
         self._info: ModelInfo | None = None
-        self._prep: deque[_Job] = deque()  # submitted, to be prepared on a prep thread
+        self._prep: deque[Job] = deque()  # submitted, to be prepared on a prep thread
         self._prep_wake = ThreadEvent()
         self._prep_busy: dict[int, float] = {}  # prep thread -> when its current job started
-        self._inbox: deque[_Job] = deque()  # prepared, for the engine thread
-        self._waiting: deque[_Job] = deque()
+        self._inbox: deque[Job] = deque()  # prepared, for the engine thread
+        self._sched: Batch | None = None  # the slots and the step, once a context is open
         self._wake = ThreadEvent()
         self._count_lock = allocate_lock()
         self._handoff = allocate_lock()  # prep threads vs. the engine closing
@@ -209,9 +168,6 @@ class LlamaEngine:
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
         self._abort: ServiceError | None = None  # set by abort(), acted on by the engine thread
         self._step_since: float | None = None  # when the step in progress began
-        self._steps = 0
-        self._widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
-        self._slots: list[_Slot] = []
         self._embedder: LlamaEmbedder | None = None
         self._turns = DecodeTurns()  # generation steps and embedding decodes alternate
         self._generates = True  # False: an embedding-only model, no generation context
@@ -294,12 +250,15 @@ class LlamaEngine:
         return max(0, self._in_flight - self.config.parallel)
 
     def stats(self) -> dict[str, object]:
-        slots = getattr(self, "_slots", [])
+        sched = self._sched
+        slots = sched.slots if sched is not None else []
         return {
             "running": sum(1 for s in slots if s.job is not None),
-            "waiting": len(self._waiting) + len(self._inbox) + len(self._prep),
-            "steps": self._steps,
-            "batch_widths": {str(k): v for k, v in sorted(self._widths.items())},
+            "waiting": (len(sched.waiting) if sched is not None else 0) + len(self._inbox)
+            + len(self._prep),
+            "steps": sched.steps if sched is not None else 0,
+            "batch_widths": ({str(k): v for k, v in sorted(sched.widths.items())}
+                             if sched is not None else {}),
         }
 
     def stalled(self, limit: float) -> str | None:
@@ -326,15 +285,15 @@ class LlamaEngine:
             )
         channel = Channel()
         deadline = time.monotonic() + request.timeout if request.timeout else None
-        job = _Job(request=request, sink=channel.put, deadline=deadline)
+        job = Job(request=request, sink=channel.put, deadline=deadline)
         job.followers = [
-            _Job(request=request, sink=channel.put, deadline=deadline, index=i, leader=job)
+            Job(request=request, sink=channel.put, deadline=deadline, index=i, leader=job)
             for i in range(1, request.n)
         ]
         self._enqueue(job)
         return LlamaHandle(self, job, channel)
 
-    def _enqueue(self, job: _Job) -> None:
+    def _enqueue(self, job: Job) -> None:
         n = 1 + len(job.followers)
         with self._count_lock:
             if self._in_flight + n > self.config.parallel + self.config.max_queue:
@@ -391,7 +350,7 @@ class LlamaEngine:
             finally:
                 self._prep_busy.pop(me, None)
 
-    def _prepare_job(self, job: _Job) -> None:
+    def _prepare_job(self, job: Job) -> None:
         """Prepare ``job`` and hand it to the engine thread; a failure answers it here."""
         if job.cancelled:
             self._drop(job)
@@ -588,7 +547,8 @@ class LlamaEngine:
         # what one sequence may hold: llama.cpp may round the total per sequence
         self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(self._ctx))
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
-        self._slots = [_Slot(seq_id=i) for i in range(cfg.parallel)]
+        self._sched = Batch(ll, self._ctx, self._mem, self._batch, self._vocab, self._tok,
+                            self._n_ctx, cfg.prefill_chunk, cfg.parallel, self._job_over)
 
     def _meta(self, key: str) -> str | None:
         """A GGUF metadata value, as text."""
@@ -648,6 +608,8 @@ class LlamaEngine:
         prefill chunk, then every slot generating in one batch (llama.cpp sizes its buffers and
         the OS maps the KV cache's pages on first use, which the first burst paid for before)."""
         self._stage("warming_up", progress=None)
+        sched = self._sched
+        assert sched is not None  # a generative model has a context
         events: list[Event] = []
         text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
         long = self._tok.tokens(text, add_bos=self._tok.add_bos)[: self.config.prefill_chunk]
@@ -659,14 +621,14 @@ class LlamaEngine:
             grammar = '"zq" [a-z]*' if i == self.config.parallel - 1 else None
             params = SamplingParams(max_tokens=4, temperature=0.0,
                                     grammar=f"root ::= {grammar}" if grammar else None)
-            job = _Job(
+            job = Job(
                 request=GenerationRequest(prompt, params, cache_prompt=False),
                 sink=events.append,
             )
             self._prepare(job)
             with self._count_lock:  # a reload's warm-up runs beside submissions
                 self._in_flight += 1
-            self._waiting.append(job)
+            sched.waiting.append(job)
             jobs.append(job)
         for _ in range(100 + 4 * len(jobs)):
             self._step_once()
@@ -677,11 +639,11 @@ class LlamaEngine:
             raise ModelLoadError(f"warm-up generation failed: {failed[0].error.message}")
         if sum(isinstance(e, Finished) for e in events) != len(jobs):
             raise ModelLoadError("warm-up generation did not finish")
-        for slot in self._slots:  # the warm-up text is no prefix anyone will reuse
+        for slot in sched.slots:  # the warm-up text is no prefix anyone will reuse
             self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
             slot.cached.clear()
-        self._steps = 0
-        self._widths.clear()
+        sched.steps = 0
+        sched.widths.clear()
 
     def _stage(self, stage: str, **kw: object) -> None:
         """The load stage health reports; a reload after sleep reports none (health stays 200)."""
@@ -702,10 +664,12 @@ class LlamaEngine:
                 busy = self._step_once()
             except Exception:  # a bug: fail the jobs in flight, keep serving the next ones
                 log.exception("engine step failed")
-                self._fail_active(EngineFailure("internal engine error"))
+                if self._sched is not None:
+                    self._sched.fail_active(EngineFailure("internal engine error"))
                 busy = True
+            waiting = self._sched is not None and self._sched.waiting
             if self._stopping and not busy and not (self._prep or self._prep_busy or self._inbox
-                                                    or self._waiting):
+                                                    or waiting):
                 return
             if not busy and not self._fall_asleep():
                 self._wake.wait(0.5)
@@ -718,8 +682,9 @@ class LlamaEngine:
         if not idle or self._stopping or time.monotonic() - self._last_activity < idle:
             return False
         with self._count_lock:
-            if (self._in_flight or self._users or self._prep or self._inbox or self._waiting
-                    or self._prep_busy or any(s.job for s in self._slots)):
+            sched = self._sched
+            if (self._in_flight or self._users or self._prep or self._inbox or self._prep_busy
+                    or (sched is not None and (sched.waiting or sched.busy()))):
                 return False
             self._asleep = True
             self._wake_requested = False
@@ -733,7 +698,7 @@ class LlamaEngine:
         ll = self._ll
         if self._embedder:
             self._embedder.close()
-        for slot in self._slots:
+        for slot in self._sched.slots if self._sched is not None else []:
             slot.cached.clear()
         if getattr(self, "_ctx", None):
             ll.llama_batch_free(self._batch)
@@ -778,27 +743,30 @@ class LlamaEngine:
         if self._abort is not None:
             err, self._abort = self._abort, None
             self._fail_everything(err)
-        self._take_inbox()
-        self._reap()
-        self._admit()
-        if not any(s.job for s in self._slots):
+        sched = self._sched
+        if sched is None:  # an embedding-only model: nothing to generate
+            return False
+        self._take_inbox(sched)
+        sched.reap()
+        sched.admit()
+        if not sched.busy():
             return False
         with self._turns.host():
             self._step_since = time.monotonic()
             try:
-                self._decode_step()
+                sched.decode_step()
             finally:
                 self._step_since = None
         return True
 
-    def _take_inbox(self) -> None:
+    def _take_inbox(self, sched: Batch) -> None:
         """Prepared jobs join the admission queue, in the order they were prepared."""
         while self._inbox:
             job = self._inbox.popleft()
             if job.cancelled:
                 self._drop(job)
             else:
-                self._waiting.append(job)
+                sched.waiting.append(job)
 
     def _prompt_tokens(self, req: GenerationRequest) -> list[int]:
         """The prompt's tokens, refused (ContextOverflow, BadRequest) if it cannot be one."""
@@ -823,7 +791,7 @@ class LlamaEngine:
                 raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
             return list(req.prompt)
 
-    def _prepare(self, job: _Job) -> None:
+    def _prepare(self, job: Job) -> None:
         """Tokenize, check against the context, build every choice's sampler (grammar compiled
         and probed). Runs on a prep thread; touches nothing the engine thread owns."""
         req = job.request
@@ -865,248 +833,9 @@ class LlamaEngine:
                     j.sampler = None
             raise
 
-    def _reap(self) -> None:
-        """Drop cancelled jobs and fail the ones past their deadline, freeing their KV."""
-        now = time.monotonic()
-        for slot in self._slots:
-            job = slot.job
-            if job is None:
-                continue
-            if job.cancelled:
-                self._release(slot)
-            elif job.deadline is not None and now > job.deadline:
-                self._fail_job(job, _timeout_error(job))
-                self._release(slot)
-        if any(j.cancelled or (j.deadline is not None and now > j.deadline) for j in self._waiting):
-            keep: deque[_Job] = deque()
-            for job in self._waiting:
-                if job.cancelled:
-                    self._drop(job)
-                elif job.deadline is not None and now > job.deadline:
-                    self._drop(job, _timeout_error(job))
-                else:
-                    keep.append(job)
-            self._waiting = keep
-
-    def _admit(self) -> None:
-        """FIFO: each waiting job, in order, takes the free slot whose cached tokens share the
-        longest prefix with its prompt, and decodes only the rest."""
-        while self._waiting:
-            free = [s for s in self._slots if s.job is None]
-            if len(free) < 1 + len(self._waiting[0].followers):
-                return  # FIFO: the next request waits for enough slots for all its choices
-            job = self._waiting.popleft()
-            job.queued = time.monotonic() - job.submitted
-            prompt = np.asarray(job.tokens, dtype=np.int32)
-            scope = job.request.cache_scope
-            # KV is reused only within a scope (an API key): cached_tokens is no oracle for
-            # another key's prompts
-            shared = {id(s): _common_prefix(s.cached, prompt) if s.scope == scope else 0
-                      for s in free}
-            slot = max(free, key=lambda s: (shared[id(s)], -s.last_used))
-            n_common = min(shared[id(slot)], len(job.tokens) - 1)
-            if not job.request.cache_prompt:
-                n_common = 0
-            if n_common < len(slot.cached) and not self._ll.llama_memory_seq_rm(
-                self._mem, slot.seq_id, n_common, -1
-            ):
-                n_common = 0  # this model's memory cannot drop a suffix: start afresh
-                self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
-            del slot.cached[n_common:]
-            job.cached_tokens = n_common
-            for follower in job.followers:
-                follower.cached_tokens = n_common
-            slot.job = job
-            slot.scope = scope
-            slot.n_past = n_common
-            slot.n_prompt_done = n_common
-            slot.last_token = -1
-            slot.last_used = time.monotonic()
-            free.remove(slot)
-            for follower in job.followers:
-                # each other choice gets a slot of its own; it takes a copy of the leader's prompt
-                # KV (llama_memory_seq_cp into its own stream) once the prompt is decoded
-                fslot = min(free, key=lambda s: len(s.cached))
-                free.remove(fslot)
-                self._ll.llama_memory_seq_rm(self._mem, fslot.seq_id, -1, -1)
-                fslot.cached.clear()
-                fslot.job = follower
-                fslot.scope = scope
-                fslot.follows = slot
-                fslot.n_past = fslot.n_prompt_done = 0
-                fslot.last_token = -1
-                fslot.last_used = time.monotonic()
-
-    def _decode_step(self) -> None:
-        ll = self._ll
-        batch = self._batch
-        n = 0
-        budget = self.config.prefill_chunk
-        # 1. one token for every sequence that is generating
-        for slot in self._slots:
-            slot.i_batch = -1
-            job = slot.job
-            if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
-                continue
-            extra = self._take_injection(slot, budget - 1)
-            for tok in [slot.last_token, *extra]:
-                self._batch_add(n, tok, slot.n_past, slot.seq_id, False)
-                slot.cached.append(tok)
-                slot.n_past += 1
-                n += 1
-                budget -= 1
-            self._batch.logits[n - 1] = True
-            slot.i_batch = n - 1
-        # 2. prompt chunks for sequences being admitted, within the step's token budget
-        for slot in self._slots:
-            job = slot.job
-            if (
-                job is None
-                or slot.follows is not None
-                or slot.n_prompt_done >= len(job.tokens)
-                or budget <= 0
-            ):
-                continue
-            take = min(budget, len(job.tokens) - slot.n_prompt_done)
-            for k in range(take):
-                i = slot.n_prompt_done + k
-                last = i == len(job.tokens) - 1
-                self._batch_add(n, job.tokens[i], i, slot.seq_id, last)
-                slot.cached.append(job.tokens[i])
-                if last:
-                    slot.i_batch = n
-                n += 1
-            slot.n_prompt_done += take
-            slot.n_past = slot.n_prompt_done
-            budget -= take
-        batch.n_tokens = n
-        rc = ll.llama_decode(self._ctx, batch)
-        if rc != 0:
-            err = EngineFailure(
-                f"llama_decode failed (code {rc})"
-                + (": no room left in the KV cache" if rc == 1 else "")
-            )
-            for slot in self._slots:
-                if slot.job is not None:
-                    self._fail_job(slot.job, err)
-                    self._release(slot, keep_cache=False)
-            return
-        for slot in self._slots:
-            leader = slot.follows
-            if leader is not None and leader.i_batch >= 0 and leader.job is not None:
-                # the leader's prompt is in the KV now: share it, and sample from its logits
-                ll.llama_memory_seq_cp(self._mem, leader.seq_id, slot.seq_id, -1, -1)
-                slot.cached = list(leader.cached)
-                slot.n_past = slot.n_prompt_done = leader.n_past
-                slot.i_batch = leader.i_batch
-                slot.follows = None
-        width = 0
-        for slot in self._slots:
-            job = slot.job
-            if slot.i_batch >= 0 and job is not None and job.sampler is not None:
-                width += 1
-                try:
-                    tok = job.sampler.sample(self._ctx, slot.i_batch)
-                except BadRequest as err:  # the grammar ended this request; the others go on
-                    if isinstance(err, GrammarTooSlow):
-                        log.warning("request ended: %s", err.message)
-                    lead = job.leader or job
-                    for choice in (lead, *lead.followers):  # its other choices stop at the next
-                        choice.cancelled = True             # step: nobody reads them any more
-                    self._fail_job(job, err)
-                    self._release(slot)
-                    continue
-                self._on_token(slot, tok)
-        self._steps += 1
-        self._widths[width] += 1
-
-    def _take_injection(self, slot: _Slot, room: int) -> list[int]:
-        """Tokens of text injected into this sequence (already sent to the client as text)."""
-        job = slot.job
-        if not job or not job.inject:
-            return []
-        toks = self._tok.tokens(job.inject, add_bos=False)
-        if len(toks) > room or slot.n_past + 1 + len(toks) >= self._n_ctx:
-            return []  # no room in this step's batch (or the context): try again next step
-        text, job.inject = job.inject, ""
-        if job.inject_unless and job.inject_unless in job.generated:
-            return []  # the model got there first: injecting now would be wrong (or refused)
-        data = text.encode()
-        job.generated += data
-        assert job.sampler is not None
-        job.sampler.accept_injected(toks)  # penalties (and a grammar built for it) move past it
-        job.sampler.observe(job.generated)
-        piece = job.assembler.feed(data) if job.assembler else text
-        if piece:
-            job.sink(TextPiece(piece, job.n_generated, job.index))
-        return toks
-
-    def _batch_add(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        b = self._batch
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq_id
-        b.logits[i] = logits
-
-    def _on_token(self, slot: _Slot, tok: int) -> None:
-        job = slot.job
-        assert job is not None and job.assembler is not None
-        if self._ll.llama_vocab_is_eog(self._vocab, tok):
-            self._finish(slot, "stop")
-            return
-        job.n_generated += 1
-        raw = self._tok.piece(tok)
-        job.generated += raw
-        assert job.sampler is not None
-        job.sampler.observe(job.generated)
-        text = job.assembler.feed(raw)
-        if job.assembler.stopped:
-            if text:
-                job.sink(TextPiece(text, job.n_generated, job.index))
-            self._finish(slot, "stop")
-            return
-        if job.n_generated >= job.max_new or slot.n_past >= self._n_ctx:
-            text += job.assembler.flush()
-            if text:
-                job.sink(TextPiece(text, job.n_generated, job.index))
-            self._finish(slot, "length")
-            return
-        if text:
-            job.sink(TextPiece(text, job.n_generated, job.index))
-        slot.last_token = tok
-
-    def _finish(self, slot: _Slot, reason: str) -> None:
-        job = slot.job
-        assert job is not None and job.assembler is not None
-        tail = job.assembler.flush()
-        if tail:
-            job.sink(TextPiece(tail, job.n_generated, job.index))
-        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
-                          job.assembler.stopped_by, queue_seconds=job.queued))
-        self._release(slot, keep_cache=True)
-
-    def _release(self, slot: _Slot, keep_cache: bool = False) -> None:
-        """Free the slot at once. A finished job's KV stays for prefix reuse by the next
-        request; a cancelled or failed one's is dropped."""
-        job = slot.job
-        for other in self._slots:  # choices still waiting for this slot's prompt go with it
-            if other.follows is slot and other.job is not None:
-                other.job.cancelled = True
-                other.follows = None
-                self._release(other)
-        if not keep_cache:
-            self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
-            slot.cached.clear()
-        slot.job = None
-        slot.follows = None
-        slot.i_batch = -1
-        if job is not None:
-            if job.cancelled and not job.done:
-                log.debug("generation cancelled after %d tokens", job.n_generated)
-            self._job_over(job)
-
-    def _job_over(self, job: _Job) -> None:
+    def _job_over(self, job: Job) -> None:
+        """A choice has ended (finished, failed, cancelled, dropped): its sampler freed, and the
+        request counted out once."""
         if job.sampler is not None:
             job.sampler.free()
             job.sampler = None
@@ -1116,29 +845,17 @@ class LlamaEngine:
                 self._in_flight -= 1
                 self._last_activity = time.monotonic()  # idle counts from a request's end
 
-    def _drop(self, job: _Job, err: ServiceError | None = None) -> None:
-        """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
-        if err is not None:
-            self._fail_job(job, err)
-        for j in (job, *job.followers):
-            self._job_over(j)
-
-    def _fail_job(self, job: _Job, err: ServiceError) -> None:
-        if not job.done:
-            job.sink(Failed(err))
-        self._job_over(job)
-
-    def _fail_active(self, err: ServiceError) -> None:
-        for slot in getattr(self, "_slots", []):
-            if slot.job is not None:
-                self._fail_job(slot.job, err)
-                self._release(slot)
+    def _drop(self, job: Job, err: ServiceError | None = None) -> None:
+        drop(job, self._job_over, err)
 
     def _fail_everything(self, err: ServiceError) -> None:
         """Every request: those in slots, admitted and waiting, prepared, and to be prepared."""
-        self._fail_active(err)
-        while self._prep or self._waiting or self._inbox:
-            queue = self._prep if self._prep else self._waiting if self._waiting else self._inbox
+        sched = self._sched
+        if sched is not None:
+            sched.fail_active(err)
+        waiting = sched.waiting if sched is not None else deque()
+        while self._prep or waiting or self._inbox:
+            queue = self._prep if self._prep else waiting if waiting else self._inbox
             self._drop(queue.popleft(), err)
 
     # ---- llama.cpp helpers (engine thread only) ----------------------------------------------
@@ -1171,7 +888,7 @@ class LlamaEngine:
     def _free(self) -> None:
         if self._ll is None:
             return
-        for slot in getattr(self, "_slots", []):
+        for slot in self._sched.slots if self._sched is not None else []:
             if slot.job is not None and slot.job.sampler is not None:
                 slot.job.sampler.free()
         self._release_llama()
@@ -1210,7 +927,7 @@ class LlamaEngine:
         from app.engine.types import slot_row
 
         rows: list[dict[str, object]] = []
-        for slot in list(getattr(self, "_slots", [])):  # set once loaded
+        for slot in list(self._sched.slots if self._sched is not None else []):  # once loaded
             job = slot.job
             kv = len(slot.cached)
             if job is None:
@@ -1223,23 +940,6 @@ class LlamaEngine:
                 remain=max(0, job.max_new - decoded), choice=job.index,
             ))
         return rows
-
-
-def _common_prefix(cached: list[int], prompt: np.ndarray) -> int:
-    """How many leading tokens a slot's cache shares with a prompt (vectorised: a Python loop
-    over 8 slots of 128k tokens stalled the engine thread ~50 ms per admission)."""
-    n = min(len(cached), len(prompt))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(cached[:n], dtype=np.int32) != prompt[:n])
-    return int(diff[0]) if len(diff) else n
-
-
-def _timeout_error(job: _Job) -> GenerationTimeout:
-    return GenerationTimeout(
-        f"generation exceeded the request timeout of {job.request.timeout:g} s "
-        f"after {job.n_generated} tokens"
-    )
 
 
 def _model_name(path: str) -> str:

@@ -1,0 +1,370 @@
+"""The batch scheduler: PARALLEL slots over one llama.cpp context, on the engine thread.
+
+Every step builds one ``llama_batch`` with the next token of each generating sequence plus prompt
+chunks of sequences being admitted (within PREFILL_CHUNK), calls ``llama_decode`` once, and
+samples each sequence with its own sampler. Admission is FIFO from ``waiting``: a job takes the
+free slot whose cached tokens share the longest prefix with its prompt (within its API key's
+scope) and decodes only the rest; a job with n choices takes n slots, the others copying the
+leader's prompt KV. A finished job's KV stays for the next request's prefix; a cancelled or
+failed one's is dropped at once. What a job's end means to the engine (its counters) is the
+``over`` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.engine.llama_vocab import Tokenizer
+from app.engine.sampling import GrammarTooSlow, Sampler
+from app.engine.text import TextAssembler
+from app.engine.types import Failed, Finished, GenerationRequest, Sink, TextPiece
+from app.errors import BadRequest, EngineFailure, GenerationTimeout, ServiceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Job:
+    request: GenerationRequest
+    sink: Sink
+    tokens: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    done: bool = False
+    deadline: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
+    index: int = 0  # the choice (n > 1)
+    followers: list[Job] = field(default_factory=list)  # the other choices, led by this job
+    leader: Job | None = None  # for a follower, the job that leads it
+    inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
+    inject_unless: bytes = b""  # ... dropped if the generated text already has this
+    generated: bytearray = field(default_factory=bytearray)  # the raw text, for inject_unless
+    max_new: int = 0
+    n_generated: int = 0
+    assembler: TextAssembler | None = None
+    sampler: Sampler | None = None  # built on a prep thread; freed when the job is over
+    submitted: float = field(default_factory=time.monotonic)
+    queued: float = 0.0  # seconds from submission to a slot (for /metrics)
+
+
+@dataclass(eq=False)
+class Slot:
+    seq_id: int
+    job: Job | None = None
+    cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
+    last_used: float = 0.0
+    follows: Slot | None = None  # a choice waiting for its leader's prompt KV
+    n_past: int = 0  # tokens of this sequence already in the KV cache
+    n_prompt_done: int = 0  # prompt tokens decoded so far
+    last_token: int = -1
+    i_batch: int = -1  # index in the current batch whose logits this slot samples
+    scope: str = ""  # cache_scope of the request whose KV the slot holds (an API key's digest)
+
+
+class Batch:
+    """The slots, the admission queue and the step, over one context (made anew at each load)."""
+
+    def __init__(self, ll: Any, ctx: Any, mem: Any, batch: Any, vocab: Any, tok: Tokenizer | None,
+                 n_ctx: int, prefill_chunk: int, parallel: int, over: Callable[[Job], None]):
+        self.ll, self.ctx, self.mem, self.batch, self.vocab, self.tok = ll, ctx, mem, batch, vocab, tok
+        self.n_ctx = n_ctx
+        self.prefill_chunk = prefill_chunk
+        self.over = over  # a job has ended: the engine's accounting
+        self.slots = [Slot(seq_id=i) for i in range(parallel)]
+        self.waiting: deque[Job] = deque()  # prepared, admitted in order as slots free up
+        self.steps = 0
+        self.widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
+
+    def busy(self) -> bool:
+        return any(s.job for s in self.slots)
+
+    def reap(self) -> None:
+        """Drop cancelled jobs and fail the ones past their deadline, freeing their KV."""
+        now = time.monotonic()
+        for slot in self.slots:
+            job = slot.job
+            if job is None:
+                continue
+            if job.cancelled:
+                self.release(slot)
+            elif job.deadline is not None and now > job.deadline:
+                self.fail_job(job, timeout_error(job))
+                self.release(slot)
+        if any(j.cancelled or (j.deadline is not None and now > j.deadline) for j in self.waiting):
+            keep: deque[Job] = deque()
+            for job in self.waiting:
+                if job.cancelled:
+                    self.drop(job)
+                elif job.deadline is not None and now > job.deadline:
+                    self.drop(job, timeout_error(job))
+                else:
+                    keep.append(job)
+            self.waiting = keep
+
+    def admit(self) -> None:
+        """FIFO: each waiting job, in order, takes the free slot whose cached tokens share the
+        longest prefix with its prompt, and decodes only the rest."""
+        while self.waiting:
+            free = [s for s in self.slots if s.job is None]
+            if len(free) < 1 + len(self.waiting[0].followers):
+                return  # FIFO: the next request waits for enough slots for all its choices
+            job = self.waiting.popleft()
+            job.queued = time.monotonic() - job.submitted
+            prompt = np.asarray(job.tokens, dtype=np.int32)
+            scope = job.request.cache_scope
+            # KV is reused only within a scope (an API key): cached_tokens is no oracle for
+            # another key's prompts
+            shared = {id(s): common_prefix(s.cached, prompt) if s.scope == scope else 0
+                      for s in free}
+            slot = max(free, key=lambda s: (shared[id(s)], -s.last_used))
+            n_common = min(shared[id(slot)], len(job.tokens) - 1)
+            if not job.request.cache_prompt:
+                n_common = 0
+            if n_common < len(slot.cached) and not self.ll.llama_memory_seq_rm(
+                self.mem, slot.seq_id, n_common, -1
+            ):
+                n_common = 0  # this model's memory cannot drop a suffix: start afresh
+                self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
+            del slot.cached[n_common:]
+            job.cached_tokens = n_common
+            for follower in job.followers:
+                follower.cached_tokens = n_common
+            slot.job = job
+            slot.scope = scope
+            slot.n_past = n_common
+            slot.n_prompt_done = n_common
+            slot.last_token = -1
+            slot.last_used = time.monotonic()
+            free.remove(slot)
+            for follower in job.followers:
+                # each other choice gets a slot of its own; it takes a copy of the leader's prompt
+                # KV (llama_memory_seq_cp into its own stream) once the prompt is decoded
+                fslot = min(free, key=lambda s: len(s.cached))
+                free.remove(fslot)
+                self.ll.llama_memory_seq_rm(self.mem, fslot.seq_id, -1, -1)
+                fslot.cached.clear()
+                fslot.job = follower
+                fslot.scope = scope
+                fslot.follows = slot
+                fslot.n_past = fslot.n_prompt_done = 0
+                fslot.last_token = -1
+                fslot.last_used = time.monotonic()
+
+    def decode_step(self) -> None:
+        ll = self.ll
+        batch = self.batch
+        n = 0
+        budget = self.prefill_chunk
+        # 1. one token for every sequence that is generating
+        for slot in self.slots:
+            slot.i_batch = -1
+            job = slot.job
+            if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
+                continue
+            extra = self._take_injection(slot, budget - 1)
+            for tok in [slot.last_token, *extra]:
+                self._batch_add(n, tok, slot.n_past, slot.seq_id, False)
+                slot.cached.append(tok)
+                slot.n_past += 1
+                n += 1
+                budget -= 1
+            self.batch.logits[n - 1] = True
+            slot.i_batch = n - 1
+        # 2. prompt chunks for sequences being admitted, within the step's token budget
+        for slot in self.slots:
+            job = slot.job
+            if (
+                job is None
+                or slot.follows is not None
+                or slot.n_prompt_done >= len(job.tokens)
+                or budget <= 0
+            ):
+                continue
+            take = min(budget, len(job.tokens) - slot.n_prompt_done)
+            for k in range(take):
+                i = slot.n_prompt_done + k
+                last = i == len(job.tokens) - 1
+                self._batch_add(n, job.tokens[i], i, slot.seq_id, last)
+                slot.cached.append(job.tokens[i])
+                if last:
+                    slot.i_batch = n
+                n += 1
+            slot.n_prompt_done += take
+            slot.n_past = slot.n_prompt_done
+            budget -= take
+        batch.n_tokens = n
+        rc = ll.llama_decode(self.ctx, batch)
+        if rc != 0:
+            err = EngineFailure(
+                f"llama_decode failed (code {rc})"
+                + (": no room left in the KV cache" if rc == 1 else "")
+            )
+            for slot in self.slots:
+                if slot.job is not None:
+                    self.fail_job(slot.job, err)
+                    self.release(slot, keep_cache=False)
+            return
+        for slot in self.slots:
+            leader = slot.follows
+            if leader is not None and leader.i_batch >= 0 and leader.job is not None:
+                # the leader's prompt is in the KV now: share it, and sample from its logits
+                ll.llama_memory_seq_cp(self.mem, leader.seq_id, slot.seq_id, -1, -1)
+                slot.cached = list(leader.cached)
+                slot.n_past = slot.n_prompt_done = leader.n_past
+                slot.i_batch = leader.i_batch
+                slot.follows = None
+        width = 0
+        for slot in self.slots:
+            job = slot.job
+            if slot.i_batch >= 0 and job is not None and job.sampler is not None:
+                width += 1
+                try:
+                    tok = job.sampler.sample(self.ctx, slot.i_batch)
+                except BadRequest as err:  # the grammar ended this request; the others go on
+                    if isinstance(err, GrammarTooSlow):
+                        log.warning("request ended: %s", err.message)
+                    lead = job.leader or job
+                    for choice in (lead, *lead.followers):  # its other choices stop at the next
+                        choice.cancelled = True             # step: nobody reads them any more
+                    self.fail_job(job, err)
+                    self.release(slot)
+                    continue
+                self._on_token(slot, tok)
+        self.steps += 1
+        self.widths[width] += 1
+
+    def _take_injection(self, slot: Slot, room: int) -> list[int]:
+        """Tokens of text injected into this sequence (already sent to the client as text)."""
+        job = slot.job
+        if not job or not job.inject:
+            return []
+        toks = self.tok.tokens(job.inject, add_bos=False)
+        if len(toks) > room or slot.n_past + 1 + len(toks) >= self.n_ctx:
+            return []  # no room in this step's batch (or the context): try again next step
+        text, job.inject = job.inject, ""
+        if job.inject_unless and job.inject_unless in job.generated:
+            return []  # the model got there first: injecting now would be wrong (or refused)
+        data = text.encode()
+        job.generated += data
+        assert job.sampler is not None
+        job.sampler.accept_injected(toks)  # penalties (and a grammar built for it) move past it
+        job.sampler.observe(job.generated)
+        piece = job.assembler.feed(data) if job.assembler else text
+        if piece:
+            job.sink(TextPiece(piece, job.n_generated, job.index))
+        return toks
+
+    def _batch_add(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+        b = self.batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq_id
+        b.logits[i] = logits
+
+    def _on_token(self, slot: Slot, tok: int) -> None:
+        job = slot.job
+        assert job is not None and job.assembler is not None
+        if self.ll.llama_vocab_is_eog(self.vocab, tok):
+            self._finish(slot, "stop")
+            return
+        job.n_generated += 1
+        raw = self.tok.piece(tok)
+        job.generated += raw
+        assert job.sampler is not None
+        job.sampler.observe(job.generated)
+        text = job.assembler.feed(raw)
+        if job.assembler.stopped:
+            if text:
+                job.sink(TextPiece(text, job.n_generated, job.index))
+            self._finish(slot, "stop")
+            return
+        if job.n_generated >= job.max_new or slot.n_past >= self.n_ctx:
+            text += job.assembler.flush()
+            if text:
+                job.sink(TextPiece(text, job.n_generated, job.index))
+            self._finish(slot, "length")
+            return
+        if text:
+            job.sink(TextPiece(text, job.n_generated, job.index))
+        slot.last_token = tok
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        job = slot.job
+        assert job is not None and job.assembler is not None
+        tail = job.assembler.flush()
+        if tail:
+            job.sink(TextPiece(tail, job.n_generated, job.index))
+        job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
+                          job.assembler.stopped_by, queue_seconds=job.queued))
+        self.release(slot, keep_cache=True)
+
+    def release(self, slot: Slot, keep_cache: bool = False) -> None:
+        """Free the slot at once. A finished job's KV stays for prefix reuse by the next
+        request; a cancelled or failed one's is dropped."""
+        job = slot.job
+        for other in self.slots:  # choices still waiting for this slot's prompt go with it
+            if other.follows is slot and other.job is not None:
+                other.job.cancelled = True
+                other.follows = None
+                self.release(other)
+        if not keep_cache:
+            self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
+            slot.cached.clear()
+        slot.job = None
+        slot.follows = None
+        slot.i_batch = -1
+        if job is not None:
+            if job.cancelled and not job.done:
+                log.debug("generation cancelled after %d tokens", job.n_generated)
+            self.over(job)
+
+    def drop(self, job: Job, err: ServiceError | None = None) -> None:
+        drop(job, self.over, err)
+
+    def fail_job(self, job: Job, err: ServiceError) -> None:
+        fail(job, err, self.over)
+
+    def fail_active(self, err: ServiceError) -> None:
+        for slot in self.slots:
+            if slot.job is not None:
+                self.fail_job(slot.job, err)
+                self.release(slot)
+
+
+def fail(job: Job, err: ServiceError, over: Callable[[Job], None]) -> None:
+    """End one choice with an error event (unless it already ended)."""
+    if not job.done:
+        job.sink(Failed(err))
+    over(job)
+
+
+def drop(job: Job, over: Callable[[Job], None], err: ServiceError | None = None) -> None:
+    """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
+    if err is not None:
+        fail(job, err, over)
+    for j in (job, *job.followers):
+        over(j)
+
+
+def common_prefix(cached: list[int], prompt: np.ndarray) -> int:
+    """How many leading tokens a slot's cache shares with a prompt (vectorised: a Python loop
+    over 8 slots of 128k tokens stalled the engine thread ~50 ms per admission)."""
+    n = min(len(cached), len(prompt))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(cached[:n], dtype=np.int32) != prompt[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def timeout_error(job: Job) -> GenerationTimeout:
+    return GenerationTimeout(
+        f"generation exceeded the request timeout of {job.request.timeout:g} s "
+        f"after {job.n_generated} tokens"
+    )
