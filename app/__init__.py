@@ -16,14 +16,14 @@ from app.settings import Settings, from_settings, slots_per_request, stream_max_
 if TYPE_CHECKING:
     from app.core.plan import PlanOptions
     from app.crash_guard import Boot
-    from app.engine.llama_engine import EngineConfig
+    from app.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
 
 def engine_config(settings: Settings) -> EngineConfig:
     """The engine's settings, taken by name; only the derived fields are spelled out."""
-    from app.engine.llama_engine import EngineConfig
+    from app.engine.config import EngineConfig
 
     return from_settings(
         EngineConfig,

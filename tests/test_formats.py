@@ -11,7 +11,7 @@ import typing
 import pytest
 
 from app import engine_config, formats, plan_options
-from app.engine.llama_engine import EngineConfig
+from app.engine.config import EngineConfig
 from app.gcs import DownloadOptions
 from app.settings import Settings, from_settings
 

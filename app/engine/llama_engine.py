@@ -8,22 +8,22 @@ hand requests in through a lock-free deque and get events back through their sin
 app.bridge).
 
 A request is prepared before the engine thread sees it, on one of a few prep threads (native,
-with a large stack): its prompt is tokenized (llama.cpp's tokenizer only reads the vocabulary, so
-it runs beside ``llama_decode``), checked against the context, and its grammar compiled and
-probed. The engine thread only admits, decodes and samples, so a 4 MB prompt or a costly grammar
-never stalls the streams already running.
+with a large stack; app.engine.llama_prep): its prompt is tokenized (llama.cpp's tokenizer only
+reads the vocabulary, so it runs beside ``llama_decode``), checked against the context, and its
+grammar compiled and probed. The engine thread only admits, decodes and samples
+(app.engine.llama_batch), so a 4 MB prompt or a costly grammar never stalls the streams already
+running.
+
+This module is the engine's public surface, its admission queue, its threads, and the model's
+life: load (app.engine.llama_model), warm-up, idle sleep and reload.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 from app.bridge import (
     Channel,
@@ -32,21 +32,12 @@ from app.bridge import (
     original_sleep,
     start_native_thread,
 )
-from app.engine import cpu_buffers, llama_log
-from app.engine.embed import POOLING_IDS
+from app.engine.config import EngineConfig
 from app.engine.handle import ChannelHandle
 from app.engine.llama_batch import Batch, Job, drop
-from app.engine.llama_embed import (
-    DEFAULT_MAX_CTX,
-    GENERATIVE_MAX_CTX,
-    DecodeTurns,
-    EmbedConfig,
-    LlamaEmbedder,
-    open_context,
-)
-from app.engine.llama_vocab import Tokenizer, vocab_type_name
-from app.engine.sampling import GrammarSpec, Sampler, Vocab, compile_grammar
-from app.engine.text import TextAssembler
+from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
+from app.engine.llama_model import LlamaModel
+from app.engine.llama_prep import Preparer
 from app.engine.types import (
     Accepted,
     Event,
@@ -56,10 +47,10 @@ from app.engine.types import (
     ModelInfo,
     SamplingParams,
     outside_vocab,
+    slot_row,
 )
 from app.errors import (
     BadRequest,
-    ContextOverflow,
     EmbeddingOnly,
     EngineFailure,
     ModelLoadError,
@@ -73,47 +64,8 @@ from app.state import LoadState
 
 log = logging.getLogger(__name__)
 
-_FLASH = {"auto": -1, "off": 0, "on": 1}
-_SPLIT = {"none": 0, "layer": 1, "row": 2}  # llama_split_mode
 PREP_THREADS = 2
 PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """What the engine needs of the settings. Each field named like a setting is that setting
-    (``app.settings.from_settings`` fills them by name); the rest are derived from settings by
-    the caller. No defaults, so none can drift from the settings' (the engine knows nothing of
-    where its configuration comes from)."""
-
-    ctx_size: int
-    gpu_layers: int
-    threads: int
-    threads_batch: int
-    batch_size: int
-    flash_attn: Literal["auto", "on", "off"]
-    cpu_extra_buffers: Literal["auto", "on", "off"]
-    max_queue: int
-    sleep_idle_seconds: float
-    parallel: int
-    prefill_chunk: int
-    served_model_name: str | None
-    model_tags: str | None
-    max_prompt_bytes: int  # 0: context x longest token
-    grammar_max_step_ms: float
-    split_mode: str
-    tensor_split: str | None
-    main_gpu: int
-    embeddings: Literal["auto", "on", "off", "only"]
-    embedding_pooling: str
-    embedding_ctx: int
-    embedding_batch: int
-    # derived
-    chat_template: str | None  # the template's text (None: the GGUF's own)
-    verbose: bool  # llama.cpp's own logging
-    # markers the reply parsers read (app.formats.preserved_tokens): some models make them
-    # control tokens, which llama.cpp leaves out of the text unless asked
-    preserved_tokens: tuple[str, ...]
 
 
 class LlamaHandle(ChannelHandle):
@@ -166,6 +118,9 @@ class LlamaEngine:
         self._stopping = False
         self._stopped = ThreadEvent()
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
+        self._m: LlamaModel | None = None  # the loaded model (None before the first load)
+        self._prep_r: Preparer | None = None  # prepares jobs against it
+        self._n_ctx = 0
         self._abort: ServiceError | None = None  # set by abort(), acted on by the engine thread
         self._step_since: float | None = None  # when the step in progress began
         self._embedder: LlamaEmbedder | None = None
@@ -198,7 +153,7 @@ class LlamaEngine:
         self._check_generates()
         self.acquire_model()
         try:
-            return len(self._prompt_tokens(request))
+            return len(self._prep_r.prompt_tokens(request))
         finally:
             self.release_model()
 
@@ -356,7 +311,7 @@ class LlamaEngine:
             self._drop(job)
             return
         try:
-            self._prepare(job)
+            self._prep_r.prepare(job)
         except Exception as exc:  # noqa: BLE001 - every job gets an answer
             if not isinstance(exc, ServiceError):
                 log.exception("could not prepare a request")
@@ -413,195 +368,23 @@ class LlamaEngine:
             self._stopped.set()
 
     def _load(self, path: str) -> None:
+        """Open the model (LlamaModel.load) and take what the engine reads of it."""
         from llama_cpp import llama_cpp as ll  # imported here: loading it takes time
 
         self._ll = ll
-        cfg = self.config
-        llama_log.install(ll, cfg.verbose)  # placement lines always; the rest with debug
-        if not os.path.isfile(path):
-            raise ModelLoadError(f"model {path}: file not found")
-        with open(path, "rb") as fh:
-            if fh.read(4) != b"GGUF":
-                raise ModelLoadError(f"model {path}: not a GGUF file (bad magic)")
-        ll.llama_backend_init()
-
-        self._stage("loading", progress=0.0, detail=os.path.basename(path))
-        mparams = ll.llama_model_default_params()
-        gpu = ll.llama_supports_gpu_offload()
-        mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
-        self._split_params(mparams)
-        system_info = ll.llama_print_system_info().decode("utf-8", "replace").strip()
-        extra, why = cpu_buffers.resolve(cfg.cpu_extra_buffers, system_info)
-        if not extra and cfg.cpu_extra_buffers == "auto":
-            log.warning("%s", why)
-        mparams.use_extra_bufts = extra
-
-        def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
-            self._stage("loading", progress=float(progress))
-            return True
-
-        self._progress_cb = ll.llama_progress_callback(on_progress)
-        mparams.progress_callback = self._progress_cb
-        model = ll.llama_model_load_from_file(path.encode(), mparams)
-        if not model:
-            raise ModelLoadError(
-                f"model {path}: llama.cpp could not load it (corrupt or unsupported file, "
-                "or not enough memory)"
-            )
-        self._model = model
-        self._vocab = ll.llama_model_get_vocab(model)
-        self._tok = Tokenizer(ll, self._vocab, cfg.preserved_tokens)
-        n_ctx_train = ll.llama_model_n_ctx_train(model)
-
-        n_threads = cfg.threads or len(os.sched_getaffinity(0))
-        self._vocab_tables = Vocab(ll, self._vocab)
-        mode = self._embedding_mode(model)
-        self._generates = mode != "only"
-        if self._generates:
-            self._open_generation(path, n_ctx_train, n_threads)
-        if mode in ("on", "only"):
-            self._embedder = self._make_embedder(n_ctx_train, n_threads, only=mode == "only")
-            if not self._generates:
-                self._n_ctx = self._embedder.info.n_ctx
-        self._n_vocab = self._vocab_tables.n
-        # a prompt longer than this in bytes cannot fit: refused before it is tokenized
-        self._max_prompt_bytes = cfg.max_prompt_bytes or self._n_ctx * self._vocab_tables.longest_piece
-
-        template = cfg.chat_template
-        if template is None:
-            raw = ll.llama_model_chat_template(model, None)
-            template = raw.decode("utf-8", errors="replace") if raw else None
-        # SERVED_MODEL_NAME: the id, then the other aliases (normalized by the settings)
-        names = tuple(cfg.served_model_name.split(",")) if cfg.served_model_name else ()
-        self._info = ModelInfo(
-            name=(names or (_model_name(path),))[0],
-            aliases=names or (_model_name(path),),
-            tags=tuple(cfg.model_tags.split(",")) if cfg.model_tags else (),
-            n_embd=ll.llama_model_n_embd(model),
-            n_params=ll.llama_model_n_params(model),
-            size=ll.llama_model_size(model),
-            vocab_type=vocab_type_name(ll.llama_vocab_type(self._vocab)),
-            path=path,
-            n_ctx=self._n_ctx,
-            n_ctx_train=n_ctx_train,
-            chat_template=template,
-            bos_token=self._tok.text_of(self._tok.bos),
-            eos_token=self._tok.text_of(ll.llama_vocab_eos(self._vocab)),
-            created=int(time.time()),
-            n_vocab=self._n_vocab,
-            control_texts=self._vocab_tables.control_texts,
-            cpu_extra_buffers=extra,
-            system_info=system_info,
-        )
-        log.info(
-            "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, "
-            "split_mode=%s, tensor_split=%s, main_gpu=%d, threads=%d, cpu extra buffers=%s",
-            path,
-            cfg.parallel,
-            self._n_ctx,
-            gpu,
-            mparams.n_gpu_layers,
-            cfg.split_mode,
-            cfg.tensor_split or "by free memory",
-            cfg.main_gpu,
-            n_threads,
-            "on" if extra else "off",
-        )
-
-    def _split_params(self, mparams) -> None:
-        """SPLIT_MODE, TENSOR_SPLIT and MAIN_GPU into llama.cpp's model parameters; more
-        shares than llama.cpp can take devices is a load error, not a silent cut."""
-        ll, cfg = self._ll, self.config
-        mparams.split_mode = _SPLIT[cfg.split_mode]
-        mparams.main_gpu = cfg.main_gpu
-        if cfg.tensor_split:
-            shares = [float(p) for p in cfg.tensor_split.split(",")]
-            n_max = ll.llama_max_devices()
-            if len(shares) > n_max:
-                raise ModelLoadError(
-                    f"TENSOR_SPLIT has {len(shares)} shares; this build takes at most {n_max} "
-                    "devices")
-            self._tensor_split = (ctypes.c_float * n_max)(*shares)  # alive while loading
-            mparams.tensor_split = self._tensor_split
-
-    def _open_generation(self, path: str, n_ctx_train: int, n_threads: int) -> None:
-        """The generation context: PARALLEL slots of CTX_SIZE tokens each."""
-        ll, cfg = self._ll, self.config
-        # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
-        self._n_ctx_slot = cfg.ctx_size or n_ctx_train
-        # a step holds one token per slot plus a prompt chunk: the batch must take them all
-        n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
-        self._ctx, self._mem = open_context(
-            ll, self._model, f"model {path}: a context", "lower CTX_SIZE or PARALLEL",
-            n_ctx=self._n_ctx_slot * cfg.parallel,
-            n_batch=n_batch,
-            n_ubatch=min(n_batch, 512),
-            n_seq_max=cfg.parallel,
-            n_threads=n_threads,
-            n_threads_batch=cfg.threads_batch or n_threads,
-            flash_attn_type=_FLASH[cfg.flash_attn],
-            # One KV stream per slot: a token attends over its own sequence's cells only (a
-            # unified buffer makes every token scan the cells of all slots, idle caches included).
-            kv_unified=False,
-        )
-        # what one sequence may hold: llama.cpp may round the total per sequence
-        self._n_ctx = min(self._n_ctx_slot, ll.llama_n_ctx_seq(self._ctx))
-        self._batch = ll.llama_batch_init(n_batch, 0, 1)
-        self._sched = Batch(ll, self._ctx, self._mem, self._batch, self._vocab, self._tok,
-                            self._n_ctx, cfg.prefill_chunk, cfg.parallel, self._job_over)
-
-    def _meta(self, key: str) -> str | None:
-        """A GGUF metadata value, as text."""
-        buf = ctypes.create_string_buffer(256)
-        n = self._ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
-    def _arch_meta(self, key: str) -> str | None:
-        """A metadata value under the model's architecture prefix (``bert.pooling_type``)."""
-        return self._meta(f"{self._meta('general.architecture') or ''}.{key}")
-
-    def _embedding_mode(self, model) -> str:
-        """EMBEDDINGS resolved for this model: an embedding GGUF (non-causal attention, or a
-        pooling type in its metadata) embeds only under auto; a generative one embeds only when
-        asked (EMBEDDINGS=on: the embedding context costs memory)."""
-        embedding_model = (self._arch_meta("attention.causal") == "false"
-                           or self._arch_meta("pooling_type") is not None)
-        mode = self.config.embeddings
-        if mode == "auto":  # a generative model's embedding context costs memory: asked for
-            mode = "only" if embedding_model else "off"
-        if mode != "off" and self._ll.llama_model_has_encoder(model):
-            if mode == "only":
-                raise ModelLoadError("embeddings of encoder-decoder models are not supported")
-            log.warning("embeddings are off: encoder-decoder models are not supported")
-            mode = "off"
-        return mode
-
-    def _make_embedder(self, n_ctx_train: int, n_threads: int, only: bool) -> LlamaEmbedder:
-        cfg = self.config
-        pooling = cfg.embedding_pooling
-        if pooling == "auto":
-            code = self._arch_meta("pooling_type")
-            pooling = POOLING_IDS.get(int(code), "none") if code and code.isdigit() else "mean"
-        cap = DEFAULT_MAX_CTX if only else GENERATIVE_MAX_CTX
-        n_ctx = cfg.embedding_ctx or min(n_ctx_train or cap, cap)
-        embed_cfg = EmbedConfig(
-            pooling=pooling,
-            n_ctx=n_ctx,
-            n_seq=min(cfg.embedding_batch, n_ctx),
-            max_queue=cfg.max_queue,
-            share_tokens=cfg.prefill_chunk,
-            threads=n_threads,
-            threads_batch=cfg.threads_batch or n_threads,
-            flash_attn=_FLASH[cfg.flash_attn],
-            only=only,
-        )
-        return LlamaEmbedder(
-            self._ll, self._model, self._vocab, embed_cfg,
-            tokenize=lambda text: self._tok.tokens(text, add_bos=True, special=False),
-            max_input_bytes=n_ctx * self._vocab_tables.longest_piece,
-            n_vocab=self._vocab_tables.n,
-            turns=self._turns,
-        )
+        m = LlamaModel(ll, self.config, self._stage)
+        self._m = m
+        try:
+            m.load(path, self._turns, self._job_over)
+        except BaseException:
+            m.free()
+            raise
+        self._sched = m.sched
+        self._embedder = m.embedder
+        self._generates = m.generates
+        self._n_ctx = m.n_ctx
+        self._prep_r = Preparer(m, self.config.grammar_max_step_ms / 1000)
+        self._info = m.card(path)
 
     def _warm_up(self) -> None:
         """Before declaring the model ready, run what the first burst of requests will: a full
@@ -612,7 +395,8 @@ class LlamaEngine:
         assert sched is not None  # a generative model has a context
         events: list[Event] = []
         text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
-        long = self._tok.tokens(text, add_bos=self._tok.add_bos)[: self.config.prefill_chunk]
+        tok = self._m.tok
+        long = tok.tokens(text, add_bos=tok.add_bos)[: self.config.prefill_chunk]
         jobs = []
         for i in range(self.config.parallel):
             prompt = tuple(long) if i == 0 else tuple(long[: 8 + i])
@@ -625,7 +409,7 @@ class LlamaEngine:
                 request=GenerationRequest(prompt, params, cache_prompt=False),
                 sink=events.append,
             )
-            self._prepare(job)
+            self._prep_r.prepare(job, warming=True)
             with self._count_lock:  # a reload's warm-up runs beside submissions
                 self._in_flight += 1
             sched.waiting.append(job)
@@ -640,7 +424,7 @@ class LlamaEngine:
         if sum(isinstance(e, Finished) for e in events) != len(jobs):
             raise ModelLoadError("warm-up generation did not finish")
         for slot in sched.slots:  # the warm-up text is no prefix anyone will reuse
-            self._ll.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            self._ll.llama_memory_seq_rm(self._m.mem, slot.seq_id, -1, -1)
             slot.cached.clear()
         sched.steps = 0
         sched.widths.clear()
@@ -688,25 +472,9 @@ class LlamaEngine:
                 return False
             self._asleep = True
             self._wake_requested = False
-        self._release_llama()
+        self._m.free()
         log.info("asleep after %g s without a request: model, contexts and KV cache freed", idle)
         return True
-
-    def _release_llama(self) -> None:
-        """Free every llama.cpp object (to sleep, or at exit); the embedding context goes
-        before the model it runs on."""
-        ll = self._ll
-        if self._embedder:
-            self._embedder.close()
-        for slot in self._sched.slots if self._sched is not None else []:
-            slot.cached.clear()
-        if getattr(self, "_ctx", None):
-            ll.llama_batch_free(self._batch)
-            ll.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
-            self._model = None
 
     def _reload(self) -> None:
         """Load the model again from the local file (engine thread); everything that waited
@@ -768,71 +536,6 @@ class LlamaEngine:
             else:
                 sched.waiting.append(job)
 
-    def _prompt_tokens(self, req: GenerationRequest) -> list[int]:
-        """The prompt's tokens, refused (ContextOverflow, BadRequest) if it cannot be one."""
-        if isinstance(req.prompt, str):
-            size = len(req.prompt.encode("utf-8", "surrogatepass"))
-            if size > self._max_prompt_bytes:
-                raise ContextOverflow(
-                    f"prompt is {size} bytes: over {self._max_prompt_bytes} bytes it cannot fit "
-                    f"the context of {self._n_ctx} tokens",
-                    param="messages",
-                )
-            return self._tok.prompt(req.prompt, add_bos=req.add_bos and self._tok.add_bos)
-        else:
-            if len(req.prompt) >= self._n_ctx:
-                raise ContextOverflow(
-                    f"prompt has {len(req.prompt)} tokens, but the context holds {self._n_ctx} "
-                    "tokens (and at least one must be left to generate)",
-                    param="prompt",
-                )
-            bad = outside_vocab(req.prompt, self._n_vocab)
-            if bad is not None:
-                raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
-            return list(req.prompt)
-
-    def _prepare(self, job: Job) -> None:
-        """Tokenize, check against the context, build every choice's sampler (grammar compiled
-        and probed). Runs on a prep thread; touches nothing the engine thread owns."""
-        req = job.request
-        params = req.params
-        job.tokens = self._prompt_tokens(req)
-        n_prompt = len(job.tokens)
-        if n_prompt == 0:
-            raise BadRequest("prompt is empty", param="prompt")
-        if n_prompt >= self._n_ctx:
-            raise ContextOverflow(
-                f"prompt has {n_prompt} tokens, but the context holds {self._n_ctx} tokens "
-                "(and at least one must be left to generate)",
-                param="messages",
-            )
-        max_tokens = params.max_tokens
-        if max_tokens is not None and n_prompt + max_tokens > self._n_ctx:
-            raise ContextOverflow(
-                f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                f"context of {self._n_ctx} tokens",
-                param="max_tokens",
-            )
-        bad_bias = outside_vocab((t for t, _ in params.logit_bias), self._n_vocab)
-        if bad_bias is not None:
-            raise BadRequest(
-                f"logit_bias: token id {bad_bias} is not in the vocabulary (0..{self._n_vocab - 1})",
-                param="logit_bias",
-            )
-        job.max_new = max_tokens if max_tokens is not None else self._n_ctx - n_prompt
-        try:
-            for j in (job, *job.followers):
-                j.tokens = job.tokens
-                j.max_new = job.max_new
-                j.assembler = TextAssembler(params.stop)
-                j.sampler = self._make_sampler(params, j.index, probe=j is job)
-        except BaseException:
-            for j in (job, *job.followers):
-                if j.sampler is not None:
-                    j.sampler.free()
-                    j.sampler = None
-            raise
-
     def _job_over(self, job: Job) -> None:
         """A choice has ended (finished, failed, cancelled, dropped): its sampler freed, and the
         request counted out once."""
@@ -858,40 +561,14 @@ class LlamaEngine:
             queue = self._prep if self._prep else waiting if waiting else self._inbox
             self._drop(queue.popleft(), err)
 
-    # ---- llama.cpp helpers (engine thread only) ----------------------------------------------
-    def _make_sampler(self, p: SamplingParams, index: int, probe: bool) -> Sampler:
-        """A choice's sampler; with a grammar, compiled here and, for the first choice, probed
-        (see Sampler.probe)."""
-        # the warm-up's own grammar is not a request's: no step limit (a tiny one must not fail
-        # the model's load)
-        warming = self.state.stage == "warming_up"
-        limit = float("inf") if warming else self.config.grammar_max_step_ms / 1000
-        if p.grammar is None:
-            return Sampler(self._vocab_tables, p, index, max_step_s=limit)
-        spec = GrammarSpec(
-            p.grammar, p.grammar_triggers, p.grammar_takes_injection, p.grammar_prefilter,
-            p.grammar_param,
-        )
-        grammar = compile_grammar(self._vocab_tables, p.grammar)
-        if grammar is None:
-            raise BadRequest(f"{p.grammar_param}: the grammar does not parse", param=p.grammar_param,
-                             code="invalid_grammar")
-        sampler = Sampler(self._vocab_tables, p, index, grammar, spec, max_step_s=limit)
-        if probe:
-            try:
-                sampler.probe()
-            except BaseException:
-                sampler.free()
-                raise
-        return sampler
-
+    # ---- at exit (engine thread) --------------------------------------------------------------
     def _free(self) -> None:
-        if self._ll is None:
+        if self._m is None:
             return
         for slot in self._sched.slots if self._sched is not None else []:
             if slot.job is not None and slot.job.sampler is not None:
                 slot.job.sampler.free()
-        self._release_llama()
+        self._m.free()
 
     # ---- introspection (/tokenize, /detokenize, /slots): any thread but the engine's ---------
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
@@ -900,7 +577,7 @@ class LlamaEngine:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
         try:
-            return self._tok.exact(text, add_special, parse_special)
+            return self._m.tok.exact(text, add_special, parse_special)
         finally:
             self.release_model()
 
@@ -909,23 +586,22 @@ class LlamaEngine:
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         # llama.cpp does not check: an id past the vocabulary would crash it (ints of any size)
-        bad = outside_vocab(tokens, self._n_vocab)
+        n_vocab = self._info.n_vocab
+        bad = outside_vocab(tokens, n_vocab)
         if bad is not None:
             raise BadRequest(
-                f"token id {bad} is not in the vocabulary (0..{self._n_vocab - 1})",
+                f"token id {bad} is not in the vocabulary (0..{n_vocab - 1})",
                 param="tokens",
             )
         self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
         try:
-            return self._tok.pieces(tokens)
+            return self._m.tok.pieces(tokens)
         finally:
             self.release_model()
 
     def slots(self) -> list[dict[str, object]]:
         """Each slot as the engine thread left it: the job is read once, so a row is never
         half of one request and half of the next."""
-        from app.engine.types import slot_row
-
         rows: list[dict[str, object]] = []
         for slot in list(self._sched.slots if self._sched is not None else []):  # once loaded
             job = slot.job
@@ -941,7 +617,3 @@ class LlamaEngine:
             ))
         return rows
 
-
-def _model_name(path: str) -> str:
-    base = os.path.basename(path)
-    return base[: -len(".gguf")] if base.lower().endswith(".gguf") else base

@@ -1,0 +1,47 @@
+"""What the llama.cpp engine needs of the settings, in one frozen record.
+
+Its own module because both the engine and the model loader (app.engine.llama_model) read it,
+and the composition root builds it (app.engine_config) without importing llama.cpp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine needs of the settings. Each field named like a setting is that setting
+    (``app.settings.from_settings`` fills them by name); the rest are derived from settings by
+    the caller. No defaults, so none can drift from the settings' (the engine knows nothing of
+    where its configuration comes from)."""
+
+    ctx_size: int
+    gpu_layers: int
+    threads: int
+    threads_batch: int
+    batch_size: int
+    flash_attn: Literal["auto", "on", "off"]
+    cpu_extra_buffers: Literal["auto", "on", "off"]
+    max_queue: int
+    sleep_idle_seconds: float
+    parallel: int
+    prefill_chunk: int
+    served_model_name: str | None
+    model_tags: str | None
+    max_prompt_bytes: int  # 0: context x longest token
+    grammar_max_step_ms: float
+    split_mode: str
+    tensor_split: str | None
+    main_gpu: int
+    embeddings: Literal["auto", "on", "off", "only"]
+    embedding_pooling: str
+    embedding_ctx: int
+    embedding_batch: int
+    # derived
+    chat_template: str | None  # the template's text (None: the GGUF's own)
+    verbose: bool  # llama.cpp's own logging
+    # markers the reply parsers read (app.formats.preserved_tokens): some models make them
+    # control tokens, which llama.cpp leaves out of the text unless asked
+    preserved_tokens: tuple[str, ...]

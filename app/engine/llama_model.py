@@ -1,0 +1,269 @@
+"""One loaded GGUF: the llama.cpp model, its generation context and batch scheduler, its
+embedding context, and the card the API reports. Opened and freed on the engine thread.
+
+The engine (app.engine.llama_engine) loads one at start-up and again after each idle sleep;
+this module is what a load is: check the file, place the layers (GPU_LAYERS, SPLIT_MODE,
+TENSOR_SPLIT, MAIN_GPU, CPU_EXTRA_BUFFERS), open the contexts, read the metadata.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from app.engine import cpu_buffers, llama_log
+from app.engine.config import EngineConfig
+from app.engine.embed import POOLING_IDS
+from app.engine.llama_batch import Batch, Job
+from app.engine.llama_embed import (
+    DEFAULT_MAX_CTX,
+    GENERATIVE_MAX_CTX,
+    DecodeTurns,
+    EmbedConfig,
+    LlamaEmbedder,
+    open_context,
+)
+from app.engine.llama_vocab import Tokenizer, vocab_type_name
+from app.engine.sampling import Vocab
+from app.engine.types import ModelInfo
+from app.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+FLASH = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+_SPLIT = {"none": 0, "layer": 1, "row": 2}  # llama_split_mode
+
+
+class LlamaModel:
+    """A loaded model and everything opened on it. ``sched`` is None for an embedding-only
+    model (no generation context); ``embedder`` is None when EMBEDDINGS is off."""
+
+    def __init__(self, ll, cfg: EngineConfig, stage: Callable[..., None]):
+        self.ll = ll
+        self.cfg = cfg
+        self._stage = stage  # the load stage health reports (progress while loading)
+        self.model = None
+        self.ctx = None
+        self.mem = None
+        self.batch = None
+        self.sched: Batch | None = None
+        self.embedder: LlamaEmbedder | None = None
+        self.generates = True
+        self.n_ctx = 0  # tokens one sequence may hold
+        self.n_vocab = 0
+        self.max_prompt_bytes = 0  # a prompt longer than this in bytes cannot fit
+        self.gpu_layers = 0
+        self.extra_buffers = False
+        self.system_info = ""
+
+    # ---- open ------------------------------------------------------------------------------
+    def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None]) -> None:
+        """Open ``path``: the model, then the generation context (unless embedding-only), then
+        the embedding context (when EMBEDDINGS asks for one). Raises ModelLoadError."""
+        ll, cfg = self.ll, self.cfg
+        llama_log.install(ll, cfg.verbose)  # placement lines always; the rest with debug
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"model {path}: file not found")
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"GGUF":
+                raise ModelLoadError(f"model {path}: not a GGUF file (bad magic)")
+        ll.llama_backend_init()
+
+        self._stage("loading", progress=0.0, detail=os.path.basename(path))
+        mparams = ll.llama_model_default_params()
+        gpu = ll.llama_supports_gpu_offload()
+        mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
+        self.gpu_layers = mparams.n_gpu_layers
+        self._split_params(mparams)
+        self.system_info = ll.llama_print_system_info().decode("utf-8", "replace").strip()
+        extra, why = cpu_buffers.resolve(cfg.cpu_extra_buffers, self.system_info)
+        if not extra and cfg.cpu_extra_buffers == "auto":
+            log.warning("%s", why)
+        mparams.use_extra_bufts = self.extra_buffers = extra
+
+        def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
+            self._stage("loading", progress=float(progress))
+            return True
+
+        self._progress_cb = ll.llama_progress_callback(on_progress)  # alive while loading
+        mparams.progress_callback = self._progress_cb
+        model = ll.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                f"model {path}: llama.cpp could not load it (corrupt or unsupported file, "
+                "or not enough memory)"
+            )
+        self.model = model
+        self.vocab = ll.llama_model_get_vocab(model)
+        self.tok = Tokenizer(ll, self.vocab, cfg.preserved_tokens)
+        self.vocab_tables = Vocab(ll, self.vocab)
+        self.n_ctx_train = ll.llama_model_n_ctx_train(model)
+        self.n_threads = cfg.threads or len(os.sched_getaffinity(0))
+
+        mode = self._embedding_mode()
+        self.generates = mode != "only"
+        if self.generates:
+            self._open_generation(path, job_over)
+        if mode in ("on", "only"):
+            self.embedder = self._make_embedder(turns, only=mode == "only")
+            if not self.generates:
+                self.n_ctx = self.embedder.info.n_ctx
+        self.n_vocab = self.vocab_tables.n
+        self.max_prompt_bytes = cfg.max_prompt_bytes or self.n_ctx * self.vocab_tables.longest_piece
+        log.info(
+            "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, "
+            "split_mode=%s, tensor_split=%s, main_gpu=%d, threads=%d, cpu extra buffers=%s",
+            path, cfg.parallel, self.n_ctx, gpu, self.gpu_layers, cfg.split_mode,
+            cfg.tensor_split or "by free memory", cfg.main_gpu, self.n_threads,
+            "on" if extra else "off",
+        )
+
+    def card(self, path: str) -> ModelInfo:
+        """What /v1/models, /props and the responses report of this model."""
+        ll, cfg = self.ll, self.cfg
+        template = cfg.chat_template
+        if template is None:
+            raw = ll.llama_model_chat_template(self.model, None)
+            template = raw.decode("utf-8", errors="replace") if raw else None
+        # SERVED_MODEL_NAME: the id, then the other aliases (normalized by the settings)
+        names = tuple(cfg.served_model_name.split(",")) if cfg.served_model_name else ()
+        return ModelInfo(
+            name=(names or (_model_name(path),))[0],
+            aliases=names or (_model_name(path),),
+            tags=tuple(cfg.model_tags.split(",")) if cfg.model_tags else (),
+            n_embd=ll.llama_model_n_embd(self.model),
+            n_params=ll.llama_model_n_params(self.model),
+            size=ll.llama_model_size(self.model),
+            vocab_type=vocab_type_name(ll.llama_vocab_type(self.vocab)),
+            path=path,
+            n_ctx=self.n_ctx,
+            n_ctx_train=self.n_ctx_train,
+            chat_template=template,
+            bos_token=self.tok.text_of(self.tok.bos),
+            eos_token=self.tok.text_of(ll.llama_vocab_eos(self.vocab)),
+            created=int(time.time()),
+            n_vocab=self.n_vocab,
+            control_texts=self.vocab_tables.control_texts,
+            cpu_extra_buffers=self.extra_buffers,
+            system_info=self.system_info,
+        )
+
+    def _split_params(self, mparams) -> None:
+        """SPLIT_MODE, TENSOR_SPLIT and MAIN_GPU into llama.cpp's model parameters; more
+        shares than llama.cpp can take devices is a load error, not a silent cut."""
+        ll, cfg = self.ll, self.cfg
+        mparams.split_mode = _SPLIT[cfg.split_mode]
+        mparams.main_gpu = cfg.main_gpu
+        if cfg.tensor_split:
+            shares = [float(p) for p in cfg.tensor_split.split(",")]
+            n_max = ll.llama_max_devices()
+            if len(shares) > n_max:
+                raise ModelLoadError(
+                    f"TENSOR_SPLIT has {len(shares)} shares; this build takes at most {n_max} "
+                    "devices")
+            self._tensor_split = (ctypes.c_float * n_max)(*shares)  # alive while loading
+            mparams.tensor_split = self._tensor_split
+
+    def _open_generation(self, path: str, job_over: Callable[[Job], None]) -> None:
+        """The generation context: PARALLEL slots of CTX_SIZE tokens each, and its scheduler."""
+        ll, cfg = self.ll, self.cfg
+        # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
+        n_ctx_slot = cfg.ctx_size or self.n_ctx_train
+        # a step holds one token per slot plus a prompt chunk: the batch must take them all
+        n_batch = max(cfg.batch_size, cfg.prefill_chunk + cfg.parallel)
+        self.ctx, self.mem = open_context(
+            ll, self.model, f"model {path}: a context", "lower CTX_SIZE or PARALLEL",
+            n_ctx=n_ctx_slot * cfg.parallel,
+            n_batch=n_batch,
+            n_ubatch=min(n_batch, 512),
+            n_seq_max=cfg.parallel,
+            n_threads=self.n_threads,
+            n_threads_batch=cfg.threads_batch or self.n_threads,
+            flash_attn_type=FLASH[cfg.flash_attn],
+            # One KV stream per slot: a token attends over its own sequence's cells only (a
+            # unified buffer makes every token scan the cells of all slots, idle caches included).
+            kv_unified=False,
+        )
+        # what one sequence may hold: llama.cpp may round the total per sequence
+        self.n_ctx = min(n_ctx_slot, ll.llama_n_ctx_seq(self.ctx))
+        self.batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
+                           self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over)
+
+    def _meta(self, key: str) -> str | None:
+        """A GGUF metadata value, as text."""
+        buf = ctypes.create_string_buffer(256)
+        n = self.ll.llama_model_meta_val_str(self.model, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _arch_meta(self, key: str) -> str | None:
+        """A metadata value under the model's architecture prefix (``bert.pooling_type``)."""
+        return self._meta(f"{self._meta('general.architecture') or ''}.{key}")
+
+    def _embedding_mode(self) -> str:
+        """EMBEDDINGS resolved for this model: an embedding GGUF (non-causal attention, or a
+        pooling type in its metadata) embeds only under auto; a generative one embeds only when
+        asked (EMBEDDINGS=on: the embedding context costs memory)."""
+        embedding_model = (self._arch_meta("attention.causal") == "false"
+                           or self._arch_meta("pooling_type") is not None)
+        mode = self.cfg.embeddings
+        if mode == "auto":  # a generative model's embedding context costs memory: asked for
+            mode = "only" if embedding_model else "off"
+        if mode != "off" and self.ll.llama_model_has_encoder(self.model):
+            if mode == "only":
+                raise ModelLoadError("embeddings of encoder-decoder models are not supported")
+            log.warning("embeddings are off: encoder-decoder models are not supported")
+            mode = "off"
+        return mode
+
+    def _make_embedder(self, turns: DecodeTurns, only: bool) -> LlamaEmbedder:
+        cfg = self.cfg
+        pooling = cfg.embedding_pooling
+        if pooling == "auto":
+            code = self._arch_meta("pooling_type")
+            pooling = POOLING_IDS.get(int(code), "none") if code and code.isdigit() else "mean"
+        cap = DEFAULT_MAX_CTX if only else GENERATIVE_MAX_CTX
+        n_ctx = cfg.embedding_ctx or min(self.n_ctx_train or cap, cap)
+        embed_cfg = EmbedConfig(
+            pooling=pooling,
+            n_ctx=n_ctx,
+            n_seq=min(cfg.embedding_batch, n_ctx),
+            max_queue=cfg.max_queue,
+            share_tokens=cfg.prefill_chunk,
+            threads=self.n_threads,
+            threads_batch=cfg.threads_batch or self.n_threads,
+            flash_attn=FLASH[cfg.flash_attn],
+            only=only,
+        )
+        return LlamaEmbedder(
+            self.ll, self.model, self.vocab, embed_cfg,
+            tokenize=lambda text: self.tok.tokens(text, add_bos=True, special=False),
+            max_input_bytes=n_ctx * self.vocab_tables.longest_piece,
+            n_vocab=self.vocab_tables.n,
+            turns=turns,
+        )
+
+    # ---- free ------------------------------------------------------------------------------
+    def free(self) -> None:
+        """Free every llama.cpp object (to sleep, or at exit): the embedding context goes
+        before the model it runs on."""
+        ll = self.ll
+        if self.embedder:
+            self.embedder.close()
+        for slot in self.sched.slots if self.sched is not None else []:
+            slot.cached.clear()
+        if self.ctx:
+            ll.llama_batch_free(self.batch)
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+def _model_name(path: str) -> str:
+    base = os.path.basename(path)
+    return base[: -len(".gguf")] if base.lower().endswith(".gguf") else base

@@ -1,0 +1,114 @@
+"""Preparing a request before the engine thread sees it: tokenize the prompt, check it against
+the context, and build each choice's sampler (its grammar compiled and probed).
+
+Runs on the engine's prep threads (native, with a large stack: llama.cpp's grammar parser
+recurses). It only reads the vocabulary and the model's sizes, so it runs beside
+``llama_decode``; nothing here touches what the engine thread owns.
+"""
+
+from __future__ import annotations
+
+from app.engine.llama_batch import Job
+from app.engine.llama_model import LlamaModel
+from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
+from app.engine.text import TextAssembler
+from app.engine.types import GenerationRequest, SamplingParams, outside_vocab
+from app.errors import BadRequest, ContextOverflow
+
+
+class Preparer:
+    """Prepares jobs against one loaded model (a reload after sleep makes a new one)."""
+
+    def __init__(self, model: LlamaModel, grammar_max_step_s: float):
+        self._m = model
+        self._limit = grammar_max_step_s
+
+    def prompt_tokens(self, req: GenerationRequest) -> list[int]:
+        """The prompt's tokens, refused (ContextOverflow, BadRequest) if it cannot be one."""
+        m = self._m
+        if isinstance(req.prompt, str):
+            size = len(req.prompt.encode("utf-8", "surrogatepass"))
+            if size > m.max_prompt_bytes:
+                raise ContextOverflow(
+                    f"prompt is {size} bytes: over {m.max_prompt_bytes} bytes it cannot fit "
+                    f"the context of {m.n_ctx} tokens",
+                    param="messages",
+                )
+            return m.tok.prompt(req.prompt, add_bos=req.add_bos and m.tok.add_bos)
+        if len(req.prompt) >= m.n_ctx:
+            raise ContextOverflow(
+                f"prompt has {len(req.prompt)} tokens, but the context holds {m.n_ctx} "
+                "tokens (and at least one must be left to generate)",
+                param="prompt",
+            )
+        bad = outside_vocab(req.prompt, m.n_vocab)
+        if bad is not None:
+            raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
+        return list(req.prompt)
+
+    def prepare(self, job: Job, warming: bool = False) -> None:
+        """Tokenize, check against the context, build every choice's sampler. ``warming``: the
+        engine's own warm-up, whose tiny grammar has no step limit (it must not fail a load)."""
+        m = self._m
+        req = job.request
+        params = req.params
+        job.tokens = self.prompt_tokens(req)
+        n_prompt = len(job.tokens)
+        if n_prompt == 0:
+            raise BadRequest("prompt is empty", param="prompt")
+        if n_prompt >= m.n_ctx:
+            raise ContextOverflow(
+                f"prompt has {n_prompt} tokens, but the context holds {m.n_ctx} tokens "
+                "(and at least one must be left to generate)",
+                param="messages",
+            )
+        max_tokens = params.max_tokens
+        if max_tokens is not None and n_prompt + max_tokens > m.n_ctx:
+            raise ContextOverflow(
+                f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                f"context of {m.n_ctx} tokens",
+                param="max_tokens",
+            )
+        bad_bias = outside_vocab((t for t, _ in params.logit_bias), m.n_vocab)
+        if bad_bias is not None:
+            raise BadRequest(
+                f"logit_bias: token id {bad_bias} is not in the vocabulary (0..{m.n_vocab - 1})",
+                param="logit_bias",
+            )
+        job.max_new = max_tokens if max_tokens is not None else m.n_ctx - n_prompt
+        limit = float("inf") if warming else self._limit
+        try:
+            for j in (job, *job.followers):
+                j.tokens = job.tokens
+                j.max_new = job.max_new
+                j.assembler = TextAssembler(params.stop)
+                j.sampler = self._sampler(params, j.index, probe=j is job, limit=limit)
+        except BaseException:
+            for j in (job, *job.followers):
+                if j.sampler is not None:
+                    j.sampler.free()
+                    j.sampler = None
+            raise
+
+    def _sampler(self, p: SamplingParams, index: int, probe: bool, limit: float) -> Sampler:
+        """A choice's sampler; with a grammar, compiled here and, for the first choice, probed
+        (see Sampler.probe)."""
+        vocab = self._m.vocab_tables
+        if p.grammar is None:
+            return Sampler(vocab, p, index, max_step_s=limit)
+        spec = GrammarSpec(
+            p.grammar, p.grammar_triggers, p.grammar_takes_injection, p.grammar_prefilter,
+            p.grammar_param,
+        )
+        grammar = compile_grammar(vocab, p.grammar)
+        if grammar is None:
+            raise BadRequest(f"{p.grammar_param}: the grammar does not parse",
+                             param=p.grammar_param, code="invalid_grammar")
+        sampler = Sampler(vocab, p, index, grammar, spec, max_step_s=limit)
+        if probe:
+            try:
+                sampler.probe()
+            except BaseException:
+                sampler.free()
+                raise
+        return sampler
