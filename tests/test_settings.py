@@ -1,4 +1,4 @@
-"""Settings naming, precedence and bounds; the CLI; the README table."""
+"""Settings naming, precedence and bounds; the CLI; the settings table in docs/configuration.md."""
 
 import re
 from pathlib import Path
@@ -10,7 +10,16 @@ from app.cli import build_parser, load_settings
 from app.settings import Settings
 from app.settings_doc import flag_name, settings_table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+
+def _root() -> Path:
+    """The repository root, wherever under tests/ this file sits."""
+    here = Path(__file__).resolve().parent
+    while not (here / "pyproject.toml").is_file():
+        here = here.parent
+    return here
+
+
+CONFIGURATION = _root() / "docs" / "configuration.md"  # the settings table, between its markers
 
 
 def clear_env(monkeypatch):
@@ -81,12 +90,13 @@ def test_settings_are_frozen():
         s.port = 1  # type: ignore[misc]
 
 
-def test_readme_settings_table_matches_the_code():
-    text = README.read_text()
+def test_docs_settings_table_matches_the_code():
+    text = CONFIGURATION.read_text()
     m = re.search(r"<!-- settings:start -->\n(.*?)\n<!-- settings:end -->", text, re.S)
-    assert m, "README lacks the settings table markers"
+    assert m, "docs/configuration.md lacks the settings table markers"
     assert m.group(1).strip() == settings_table().strip(), (
-        "README settings table is stale: regenerate with `vertex-gguf settings-table`"
+        "the settings table in docs/configuration.md is stale: regenerate it with "
+        "`vertex-gguf settings-table` and paste it between the markers"
     )
 
 
