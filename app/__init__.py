@@ -15,8 +15,8 @@ from app.settings import Settings, from_settings, slots_per_request, stream_max_
 
 if TYPE_CHECKING:
     from app.core.plan import PlanOptions
-    from app.crash_guard import Boot
     from app.engine.config import EngineConfig
+    from app.process.crash_guard import Boot
 
 log = logging.getLogger(__name__)
 
@@ -69,29 +69,30 @@ def create_app(
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm). ``boot``:
-    what this worker inherits from the crash guard (app.crash_guard), and where its load stages
+    what this worker inherits from the crash guard (app.process.crash_guard), and where its load stages
     are recorded."""
     from prometheus_client import CollectorRegistry
 
-    from app import api, auth, logs, routes
+    from app import api
     from app.api import webui
+    from app.base.metrics import PREDICT, Metrics
+    from app.base.metrics import install as install_metrics
     from app.core.service import Service
-    from app.crash_guard import Boot
-    from app.metrics import PREDICT, Metrics
-    from app.metrics import install as install_metrics
+    from app.edge import auth, logs, routes
+    from app.process.crash_guard import Boot
     from app.protocol.sse import policy_of
     from app.streams import Streams
 
     boot = boot or Boot()
     if engine is None:
-        from app import model_source
         from app.engine.llama_engine import LlamaEngine
-        from app.state import LoadState
+        from app.model import source
+        from app.model.state import LoadState
 
         engine = LlamaEngine(
             engine_config(settings),
             LoadState(boot.record),
-            partial(model_source.resolve, settings),
+            partial(source.resolve, settings),
             on_fatal=on_fatal,
         )
         engine.start()

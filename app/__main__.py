@@ -1,3 +1,3 @@
-from app.cli import main
+from app.process.cli import main
 
 raise SystemExit(main())

@@ -302,7 +302,7 @@ class Settings(BaseSettings):
         **_env("EMBEDDING_TASK_PREFIXES"),
     )
 
-    # --- operations (see README "Security" and "Logs and request ids") -----------------------
+    # --- operations (docs/security.md; docs/operations.md) -----------------------
     api_key: str | None = Field(
         None,
         description="API keys, comma-separated: when set (or API_KEY_FILE), every route but "
@@ -432,7 +432,7 @@ class Settings(BaseSettings):
         **_env("LOG_LEVEL"),
     )
 
-    # --- streaming (see README "Streams": a profile, then individual overrides) ----------------
+    # --- streaming (docs/streaming.md: a profile, then overrides) ----------------
     stream_profile: Literal["openai", "strict", "llama.cpp"] = Field(
         "openai",
         description="Stream termination profile: openai ([DONE], usage on request), strict (no "
@@ -542,7 +542,7 @@ class Settings(BaseSettings):
         **_env("RESPONSES_STORE_TTL"),
     )
 
-    # --- limits and safety (see README "Limits and safety") ------------------------------------
+    # --- limits and safety (docs/security.md, Limits and safety) ------------------------------------
     slots_per_request: int = Field(
         0,
         description="Most slots one request may hold: its `n` choices, or a Vertex envelope's "

@@ -1,5 +1,5 @@
 """The settings as people read them: each field's flag, env vars, default and bounds in words,
-for the command line's help and the README's table (a test keeps the table in step). The table
+for the command line's help and docs/configuration.md's table (a test keeps it in step). The table
 itself is app.settings; this only renders it."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def default_text(info: FieldInfo) -> str:
 
 
 def bounds_text(info: FieldInfo) -> str:
-    """The constraints of a field, in words for the help and the README."""
+    """The constraints of a field, in words for the help and the docs."""
     parts: list[str] = []
     for meta in info.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
@@ -53,7 +53,7 @@ def bounds_text(info: FieldInfo) -> str:
 
 
 def settings_table() -> str:
-    """The README's settings table, generated from the class (a test keeps them in step)."""
+    """docs/configuration.md's settings table, generated from the class (a test keeps them in step)."""
     rows = [
         "| setting | flag | env var(s) | default | bounds | description |",
         "|---|---|---|---|---|---|",

@@ -124,7 +124,7 @@ def llama_server(binary: str, model: str, slots: int, ctx: int, threads: int,
 
 
 def main() -> None:
-    from app.default_model import default_model_path
+    from app.model.default import default_model_path
     from app.settings import DEFAULT_CACHE_DIR
 
     ap = argparse.ArgumentParser()

@@ -150,7 +150,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main() -> None:
-    from app.default_model import default_model_path
+    from app.model.default import default_model_path
     from app.settings import DEFAULT_CACHE_DIR
 
     ap = argparse.ArgumentParser()

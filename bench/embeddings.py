@@ -213,7 +213,7 @@ def version(binary: str) -> str:
 
 
 def main() -> None:
-    from app.default_model import default_model_path
+    from app.model.default import default_model_path
     from app.settings import DEFAULT_CACHE_DIR
 
     ap = argparse.ArgumentParser(

@@ -1,6 +1,6 @@
 """Cloud Storage download speed and time-to-ready, against gcp-storage-emulator.
 
-1. Throughput: the same object fetched by our sliced parallel path (``app.gcs``) and by the
+1. Throughput: the same object fetched by our sliced parallel path (``app.model.gcs``) and by the
    Python client's single-stream ``Blob.download_to_filename`` (what the stock images do), in
    the same run. Between client and emulator sits a loopback proxy capping each connection's
    bandwidth (``--mb-per-conn``): on loopback the emulator has no per-connection limit, real GCS
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app import gcs  # noqa: E402
-from app.default_model import default_model_path  # noqa: E402
+from app.model.default import default_model_path  # noqa: E402
 from app.settings import DEFAULT_CACHE_DIR  # noqa: E402
 from tests.conftest import Emulator, free_port  # noqa: E402
 from tests.gcs_proxy import GcsProxy  # noqa: E402

@@ -66,7 +66,7 @@ def baseline_run(llm, tokens: int) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    from app.default_model import default_model_path
+    from app.model.default import default_model_path
     from app.settings import DEFAULT_CACHE_DIR
 
     ap = argparse.ArgumentParser()

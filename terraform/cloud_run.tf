@@ -86,7 +86,7 @@ resource "google_cloud_run_v2_service" "llm" {
     max_instance_request_concurrency = var.cloud_run_concurrency
     gpu_zonal_redundancy_disabled    = true
     # Best effort: a reconnect carrying Cloud Run's affinity cookie tends to reach the same
-    # instance, and so its resumable stream in memory (README: resumable streams across replicas).
+    # instance, and so its resumable stream in memory (docs/streaming.md: resumable streams across replicas).
     session_affinity = var.cloud_run_session_affinity
 
     # Direct VPC egress (no connector), only to reach a Redis on the VPC (streams.tf): traffic to

@@ -245,7 +245,7 @@ variable "cloud_run_invokers" {
 
 # ---- Resumable streams (X-Conversation-Id; the server's STREAM_STORE) ---------------------------
 # Where a resumable stream's bytes live, so that a resume (GET /v1/stream) can land on another
-# replica than the one generating. streams.tf and streams_rules.tf use these; README.md,
+# replica than the one generating. streams.tf and streams_rules.tf use these; docs/streaming.md,
 # "Resumable streams across replicas (Redis)", says when each is needed.
 
 variable "stream_store_redis" {

@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from app import create_app
-from app.default_model import default_model_path
 from app.engine.fake import FakeEngine
+from app.model.default import default_model_path
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""A test-only server: the real gunicorn master with its crash guard (app.server.Server), and an
+"""A test-only server: the real gunicorn master with its crash guard (app.process.server.Server), and an
 engine that kills its own worker at a chosen stage, for tests/test_crash_guard.py.
 
     python -m tests.crash_server      # settings from the environment, as vertex-gguf's
@@ -20,14 +20,14 @@ import os
 import signal
 import time
 
-from app import logs
-from app.bridge import start_native_thread
-from app.cli import load_settings
-from app.crash_guard import Boot
+from app.base.bridge import start_native_thread
+from app.edge import logs
 from app.engine.fake import FakeEngine
-from app.server import Server
+from app.model.state import LoadState
+from app.process.cli import load_settings
+from app.process.crash_guard import Boot
+from app.process.server import Server
 from app.settings import Settings
-from app.state import LoadState
 
 
 def die(name: str) -> None:

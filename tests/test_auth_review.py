@@ -1,4 +1,4 @@
-"""Review of the API-key check, fast tier: a key must appear in no log line (README, Security).
+"""Review of the API-key check, fast tier: a key must appear in no log line (docs/security.md).
 
 gunicorn's own access logger is on whenever ``logconfig_dict`` is set (``options()`` sets it),
 and its line format (``%(u)s``, ``%(r)s``) writes the user name of an ``Authorization: Basic``
@@ -23,7 +23,7 @@ SCRIPT = r"""
 import datetime, sys, types
 from gunicorn.config import Config
 from gunicorn.glogging import Logger
-from app.gunicorn_conf import options
+from app.process.gunicorn_conf import options
 from app.settings import Settings
 
 key, auth, target = sys.argv[1:4]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.errors import BadRequest
+from app.base.errors import BadRequest
 from app.formats.chat_template import flatten_content, render
 
 # SmolLM2-135M-Instruct's template, as its GGUF carries it.

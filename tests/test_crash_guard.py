@@ -15,7 +15,7 @@ import pytest
 import requests
 from gunicorn.errors import HaltServer
 
-from app.crash_guard import (
+from app.process.crash_guard import (
     EXIT_CODE,
     Crash,
     CrashGuard,

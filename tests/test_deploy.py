@@ -309,6 +309,6 @@ def test_port_routes_env_and_image_agree_everywhere(dockerfile, cloudbuild):
     assert unq(variables["image_tag"]["default"]) == subs["_TAG"]
     assert docker_args(dockerfile)["CUDA_ARCHS"] == subs["_CUDA_ARCHS"]
     # the exec startup probe Vertex runs is a real command of the CLI
-    from app.cli import COMMANDS
+    from app.process.cli import COMMANDS
 
     assert "probe" in COMMANDS

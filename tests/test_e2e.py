@@ -41,7 +41,7 @@ def vocab():
     """The model's tokenizer, loaded vocab-only in this process, to check exact token counts."""
     from llama_cpp import Llama
 
-    from app.default_model import default_model_path
+    from app.model.default import default_model_path
     from tests.conftest import model_cache_dir
 
     return Llama(str(default_model_path(model_cache_dir())), vocab_only=True, verbose=False)

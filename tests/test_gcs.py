@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from app import gcs
-from app.default_model import SHA256
+from app.model import gcs
+from app.model.default import SHA256
 
 CHUNK = 8 << 20
 SPLIT = "SmolLM2-135M-Instruct.Q4_1"
@@ -139,9 +139,9 @@ def test_not_enough_space_is_a_clear_error(gcs_proxy, tmp_path, monkeypatch):
 
 
 def test_local_directory_uses_the_same_rules(tmp_path):
-    from app.model_source import resolve
+    from app.model.source import resolve
+    from app.model.state import LoadState
     from app.settings import Settings
-    from app.state import LoadState
 
     (tmp_path / "a.gguf").write_bytes(b"GGUF a")
     assert resolve(Settings(model=str(tmp_path)), LoadState()) == str(tmp_path / "a.gguf")

@@ -7,7 +7,7 @@ import json
 import pytest
 from llama_cpp import llama_grammar as lg
 
-from app.errors import BadRequest
+from app.base.errors import BadRequest
 from app.grammar import gate, json_schema
 from app.protocol.http_status import status_of
 from app.settings import Settings

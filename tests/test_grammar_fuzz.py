@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import BadRequest
+from app.base.errors import BadRequest
 from app.grammar import gate, json_schema
 from tests.conftest import ROOT
 

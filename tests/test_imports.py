@@ -17,19 +17,22 @@ APP = ROOT / "app"
 
 # top to bottom; a module belongs to the first entry that is it or a package above it
 LAYERS: list[tuple[str, ...]] = [
-    ("app.__main__", "app.cli"),  # the command line
-    ("app.settings_doc",),  # the settings rendered for people (help, the README's table)
-    ("app.server", "app.wsgi"),  # the process under gunicorn
+    ("app.__main__", "app.process.cli"),  # the command line
+    ("app.settings_doc",),  # the settings rendered for people (help, the docs' table)
+    ("app.process.server", "app.process.wsgi"),  # the process under gunicorn
     ("app",),  # the composition root (app/__init__.py: create_app)
-    ("app.routes", "app.auth", "app.gunicorn_conf", "app.model_source"),  # the HTTP edge
+    ("app.edge.routes", "app.edge.auth", "app.process.gunicorn_conf",
+     "app.model.source"),  # the HTTP edge; where the model comes from
     ("app.api",),  # one module per wire API
-    ("app.core", "app.logs", "app.gcs"),  # the protocol-neutral middle; logs; model download
+    ("app.core", "app.edge.logs", "app.model.gcs"),  # the protocol-neutral middle; logs; download
     ("app.protocol", "app.settings"),  # wire shapes; the settings table
     ("app.formats",),  # the model's text: tool-call and reasoning formats, reply parsing
     ("app.grammar", "app.engine"),  # the grammar gate and converter; llama.cpp behind the engine
-    ("app.metrics", "app.streams", "app.bridge"),  # shared services
-    ("app.crash_guard", "app.reqctx", "app.errors", "app.worker", "app.state",
-     "app.default_model"),  # the base: imports nothing above it
+    ("app.base.metrics", "app.streams", "app.base.bridge"),  # shared services
+    ("app.process.crash_guard", "app.base.reqctx", "app.base.errors", "app.process.worker",
+     "app.model.state", "app.model.default"),  # the base: imports nothing above it
+    # the folders' own __init__ modules: a docstring, no imports
+    ("app.process", "app.edge", "app.model", "app.base"),
 ]
 
 
@@ -120,4 +123,4 @@ def test_no_import_points_up_a_layer():
 
 def test_the_checks_can_fail():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
-    assert layer_of("app.api.openai") < layer_of("app.core.plan") < layer_of("app.errors")
+    assert layer_of("app.api.openai") < layer_of("app.core.plan") < layer_of("app.base.errors")

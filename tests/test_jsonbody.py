@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from app.errors import BadRequest
+from app.base.errors import BadRequest
 from app.protocol import jsonbody
 
 

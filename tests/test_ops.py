@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from app import auth, bridge, create_app, logs, reqctx
+from app import create_app
+from app.base import bridge, reqctx
+from app.edge import auth, logs
 from app.engine.fake import FakeEngine
 from app.settings import Settings, api_key_configured, log_json, slots_endpoint_on
 from tests.conftest import make_client
@@ -208,8 +210,8 @@ def test_the_engine_reuses_kv_only_within_a_scope():
     assert same.cached_tokens == 4
 
     # the end of the graceful timeout: every running job gets its error, every slot is free
+    from app.base.errors import ShuttingDown
     from app.engine.types import Failed
-    from app.errors import ShuttingDown
 
     got: list = []
     over: list = []
@@ -396,7 +398,7 @@ def test_log_format_auto():
 
 
 def test_gunicorn_uses_the_same_formatter():
-    from app.gunicorn_conf import options
+    from app.process.gunicorn_conf import options
 
     opts = options(Settings(log_format="json", google_cloud_project="p"))
     fmt = opts["logconfig_dict"]["formatters"]["app"]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.cli import build_parser, load_settings
+from app.process.cli import build_parser, load_settings
 from app.settings import Settings
 from app.settings_doc import flag_name, settings_table
 

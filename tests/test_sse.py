@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from app.base.errors import EngineFailure
 from app.engine.fake import FakeEngine
 from app.engine.types import Finished, TextPiece
-from app.errors import EngineFailure
 from app.protocol.sse import PROFILES, ChunkWriter, StreamPolicy, policy_from
 from tests.conftest import make_client
 from tests.stream_rules import outcomes

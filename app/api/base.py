@@ -19,11 +19,9 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from gevent import select
 from werkzeug.exceptions import HTTPException
 
-from app import bridge, reqctx, streams
-from app.core.events import Result, fold
-from app.core.input import ChatInput, TextInput
-from app.core.service import Run, Service
-from app.errors import (
+from app import streams
+from app.base import bridge, reqctx
+from app.base.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -31,7 +29,10 @@ from app.errors import (
     UnsupportedMediaType,
     as_service_error,
 )
-from app.metrics import API_LABELS
+from app.base.metrics import API_LABELS
+from app.core.events import Result, fold
+from app.core.input import ChatInput, TextInput
+from app.core.service import Run, Service
 from app.protocol import jsonbody, validate
 from app.protocol.http_status import HttpStatusError, headers_of, status_of
 from app.protocol.sse import HEADERS, comment, policy_of

@@ -17,11 +17,11 @@ import numpy as np
 from flask import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from app import reqctx
 from app.api.base import Answer, Api, json_off_hub
+from app.base import reqctx
+from app.base.errors import BadRequest, ServiceError, as_service_error
 from app.core.embed import Embeddings, EmbedInput, EmbedResult, Vector
 from app.core.service import Service
-from app.errors import BadRequest, ServiceError, as_service_error
 from app.protocol import openai, validate
 from app.protocol.http_status import status_of
 from app.settings import Settings

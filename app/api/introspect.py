@@ -15,8 +15,8 @@ from typing import Any
 from flask import Flask, Response, current_app, jsonify, request
 
 from app.api.base import read_body
+from app.base.errors import NotSupported, Unavailable
 from app.core.service import Service
-from app.errors import NotSupported, Unavailable
 from app.protocol import introspect, openai
 from app.settings import Settings, slots_endpoint_on
 

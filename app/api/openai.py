@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from app.api.base import Api
+from app.base.errors import BadRequest, ServiceError
 from app.core.events import (
     Answer,
     CallArgs,
@@ -28,7 +29,6 @@ from app.core.events import (
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.core.service import Run
 from app.engine.types import Finished, TextPiece
-from app.errors import BadRequest, ServiceError
 from app.protocol import openai, tools
 from app.protocol.sse import ChunkWriter, comment, policy_of
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from flask import Flask, Response, current_app, jsonify, request
 
-from app import reqctx, streams
+from app import streams
 from app.api.base import read_body
-from app.errors import BadRequest
+from app.base import reqctx
+from app.base.errors import BadRequest
 from app.protocol.sse import HEADERS
 
 MAX_LOOKUP = 1000  # ids one lookup may name

@@ -15,12 +15,12 @@ import gevent
 import gevent.pool
 from flask import Response, jsonify, request
 
-from app import reqctx
 from app.api import streams
 from app.api.base import Answer, Api, error_response, gone_probe, json_off_hub, read_body
+from app.base import reqctx
+from app.base.errors import BadRequest, ClientGone, ServiceError, as_service_error
+from app.base.metrics import PREDICT
 from app.core.service import Service
-from app.errors import BadRequest, ClientGone, ServiceError, as_service_error
-from app.metrics import PREDICT
 from app.protocol import openai, vertex
 
 

@@ -16,7 +16,7 @@ from importlib import resources
 
 from flask import Flask, Response, request
 
-from app.errors import NotFound
+from app.base.errors import NotFound
 from app.settings import Settings
 
 PREFIX = "/webui/"

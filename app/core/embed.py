@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app import bridge
+from app.base import bridge
+from app.base.errors import BadRequest, ClientGone, GenerationTimeout, NotSupported, ServiceError
 from app.core.service import GONE_POLL, Service
 from app.engine.embed import Embedder, Embedding, EmbedHandle, EmbedRequest
-from app.errors import BadRequest, ClientGone, GenerationTimeout, NotSupported, ServiceError
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.errors import ServiceError
+from app.base.errors import ServiceError
 
 Reason = Literal["stop", "length", "tool_calls"]
 

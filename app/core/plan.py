@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app import formats
+from app.base.errors import BadRequest
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.engine.types import GenerationRequest, ModelInfo
-from app.errors import BadRequest
 from app.formats import THINK, chat_template
 from app.formats.spec import ReplySpec, Tool
 from app.grammar import gate, json_schema

@@ -16,15 +16,15 @@ from typing import TypeVar
 
 import gevent
 
-from app import bridge
+from app.base import bridge
+from app.base.errors import ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
+from app.base.metrics import ABORT, Metrics
 from app.core.decode import ReplyStream
 from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
 from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
 from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
-from app.errors import ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
 from app.formats.think import CLOSE, split_thought
-from app.metrics import ABORT, Metrics
 
 # How often a run whose reader is not streaming checks that its client is still connected.
 GONE_POLL = 0.5

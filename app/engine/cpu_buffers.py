@@ -30,6 +30,6 @@ def resolve(mode: str, system_info: str) -> tuple[bool, str]:
     if built_with_amx(system_info):
         return False, ("CPU_EXTRA_BUFFERS=auto: off, because this llama.cpp was built with its "
                        f"AMX kernels, which crash on CPUs that have AMX ({AMX_ISSUE}); install "
-                       "it as the README says (cmake/no-amx.cmake), or set "
+                       "it as the README's install command does (cmake/no-amx.cmake), or set "
                        "CPU_EXTRA_BUFFERS=on to use them anyway")
     return True, "CPU_EXTRA_BUFFERS=auto"

@@ -13,8 +13,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from app.bridge import Channel
-from app.errors import ServiceError
+from app.base.bridge import Channel
+from app.base.errors import ServiceError
 
 Pooling = Literal["mean", "cls", "last", "none", "rank"]
 POOLING_IDS: dict[int, Pooling] = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}

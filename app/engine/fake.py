@@ -13,7 +13,16 @@ from __future__ import annotations
 import re
 import time
 
-from app.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.base.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
+from app.base.errors import (
+    BadRequest,
+    ContextOverflow,
+    EngineFailure,
+    GenerationTimeout,
+    ModelNotReady,
+    QueueFull,
+    ShuttingDown,
+)
 from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
@@ -26,16 +35,7 @@ from app.engine.types import (
     outside_vocab,
     slot_row,
 )
-from app.errors import (
-    BadRequest,
-    ContextOverflow,
-    EngineFailure,
-    GenerationTimeout,
-    ModelNotReady,
-    QueueFull,
-    ShuttingDown,
-)
-from app.state import LoadState
+from app.model.state import LoadState
 
 SPECIALS = ("<unk>", "<s>", "</s>")  # the fake vocabulary's control tokens: ids 0, 1, 2
 N_VOCAB = len(SPECIALS) + 256

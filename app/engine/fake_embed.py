@@ -11,9 +11,9 @@ import zlib
 
 import numpy as np
 
-from app.bridge import Channel, start_native_thread
+from app.base.bridge import Channel, start_native_thread
+from app.base.errors import BadRequest, ContextOverflow, EngineFailure, QueueFull
 from app.engine.embed import Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
-from app.errors import BadRequest, ContextOverflow, EngineFailure, QueueFull
 
 
 def fake_vector(text: str, n_embd: int) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from app.bridge import Channel
+from app.base.bridge import Channel
 from app.engine.types import Event, Failed, Finished
 
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from app.base.errors import BadRequest, EngineFailure, GenerationTimeout, ServiceError
 from app.engine.llama_vocab import Tokenizer
 from app.engine.sampling import GrammarTooSlow, Sampler
 from app.engine.text import TextAssembler
 from app.engine.types import Failed, Finished, GenerationRequest, Sink, TextPiece
-from app.errors import BadRequest, EngineFailure, GenerationTimeout, ServiceError
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.bridge import Channel, ThreadEvent, allocate_lock, original_sleep, start_native_thread
-from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
-from app.engine.types import outside_vocab
-from app.errors import (
+from app.base.bridge import Channel, ThreadEvent, allocate_lock, original_sleep, start_native_thread
+from app.base.errors import (
     BadRequest,
     ContextOverflow,
     EngineFailure,
@@ -38,6 +36,8 @@ from app.errors import (
     ServiceError,
     ShuttingDown,
 )
+from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
+from app.engine.types import outside_vocab
 
 log = logging.getLogger(__name__)
 

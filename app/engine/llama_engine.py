@@ -5,7 +5,7 @@ next token of each generating sequence plus prompt chunks of sequences being adm
 ``llama_decode`` once, and samples each sequence with its own sampler (app.engine.sampling).
 Logits are requested only where a token is sampled. Nothing here runs on a greenlet: greenlets
 hand requests in through a lock-free deque and get events back through their sink (see
-app.bridge).
+app.base.bridge).
 
 A request is prepared before the engine thread sees it, on one of a few prep threads (native,
 with a large stack; app.engine.llama_prep): its prompt is tokenized (llama.cpp's tokenizer only
@@ -25,12 +25,23 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from app.bridge import (
+from app.base.bridge import (
     Channel,
     ThreadEvent,
     allocate_lock,
     original_sleep,
     start_native_thread,
+)
+from app.base.errors import (
+    BadRequest,
+    EmbeddingOnly,
+    EngineFailure,
+    ModelLoadError,
+    ModelNotReady,
+    QueueFull,
+    ServiceError,
+    ShuttingDown,
+    as_service_error,
 )
 from app.engine.config import EngineConfig
 from app.engine.handle import ChannelHandle
@@ -49,18 +60,7 @@ from app.engine.types import (
     outside_vocab,
     slot_row,
 )
-from app.errors import (
-    BadRequest,
-    EmbeddingOnly,
-    EngineFailure,
-    ModelLoadError,
-    ModelNotReady,
-    QueueFull,
-    ServiceError,
-    ShuttingDown,
-    as_service_error,
-)
-from app.state import LoadState
+from app.model.state import LoadState
 
 log = logging.getLogger(__name__)
 

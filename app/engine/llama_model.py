@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 
+from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, llama_log
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
@@ -29,7 +30,6 @@ from app.engine.llama_embed import (
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.sampling import Vocab
 from app.engine.types import ModelInfo
-from app.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import ctypes
 import re
 from typing import Any
 
+from app.base.errors import BadRequest
 from app.engine.types import PROTECT_CLOSE, PROTECT_OPEN, VOCAB_TYPES
-from app.errors import BadRequest
 
 _PROTECTED = re.compile(f"{PROTECT_OPEN}(.*?){PROTECT_CLOSE}", re.DOTALL)
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from app.base.errors import BadRequest
 from app.engine.types import SamplingParams
-from app.errors import BadRequest
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
 _NO_BYTE = 256  # first byte of an empty piece

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.errors import ServiceError
-from app.state import LoadState
+from app.base.errors import ServiceError
+from app.model.state import LoadState
 
 # A text prompt may mark spans that came from a request's messages: text between these two
 # Unicode noncharacters is tokenized as plain text, never as control tokens (so a user cannot

@@ -16,8 +16,8 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app.base.errors import BadRequest
 from app.engine.types import PROTECT_CLOSE, PROTECT_OPEN
-from app.errors import BadRequest
 
 # What llama.cpp falls back to when a GGUF carries no template.
 CHATML = (

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any
 
-from app.bridge import allocate_lock, original_sleep
-from app.errors import BadRequest
+from app.base.bridge import allocate_lock, original_sleep
+from app.base.errors import BadRequest
 
 
 def _yield_gil() -> None:

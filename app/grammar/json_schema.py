@@ -16,8 +16,8 @@ import re
 from collections import OrderedDict
 from typing import Any
 
-from app.bridge import allocate_lock
-from app.errors import BadRequest
+from app.base.bridge import allocate_lock
+from app.base.errors import BadRequest
 from app.grammar.gate import GrammarTooComplex, Limits
 
 _CACHE_SIZE = 256
@@ -157,7 +157,7 @@ def _converter() -> Any:
 def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
     """A JSON Schema as GBNF; a schema over the limits or the converter rejects is a 400.
 
-    Pure Python and CPU-bound: callers run it off the request hub (see app.bridge.offload).
+    Pure Python and CPU-bound: callers run it off the request hub (see app.base.bridge.offload).
     Converted grammars are cached by the schema's text (agents send the same schemas again).
     """
     try:

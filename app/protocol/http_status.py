@@ -3,7 +3,7 @@ type names and body shape; the status of a queue-full or a bad request is the sa
 
 from __future__ import annotations
 
-from app.errors import (
+from app.base.errors import (
     BadRequest,
     ClientGone,
     GenerationTimeout,

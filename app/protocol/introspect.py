@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.base.errors import BadRequest
 from app.engine.types import ModelInfo, SamplingParams
-from app.errors import BadRequest
 from app.protocol import validate
 
 # A detokenize request, and a tokenize answer with pieces, hold at most this many tokens: more
@@ -49,7 +49,7 @@ class DetokenizeRequest(BaseModel):
 
 
 def parse_tokenize(body: Any) -> TokenizeRequest:
-    return validate.parse(TokenizeRequest, body, hint="see the README's Introspection section")
+    return validate.parse(TokenizeRequest, body, hint="see docs/api.md, Introspection")
 
 
 def parse_detokenize(body: Any) -> DetokenizeRequest:
@@ -58,7 +58,7 @@ def parse_detokenize(body: Any) -> DetokenizeRequest:
         if n > MAX_LISTED_TOKENS:  # before pydantic builds an error per element
             raise BadRequest(f"tokens: {n} tokens, at most {MAX_LISTED_TOKENS} in one request",
                              param="tokens")
-    return validate.parse(DetokenizeRequest, body, hint="see the README's Introspection section")
+    return validate.parse(DetokenizeRequest, body, hint="see docs/api.md, Introspection")
 
 
 def piece(data: bytes) -> str | list[int]:

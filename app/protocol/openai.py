@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
-from app.errors import (
+from app.base.errors import (
     BadRequest,
     ClientGone,
     GenerationTimeout,
@@ -21,6 +20,7 @@ from app.errors import (
     Unauthorized,
     Unavailable,
 )
+from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
 from app.formats.chat_template import flatten_content
 from app.protocol import validate
 from app.protocol.http_status import lookup, status_of
@@ -69,7 +69,7 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(None, ge=0, le=0)
-    # informational: recorded nowhere, change nothing (see the README's field list)
+    # informational: recorded nowhere, change nothing (see docs/api.md, Request fields)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
     service_tier: Literal["auto", "default"] | None = None

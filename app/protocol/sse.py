@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from app.base.errors import BadRequest, ServiceError
 from app.engine.types import Finished, TextPiece
-from app.errors import BadRequest, ServiceError
 from app.protocol.openai import SYSTEM_FINGERPRINT, error_body, usage
 
 DONE = b"data: [DONE]\n\n"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import BadRequest
+from app.base.errors import BadRequest
 from app.formats.spec import NAME_RE, Tool
 
 

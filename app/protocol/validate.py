@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from app.errors import BadRequest
+from app.base.errors import BadRequest
 
 
 def parse(model: type[BaseModel], body: Any, unsupported: Mapping[str, str] | None = None,
-          hint: str = "see the README's list of request fields") -> Any:
+          hint: str = "see docs/api.md, Request fields") -> Any:
     """Validate a request body; the 400 names the first offending field."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")

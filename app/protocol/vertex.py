@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import BadRequest, ServiceError
+from app.base.errors import BadRequest, ServiceError
 
 
 @dataclass(frozen=True)

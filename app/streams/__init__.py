@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import gevent
 
-from app import reqctx
-from app.errors import TooManyStreams
+from app.base import reqctx
+from app.base.errors import TooManyStreams
 from app.streams.session import (
     OffsetLost,
     Session,

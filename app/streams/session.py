@@ -19,7 +19,7 @@ from typing import Any
 import gevent
 import gevent.event
 
-from app.errors import BadRequest, NotFound
+from app.base.errors import BadRequest, NotFound
 
 CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MAX_OFFSET = 2**53  # far past any stream; keeps offsets valid as Redis stream ids

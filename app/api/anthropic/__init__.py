@@ -31,10 +31,10 @@ from app.api.anthropic.stream import (
     usage,
 )
 from app.api.base import Api, read_body
+from app.base.errors import ServiceError
 from app.core.events import ChoiceEnd, Failure, Result, Tick, Usage
 from app.core.input import ChatInput
 from app.core.service import Run
-from app.errors import ServiceError
 from app.protocol.sse import event
 
 

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.base.errors import BadRequest
 from app.core.input import ChatInput, OutputFormat, ToolChoice
 from app.engine.types import SamplingParams
-from app.errors import BadRequest
 from app.protocol import tools, validate
 from app.protocol.openai import MAX_STOP_CHARS
 
@@ -133,7 +133,7 @@ _UNSUPPORTED = {
 
 def parse(model: type[BaseModel], body: Any) -> Any:
     """Validate a Messages request body (see app.protocol.validate)."""
-    return validate.parse(model, body, _UNSUPPORTED, "see the README's Messages API coverage")
+    return validate.parse(model, body, _UNSUPPORTED, "see docs/anthropic.md, API coverage")
 
 
 # ---- content blocks -------------------------------------------------------------------------

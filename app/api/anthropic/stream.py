@@ -7,6 +7,7 @@ import json
 import secrets
 from typing import Any
 
+from app.base.errors import ServiceError
 from app.core.events import (
     Answer,
     CallArgs,
@@ -14,7 +15,6 @@ from app.core.events import (
     Text,
     Thinking,
 )
-from app.errors import ServiceError
 from app.protocol.http_status import status_of
 from app.protocol.sse import event
 

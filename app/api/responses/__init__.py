@@ -23,7 +23,6 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app import reqctx
 from app.api.base import Api, read_body
 from app.api.responses.parsing import (
     EFFORT_BUDGET,
@@ -44,10 +43,11 @@ from app.api.responses.stream import (
     usage,
     wants_message,
 )
+from app.base import reqctx
+from app.base.errors import BadRequest, ServiceError
 from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking, Tick, Usage, fold
 from app.core.input import ChatInput
 from app.core.service import Run
-from app.errors import BadRequest, ServiceError
 from app.protocol import openai
 from app.protocol.sse import comment
 

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.base.errors import BadRequest
 from app.core.input import OutputFormat, ToolChoice
 from app.engine.types import SamplingParams
-from app.errors import BadRequest
 from app.formats.spec import NAME_RE
 from app.protocol import openai, tools
 
@@ -50,7 +50,7 @@ UNSUPPORTED = {
     "max_tokens": "use max_output_tokens",
     "response_format": "use text.format",
     "reasoning_effort": "use reasoning.effort",
-    "reasoning_budget": "use reasoning.effort (see the README for its budgets)",
+    "reasoning_budget": "use reasoning.effort (docs/responses.md gives its budgets)",
     "n": "one answer per request",
     "stop": "not supported by the Responses API",
     "seed": "not supported by the Responses API",

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app import bridge
-from app.errors import NotFound
+from app.base import bridge
+from app.base.errors import NotFound
 
 # ---- the store --------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app.base.errors import as_service_error
 from app.core.events import (
     CallArgs,
     CallStarted,
@@ -17,7 +18,6 @@ from app.core.events import (
     Thinking,
     Usage,
 )
-from app.errors import as_service_error
 from app.protocol import openai
 from app.protocol.sse import event
 

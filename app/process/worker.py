@@ -95,7 +95,7 @@ class DrainingGeventWorker(GeventWorker):
     request heads are bounded, and gunicorn's own errors are JSON (see the module)."""
 
     in_flight = 0
-    client_timeout: float | None = None  # CLIENT_TIMEOUT (see app.gunicorn_conf.options)
+    client_timeout: float | None = None  # CLIENT_TIMEOUT (see app.process.gunicorn_conf.options)
     header_timeout: float | None = None  # HEADER_TIMEOUT
     _quitting = False
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app import gcs
-from app.default_model import SHA256, default_model_path, sha256_of
-from app.errors import ModelLoadError
+from app.base.errors import ModelLoadError
+from app.model import gcs
+from app.model.default import SHA256, default_model_path, sha256_of
+from app.model.state import LoadState
 from app.settings import Settings
-from app.state import LoadState
 
 
 def resolve(settings: Settings, state: LoadState) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import ModelLoadError
+from app.base.errors import ModelLoadError
 from app.settings import Settings, setting_default
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Gunicorn configuration for the server: one gevent worker, so the model is loaded once.
 
 ``options(settings)`` is what ``vertex-gguf`` runs with. The module also works as a plain
-gunicorn config file (``gunicorn -c python:app.gunicorn_conf app.wsgi:app``): it then reads the
+gunicorn config file (``gunicorn -c python:app.process.gunicorn_conf app.process.wsgi:app``): it then reads the
 same Settings from the environment.
 """
 
@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Any
 
-from app import logs
-from app.crash_guard import EXIT_CODE, CrashGuard
+from app.edge import logs
+from app.process.crash_guard import EXIT_CODE, CrashGuard
+from app.process.worker import DrainingGeventWorker, service_of, streams_of
 from app.settings import Settings
-from app.worker import DrainingGeventWorker, service_of, streams_of
 
 # gunicorn's arbiter halts the whole server (exit code 4) when a worker exits with this code:
 # a model that cannot load must fail the deployment, not leave it answering 503 for ever.
@@ -53,7 +53,7 @@ def exit_worker_on_load_failure(message: str) -> None:
 
 
 def options(settings: Settings, guard: CrashGuard | None = None) -> dict[str, Any]:
-    """gunicorn's configuration; ``guard`` is the master's crash guard (app.crash_guard), whose
+    """gunicorn's configuration; ``guard`` is the master's crash guard (app.process.crash_guard), whose
     hooks see every worker forked and every worker gone."""
     DrainingGeventWorker.client_timeout = settings.client_timeout
     DrainingGeventWorker.header_timeout = settings.header_timeout
@@ -61,7 +61,7 @@ def options(settings: Settings, guard: CrashGuard | None = None) -> dict[str, An
     return {
         "bind": [bind_address(settings)],
         "workers": 1,
-        "worker_class": "app.worker.DrainingGeventWorker",
+        "worker_class": "app.process.worker.DrainingGeventWorker",
         "worker_connections": settings.worker_connections,
         "graceful_timeout": math.ceil(settings.graceful_timeout),
         "timeout": 120,
@@ -69,7 +69,7 @@ def options(settings: Settings, guard: CrashGuard | None = None) -> dict[str, An
         "loglevel": settings.log_level,
         # gunicorn's own lines through the app's formatter (LOG_FORMAT), to stderr
         "logconfig_dict": logs.logconfig(settings),
-        "accesslog": None,  # app.logs writes the access line (path only, never a query string)
+        "accesslog": None,  # app.edge.logs writes the access line (path only, never a query string)
         "preload_app": False,
         "worker_exit": lambda server, worker: worker_exit(guard, server, worker),
         "pre_fork": lambda server, worker: guard.before_fork(worker),
@@ -87,15 +87,15 @@ _module_guard: list[CrashGuard] = []
 
 
 def shared_guard(settings: Settings) -> CrashGuard:
-    """The crash guard of ``gunicorn -c python:app.gunicorn_conf`` (one per master; a worker
-    forked from it finds its own records in it: app.wsgi)."""
+    """The crash guard of ``gunicorn -c python:app.process.gunicorn_conf`` (one per master; a worker
+    forked from it finds its own records in it: app.process.wsgi)."""
     if not _module_guard:
         _module_guard.append(CrashGuard.from_settings(settings))
     return _module_guard[0]
 
 
 def __getattr__(name: str) -> Any:
-    """Module-level config values for ``gunicorn -c python:app.gunicorn_conf``."""
+    """Module-level config values for ``gunicorn -c python:app.process.gunicorn_conf``."""
     if not _module_options:
         settings = Settings()
         _module_options.update(options(settings, shared_guard(settings)))

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
-from app.errors import GenerationTimeout, ServiceError
+from app.base.errors import GenerationTimeout, ServiceError
 
 if TYPE_CHECKING:  # the core imports this module: Flask only where HTTP is
     from flask import Flask, Response
@@ -167,7 +167,7 @@ class Metrics:
         self.requests.labels(label, str(status)).inc()
 
     def watch(self, engine: Any, boot: Any = None) -> None:
-        """The engine's gauges, read at each scrape; with ``boot`` (app.crash_guard.Boot), the
+        """The engine's gauges, read at each scrape; with ``boot`` (app.process.crash_guard.Boot), the
         worker deaths the master saw before this worker and whether it runs in safe mode."""
         self.registry.register(EngineCollector(engine))
         if boot is not None:
@@ -190,7 +190,7 @@ class EngineCollector:
         return []  # no describe at registration: collect() reads a live engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from app.state import STAGES
+        from app.model.state import STAGES
 
         engine = self.engine
         state = engine.state

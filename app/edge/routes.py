@@ -11,14 +11,14 @@ from collections.abc import Callable, Iterator
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
-from app import reqctx
 from app.api import base, introspect, streams
 from app.api.base import read_body
+from app.base import reqctx
+from app.base.errors import BadRequest, ModelNotFound
 from app.core.service import Service
-from app.errors import BadRequest, ModelNotFound
+from app.model.state import LoadState
 from app.protocol import openai, sse
 from app.protocol.sse import HEADERS
-from app.state import LoadState
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def health() -> tuple[Response, int]:
     hub = current_app.extensions.get("vertex_gguf_streams")
     if hub is not None:
         body["streams"] = hub.stats()
-    # earlier workers' deaths and safe mode (app.crash_guard): absent when nothing happened
+    # earlier workers' deaths and safe mode (app.process.crash_guard): absent when nothing happened
     boot = current_app.extensions.get("vertex_gguf_boot")
     if boot is not None:
         body.update(boot.report())

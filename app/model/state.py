@@ -14,7 +14,7 @@ class LoadState:
 
     def __init__(self, on_stage: Callable[[str, str], None] | None = None) -> None:
         # told of every stage entered (and a failure's message): the crash guard's record,
-        # which the master reads if this worker dies (app.crash_guard)
+        # which the master reads if this worker dies (app.process.crash_guard)
         self._on_stage = on_stage
         self.stage = "starting"
         self.progress: float | None = None

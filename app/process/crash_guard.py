@@ -4,7 +4,7 @@ llama.cpp can kill the worker process outright: a SIGSEGV in a CPU kernel (the A
 Sapphire Rapids, llama.cpp#20824), a ``GGML_ABORT``, a CUDA out-of-memory abort. gunicorn's
 master restarts a dead worker at once, and a model that dies while loading dies the same way
 again: the container would answer 503 "loading" for ever. The guard lives in the master (through
-gunicorn's hooks, app.gunicorn_conf) and in each worker:
+gunicorn's hooks, app.process.gunicorn_conf) and in each worker:
 
 - Before each fork the master opens two anonymous files for the new worker: its stage record
   (the worker writes its load stage there at every change, and ``exited`` on a clean exit) and
@@ -148,7 +148,7 @@ class _Record:
 class Boot:
     """What a worker knows when it starts: the deaths before it and whether it is in safe mode.
     ``record(stage, detail)`` writes the worker's load stage where the master will read it
-    (app.state.LoadState calls it at every stage, and with the error when the load fails)."""
+    (app.model.state.LoadState calls it at every stage, and with the error when the load fails)."""
 
     crashes: tuple[Crash, ...] = ()
     safe_mode: dict[str, str] = field(default_factory=dict)  # setting -> safe value (or env)

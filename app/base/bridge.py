@@ -18,8 +18,8 @@ import gevent
 import gevent.event
 from gevent.monkey import get_original
 
-from app import reqctx
-from app.errors import Overloaded, RequestTimeout
+from app.base import reqctx
+from app.base.errors import Overloaded, RequestTimeout
 
 _start_new_thread = get_original("_thread", "start_new_thread")
 original_sleep: Callable[[float], None] = get_original("time", "sleep")  # for native threads

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from flask import Flask, request
 
-from app import reqctx
-from app.errors import Unauthorized
+from app.base import reqctx
+from app.base.errors import Unauthorized
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

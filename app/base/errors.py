@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 class ModelLoadError(Exception):
     """The model could not be fetched or loaded; the message names the model and the cause.
 
-    Not a request error: it ends the process (see app.gunicorn_conf), so the platform reports a
+    Not a request error: it ends the process (see app.process.gunicorn_conf), so the platform reports a
     failed deployment.
     """
 

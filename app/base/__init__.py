@@ -1,0 +1,1 @@
+"""The shared base every layer may use: domain errors, the greenlet/thread bridge, the request context, metrics."""

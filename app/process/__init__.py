@@ -1,0 +1,1 @@
+"""The process: the command line, gunicorn and its worker, the crash guard."""

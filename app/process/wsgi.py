@@ -1,0 +1,12 @@
+"""WSGI entry for running under a gunicorn of your own: ``gunicorn -c python:app.process.gunicorn_conf
+app.process.wsgi:app``. Settings come from the environment."""
+
+from app import create_app
+from app.process.crash_guard import apply_safe_mode
+from app.process.gunicorn_conf import exit_worker_on_load_failure, shared_guard
+from app.settings import Settings
+
+_settings = Settings()
+_boot = shared_guard(_settings).start_worker()
+app = create_app(apply_safe_mode(_settings, _boot), on_fatal=exit_worker_on_load_failure,
+                 boot=_boot)
