@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 import requests  # noqa: E402
 
-from app.engine.types import TextPiece  # noqa: E402
 from app.protocol.sse import PROFILES, ChunkWriter  # noqa: E402
 from app.streams import Streams  # noqa: E402
 from app.streams.session import Session  # noqa: E402
@@ -48,7 +47,11 @@ def frames(n: int) -> list[bytes]:
     w = ChunkWriter("chat", "chatcmpl-0123456789abcdef01234567", int(time.time()), "model",
                     PROFILES["openai"])
     words = ["The", " lighthouse", " keeper", " watched", " the", " sea", ",", " and"]
-    return [w.text(TextPiece(words[i % len(words)], i + 1))[0] for i in range(n)]
+    out = []
+    for i in range(n):
+        w.count(0, i + 1)
+        out.append(w.text(0, words[i % len(words)])[0])
+    return out
 
 
 def per_token_memory(data: list[bytes], cap: int) -> float:

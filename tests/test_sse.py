@@ -9,26 +9,29 @@ from pathlib import Path
 import pytest
 
 from app.base.errors import EngineFailure
+from app.core.events import ChoiceEnd, Text
 from app.engine.fake import FakeEngine
-from app.engine.types import Finished, TextPiece
 from app.protocol.sse import PROFILES, ChunkWriter, StreamPolicy, policy_from
 from tests.conftest import make_client
 from tests.stream_rules import outcomes
 
 GOLDEN = Path(__file__).parent / "golden"
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
-SCRIPT = [TextPiece("Hel", 1), TextPiece("", 2), TextPiece("lo", 3), Finished("stop", 3, 3)]
-FAILING = [TextPiece("Hel", 1), EngineFailure("boom")]
+# (a piece of text, the choice's completion tokens so far), then the choice's end
+SCRIPT = [(Text("Hel"), 1), (Text(""), 2), (Text("lo"), 3), ChoiceEnd("stop", 3)]
+FAILING = [(Text("Hel"), 1), EngineFailure("boom")]
 
 
 def transcript(kind, policy, events, **kw) -> str:
     w = ChunkWriter(kind, "id-1", 1700000000, "m", policy, prompt_tokens=3, **kw)
     out = list(w.start())
     for ev in events:
-        if isinstance(ev, TextPiece):
-            out += w.text(ev)
-        elif isinstance(ev, Finished):
-            out += w.finish(ev)
+        if isinstance(ev, tuple):
+            piece, tokens = ev
+            w.count(piece.index, tokens)
+            out += w.text(piece.index, piece.text)
+        elif isinstance(ev, ChoiceEnd):
+            out += w.finish(ev.index, ev.reason, ev.completion_tokens)
         else:
             out += w.error(ev)
     return b"".join(out).decode()

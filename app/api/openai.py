@@ -28,7 +28,6 @@ from app.core.events import (
 )
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.core.service import Run
-from app.engine.types import Finished, TextPiece
 from app.protocol import openai, tools
 from app.protocol.sse import ChunkWriter, comment, policy_of
 
@@ -126,12 +125,13 @@ class _OpenAI(Api):
             elif isinstance(ev, ChoiceEnd):
                 ended += 1
                 if ended < run.n:
-                    yield from w.finish(self._finished(ev, run, 0))
+                    yield from w.finish(ev.index, ev.reason, ev.completion_tokens)
                 else:
                     last = ev  # the last choice's end goes out with the usage (cached tokens)
             elif isinstance(ev, Usage):
                 if last is not None:
-                    yield from w.finish(self._finished(last, run, ev.cached_tokens))
+                    yield from w.finish(last.index, last.reason, last.completion_tokens,
+                                        ev.cached_tokens)
                     last = None
             elif isinstance(ev, Failure):
                 yield from w.error(ev.error)
@@ -139,10 +139,6 @@ class _OpenAI(Api):
             else:
                 w.count(ev.index, run.tokens[ev.index])
                 yield from self._piece(w, ev, run)
-
-    @staticmethod
-    def _finished(end: ChoiceEnd, run: Run, cached: int) -> Finished:
-        return Finished(end.reason, run.prompt_tokens, end.completion_tokens, cached, end.index)
 
 
 @dataclass(frozen=True)
@@ -228,12 +224,12 @@ class Completions(_OpenAI):
         out = list(w.start())
         if req.echo:
             for i in range(w.n):
-                out += w.text(TextPiece(req.echo, 0, i))
+                out += w.text(i, req.echo)
         return out
 
     def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
         if isinstance(ev, Text):
-            return w.text(TextPiece(ev.text, run.tokens[ev.index], ev.index))
+            return w.text(ev.index, ev.text)
         return []
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from app.base.errors import BadRequest, ServiceError
-from app.engine.types import Finished, TextPiece
 from app.protocol.openai import SYSTEM_FINGERPRINT, error_body, usage
 
 DONE = b"data: [DONE]\n\n"
@@ -116,7 +115,9 @@ def policy_of(settings: Any) -> StreamPolicy:
 
 
 class ChunkWriter:
-    """Builds the SSE bytes of one streamed choice, event by event."""
+    """Builds the SSE bytes of one streamed response (all its choices), piece by piece. It takes
+    plain values (a choice's index, text, finish reason, token counts), not any layer's event
+    objects: the API adapter reads its core events and says what to write."""
 
     def __init__(
         self,
@@ -138,7 +139,7 @@ class ChunkWriter:
         self.prompt_tokens = prompt_tokens
         self.n = n
         self._tokens = [0] * n  # completion tokens per choice
-        self._finished: dict[int, Finished] = {}
+        self._finished: set[int] = set()  # the choices that have ended
         self.id = rid
         self._base = {
             "id": rid,
@@ -191,24 +192,25 @@ class ChunkWriter:
         """A chunk with a ready-made delta (tool calls, content parsed out of tool JSON)."""
         return self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
 
-    def text(self, piece: TextPiece) -> list[bytes]:
-        self._tokens[piece.index] = piece.completion_tokens
-        if not piece.text:
+    def text(self, index: int, text: str) -> list[bytes]:
+        """A choice's next text (its token count is kept by ``count``)."""
+        if not text:
             return []
-        return [self._chunk(self._choice(piece.text, None, index=piece.index))]
+        return [self._chunk(self._choice(text, None, index=index))]
 
-    def finish(self, ev: Finished) -> list[bytes]:
-        """A choice's finish chunk; after the last choice, the usage chunk and [DONE]."""
-        self.prompt_tokens = ev.prompt_tokens
-        self._tokens[ev.index] = ev.completion_tokens
-        self._finished[ev.index] = ev
-        out = [self._chunk(self._choice(None, ev.reason, index=ev.index))]
+    def finish(self, index: int, reason: str, completion_tokens: int,
+               cached_tokens: int = 0) -> list[bytes]:
+        """A choice's finish chunk; after the last choice, the usage chunk (with
+        ``cached_tokens``: the prompt tokens the cache served) and [DONE]."""
+        self._tokens[index] = completion_tokens
+        self._finished.add(index)
+        out = [self._chunk(self._choice(None, reason, index=index))]
         if not self.all_finished:
             return out
         if self.include_usage:
             obj = dict(self._base)
             obj["choices"] = []
-            obj["usage"] = usage(ev.prompt_tokens, self.completion_tokens, ev.cached_tokens)
+            obj["usage"] = usage(self.prompt_tokens, self.completion_tokens, cached_tokens)
             out.append(frame(obj))
         if self.policy.send_done:
             out.append(DONE)
