@@ -58,7 +58,7 @@ ENV PATH=/opt/venv/bin:$PATH
 #     --output-file requirements/image.lock pyproject.toml
 # or, on Linux with Python 3.11, pip-tools:
 #   pip-compile --generate-hashes --output-file requirements/image.lock pyproject.toml
-# (tests/test_deploy.py checks the lock against pyproject.toml).
+# (tests/deploy/test_artifacts.py checks the lock against pyproject.toml).
 # llama.cpp's AMX kernels crash on CPUs that have AMX (GCP's C3, C4 and A3 hosts:
 # https://github.com/ggml-org/llama.cpp/issues/20824); GGML_NATIVE off leaves them out already,
 # and these say so, whatever ggml's defaults become (docs/crashes.md).

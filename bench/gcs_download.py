@@ -28,11 +28,12 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.gcs_proxy import GcsProxy  # noqa: E402
+
 from app import gcs  # noqa: E402
 from app.model.default import default_model_path  # noqa: E402
 from app.settings import DEFAULT_CACHE_DIR  # noqa: E402
 from tests.conftest import Emulator, free_port  # noqa: E402
-from tests.gcs_proxy import GcsProxy  # noqa: E402
 
 
 def single_stream(client, dest: Path) -> float:

@@ -1,27 +1,37 @@
-"""Shared fixtures: a Flask test client over the fake engine, and real server processes."""
+"""The suite's fixtures. Shared code lives in tests/support/; tests import it from there, never
+from here or from one another. The folder a test sits in is its tier: tests/e2e/ is marked
+``e2e`` and tests/deploy/ ``deploy`` here, and a tier marker anywhere else is an error."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
-from app import create_app
 from app.engine.fake import FakeEngine
 from app.model.default import default_model_path
-from app.settings import Settings
+from tests.support.app import make_client
+from tests.support.gcs_emulator import Emulator
+from tests.support.server import (
+    VERTEX_HEALTH,
+    VERTEX_PREDICT,
+    ServerProcess,
+    free_port,
+    model_cache_dir,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
+TIERS = {"e2e": "e2e", "deploy": "deploy"}  # folder -> marker
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        for marker in TIERS.values():
+            if item.get_closest_marker(marker) and TIERS.get(folder) != marker:
+                raise pytest.UsageError(f"{item.nodeid}: a {marker} test belongs in tests/{marker}/")
+        if folder in TIERS:
+            item.add_marker(TIERS[folder])
 
 
 @pytest.fixture
@@ -29,22 +39,9 @@ def fake_engine() -> FakeEngine:
     return FakeEngine()
 
 
-def make_client(engine: FakeEngine, **settings):
-    app = create_app(Settings(**settings), engine=engine)
-    app.testing = True
-    return app.test_client()
-
-
 @pytest.fixture
 def client(fake_engine: FakeEngine):
     return make_client(fake_engine)
-
-
-# ---- end-to-end: a real gunicorn process with the real default model -----------------------
-
-
-def model_cache_dir() -> Path:
-    return Path(os.environ.get("MODEL_CACHE_DIR", "/tmp/vertex-gguf"))
 
 
 @pytest.fixture(scope="session")
@@ -53,114 +50,6 @@ def default_model() -> Path:
     if not path.is_file():
         pytest.fail(f"default model missing at {path}: run `vertex-gguf fetch-default-model`")
     return path
-
-
-def wait_for(check, limit: float = 120, what: str = "condition", nap=time.sleep):
-    """Poll ``check`` until it returns something truthy (returned), at most ``limit`` seconds:
-    the one bounded wait of the suite (``nap=gevent.sleep`` in-process, where a producer
-    greenlet must get to run)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        nap(0.05)
-    raise AssertionError(f"no {what} in {limit} s")
-
-
-def running(srv: ServerProcess) -> int:
-    """Sequences in the server's engine now (from /health)."""
-    return requests.get(srv.url("/health"), timeout=10).json()["engine"]["running"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """``python -m app`` (or another ``module``) on a free loopback port; logs go to a temp
-    file."""
-
-    def __init__(self, env: dict[str, str] | None = None, args: list[str] | None = None,
-                 module: str = "app"):
-        self.port = free_port()
-        fd, self.log_path = tempfile.mkstemp(prefix="vertex-gguf-", suffix=".log")
-        self.log_file = os.fdopen(fd, "wb")
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
-        full_env.update({"HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "2"})
-        full_env.update(env or {})
-        if "AIP_HTTP_PORT" in full_env:
-            self.port = int(full_env["AIP_HTTP_PORT"])
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *(args or [])],
-            env=full_env,
-            cwd=ROOT,
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def url(self, path: str) -> str:
-        return self.base + path
-
-    def wait_listening(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited early:\n{self.logs()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.01)
-        raise AssertionError(f"server did not listen in {timeout}s:\n{self.logs()}")
-
-    def wait_ready(self, health: str = "/health", timeout: float = 60) -> None:
-        self.wait_listening(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited early:\n{self.logs()}")
-            try:
-                if requests.get(self.url(health), timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"server not ready in {timeout}s:\n{self.logs()}")
-
-    def logs(self) -> str:
-        return Path(self.log_path).read_text(errors="replace")
-
-    def exit_code(self, limit: float = 60) -> int:
-        """The server's exit status once it has ended by itself (bounded wait)."""
-        wait_for(lambda: self.proc.poll() is not None, limit, "server exit")
-        return self.proc.returncode
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log_file.close()
-        Path(self.log_path).unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def running_server(env: dict[str, str]) -> Iterator[ServerProcess]:
-    """A ready server for a module's tests, stopped afterwards."""
-    srv = ServerProcess(env)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
@@ -175,10 +64,6 @@ def server_factory(default_model: Path) -> Iterator:
     yield start
     for srv in started:
         srv.stop()
-
-
-VERTEX_HEALTH = "/v1/endpoints/1234/deployedModels/5678"
-VERTEX_PREDICT = "/v1/endpoints/1234/deployedModels/5678:predict"
 
 
 @pytest.fixture(scope="module", params=["1", "4"], ids=["parallel1", "parallel4"])
@@ -208,51 +93,10 @@ def vertex_server(default_model: Path, request) -> Iterator[ServerProcess]:
 # ---- Cloud Storage: the emulator, started by the tests on a loopback port ---------------------
 
 
-class Emulator:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).with_name("gcp-storage-emulator")
-        self.proc = subprocess.Popen(
-            [str(exe), "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory", "-q"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("storage emulator did not start")
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        self.client = storage.Client(
-            credentials=AnonymousCredentials(), project="test", client_options={"api_endpoint": self.url}
-        )
-
-    def upload(self, bucket: str, name: str, path: Path | None = None, data: bytes | None = None):
-        b = self.client.lookup_bucket(bucket) or self.client.create_bucket(bucket)
-        blob = b.blob(name)
-        if path is not None:
-            blob.upload_from_filename(str(path))
-        else:
-            blob.upload_from_string(data or b"")
-        return b.get_blob(name)
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(10)
-
-
 @pytest.fixture(scope="session")
 def emulator(default_model: Path, tmp_path_factory) -> Iterator[Emulator]:
-    """The emulator with the test models uploaded (see tests/test_gcs.py for the layout)."""
-    from tests.gguf_split import split_gguf
+    """The emulator with the test models uploaded (see tests/unit/test_gcs.py for the layout)."""
+    from tests.support.gguf_split import split_gguf
 
     emu = Emulator()
     try:
@@ -271,7 +115,7 @@ def emulator(default_model: Path, tmp_path_factory) -> Iterator[Emulator]:
 
 @pytest.fixture
 def gcs_proxy(emulator: Emulator):
-    from tests.gcs_proxy import GcsProxy
+    from tests.support.gcs_proxy import GcsProxy
 
     with GcsProxy(emulator.url) as proxy:
         yield proxy

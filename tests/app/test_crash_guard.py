@@ -1,0 +1,266 @@
+"""No crash loop (issue 35): a worker that dies from a signal while loading is restarted once in
+safe mode, then the process exits with the cause; deaths after ready are restarted up to
+CRASH_LIMIT. Driven through the real gunicorn master (tests/support/crash_server.py: an engine that
+kills its own worker with a real SIGSEGV, abort() or signal at a chosen stage), plus the guard's
+decisions and records on their own."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import requests
+from gunicorn.errors import HaltServer
+
+from app.process.crash_guard import (
+    EXIT_CODE,
+    Crash,
+    CrashGuard,
+    _Record,
+    apply_safe_mode,
+    parse_fault,
+    safe_changes,
+)
+from app.settings import Settings
+from tests.support.server import ServerProcess, wait_for
+
+
+def crash_server(**env: object) -> ServerProcess:
+    return ServerProcess({k: str(v) for k, v in env.items()}, module="tests.support.crash_server")
+
+
+def booted(srv: ServerProcess) -> int:
+    return srv.logs().count("Booting worker with pid")
+
+
+def last_line(srv: ServerProcess) -> str:
+    return srv.logs().strip().splitlines()[-1]
+
+
+def metric(text: str, name: str) -> dict[str, float]:
+    """``{labels: value}`` of one metric in a Prometheus text answer."""
+    out = {}
+    for m in re.finditer(rf"^vertex_gguf_{name}(\{{[^}}]*\}})? (\S+)$", text, re.M):
+        out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+# ---- through the real gunicorn master -----------------------------------------------------
+
+@pytest.mark.parametrize("sig", ["SIGSEGV", "SIGILL", "SIGKILL"])
+def test_a_death_while_warming_up_is_restarted_once_in_safe_mode_and_reported(sig):
+    srv = crash_server(CRASH_AT="warming_up", CRASH_SIGNAL=sig, CRASH_UNLESS_SAFE=1)
+    try:
+        srv.wait_ready()
+        health = requests.get(srv.url("/health"), timeout=10).json()
+        crashes = health["worker_crashes"]
+        assert crashes["total"] == 1
+        assert crashes["last"]["stage"] == "warming_up"
+        # SIGKILL leaves no fault record (the OOM killer's signal): said so, not guessed
+        assert crashes["last"]["signal"] == (sig if sig != "SIGKILL" else "unknown")
+        if sig != "SIGKILL":  # where it died: the Python frames of the faulting thread
+            assert "crash_server.py" in crashes["last"]["where"]
+            assert f"died from {sig} while warming up" in health["safe_mode"]["reason"]
+        else:
+            assert "killed with no fault recorded" in health["safe_mode"]["reason"]
+        assert health["safe_mode"]["changed"]["cpu_extra_buffers"] == "off"
+        assert health["safe_mode"]["changed"]["flash_attn"] == "off"
+
+        props = requests.get(srv.url("/props"), timeout=10).json()
+        assert props["settings"]["cpu_extra_buffers"] == "off"
+        assert props["settings"]["flash_attn"] == "off"
+        assert props["safe_mode"] == health["safe_mode"]
+        assert props["worker_crashes"]["total"] == 1
+
+        text = requests.get(srv.url("/metrics"), timeout=10).text
+        label = sig if sig != "SIGKILL" else "unknown"
+        assert metric(text, "worker_crashes_total") == {
+            f'{{signal="{label}",stage="warming_up"}}': 1.0}
+        assert metric(text, "safe_mode") == {"": 1.0}
+
+        logs = srv.logs()
+        assert re.search(r"ERROR \S+: worker \d+ (died from|was killed)", logs)
+        assert re.search(r"ERROR \S+: safe mode: CPU_EXTRA_BUFFERS=off, FLASH_ATTN=off", logs)
+        assert booted(srv) == 2  # one death, one restart: no loop
+        # the safe worker serves
+        r = requests.post(srv.url("/v1/completions"), json={"prompt": "hi"}, timeout=10)
+        assert r.status_code == 200
+    finally:
+        srv.proc.send_signal(signal.SIGTERM)
+    # a clean exit (SIGTERM) is no death: nothing more is counted, and the exit is 0
+    assert srv.exit_code() == 0
+    assert len(re.findall(r"crash_guard: worker \d+ (died|was killed)", srv.logs())) == 1
+    srv.stop()
+
+
+@pytest.mark.parametrize("sig", ["SIGABRT", "SIGBUS"])
+def test_a_second_death_while_loading_ends_the_process_with_the_cause_last(sig):
+    srv = crash_server(CRASH_AT="loading", CRASH_SIGNAL=sig)
+    try:
+        assert srv.exit_code() == EXIT_CODE
+        assert booted(srv) == 2  # the first boot, the safe one, and no third
+        line = last_line(srv)
+        assert "ERROR" in line and "the model cannot start" in line
+        assert f"died from {sig} while loading, in safe mode too" in line
+    finally:
+        srv.stop()
+
+
+def test_no_safe_mode_when_the_risky_settings_are_explicit():
+    srv = crash_server(CRASH_AT="loading", CRASH_SIGNAL="SIGSEGV", CRASH_UNLESS_SAFE=1,
+                       CPU_EXTRA_BUFFERS="on", FLASH_ATTN="on")
+    try:
+        assert srv.exit_code() == EXIT_CODE
+        assert booted(srv) == 1
+        assert "no safe fallback applies" in last_line(srv)
+    finally:
+        srv.stop()
+
+
+def test_deaths_after_ready_restart_until_crash_limit():
+    srv = crash_server(CRASH_AT="generating", CRASH_SIGNAL="SIGSEGV", CRASH_LIMIT=2)
+    try:
+        srv.wait_ready()
+        with pytest.raises(requests.ConnectionError):
+            requests.post(srv.url("/v1/completions"), json={"prompt": "CRASH"}, timeout=10)
+        wait_for(lambda: booted(srv) == 2, 30, "a restarted worker")
+        srv.wait_ready()
+        text = requests.get(srv.url("/metrics"), timeout=10).text
+        assert metric(text, "worker_crashes_total") == {'{signal="SIGSEGV",stage="ready"}': 1.0}
+        assert metric(text, "safe_mode") == {"": 0.0}  # a death after ready is no load failure
+        health = requests.get(srv.url("/health"), timeout=10).json()
+        assert health["worker_crashes"]["last"]["stage"] == "ready"
+        assert "safe_mode" not in health
+        assert "_generate" in health["worker_crashes"]["last"]["where"]
+        # other requests are served by the new worker
+        r = requests.post(srv.url("/v1/completions"), json={"prompt": "hi"}, timeout=10)
+        assert r.status_code == 200
+        with pytest.raises(requests.ConnectionError):
+            requests.post(srv.url("/v1/completions"), json={"prompt": "CRASH"}, timeout=10)
+        assert srv.exit_code() == EXIT_CODE
+        assert booted(srv) == 2
+        assert "2 worker deaths within 600 s after the model was ready (CRASH_LIMIT=2)" in \
+            last_line(srv)
+    finally:
+        srv.stop()
+
+
+def test_a_model_that_fails_to_load_exits_4_with_its_error_as_the_last_line(tmp_path):
+    """The real engine's load error (no crash): gunicorn halts on the exit code, and the cause
+    is the last line, not gunicorn's "App failed to load."."""
+    missing = tmp_path / "missing.gguf"
+    srv = ServerProcess({"MODEL": str(missing)})
+    try:
+        assert srv.exit_code() == EXIT_CODE
+        line = last_line(srv)
+        assert f"vertex-gguf stops (exit code 4): model {missing}: file not found" in line
+        assert booted(srv) == 1
+    finally:
+        srv.stop()
+
+
+# ---- the guard's parts ----------------------------------------------------------------------
+
+def test_parse_fault_reads_real_faulthandler_output():
+    code = "import ctypes, faulthandler\nfaulthandler.enable(all_threads=True)\n\n" \
+           "def boom():\n    ctypes.string_at(0)\n\nboom()\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -signal.SIGSEGV
+    sig, where = parse_fault(proc.stderr)
+    assert sig == "SIGSEGV"
+    assert "in string_at" in where and "<string>:5 in boom" in where
+    assert parse_fault("") == ("unknown", "")
+
+
+class _Worker:
+    def __init__(self, pid: int):
+        self.pid = pid
+
+
+def _boot_and_die(guard: CrashGuard, pid: int, stage: str, fault: str = "",
+                  exited: bool = False) -> None:
+    """What a worker does to its records, then its end, as the master sees it."""
+    worker = _Worker(pid)
+    guard.before_fork(worker)
+    rec = guard._mine
+    assert rec is not None
+    rec.write(stage)
+    if fault:
+        import os
+
+        os.pwrite(rec.fault_fd, fault.encode(), 0)
+    if exited:
+        rec.mark_exited()
+    guard.child_exit(worker, stopping=False)
+
+
+SEGV = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call " \
+       "first):\n  File \"/x/llama_engine.py\", line 9 in _decode_step\n"
+
+
+def test_clean_exits_and_load_errors_are_no_deaths():
+    guard = CrashGuard(3, 600, {"cpu_extra_buffers": "off"})
+    _boot_and_die(guard, 1, "ready", exited=True)
+    _boot_and_die(guard, 2, "loading", exited=True)
+    _boot_and_die(guard, 3, "failed")
+    assert guard.crashes == [] and not guard.safe_reason and not guard.halt_reason
+    # a fault recorded counts even when Python's exit path ran after it
+    _boot_and_die(guard, 4, "ready", fault=SEGV, exited=True)
+    assert [c.signal for c in guard.crashes] == ["SIGSEGV"]
+    assert guard.crashes[0].where == "llama_engine.py:9 in _decode_step"
+
+
+def test_load_deaths_go_to_safe_mode_then_halt():
+    guard = CrashGuard(3, 600, {"cpu_extra_buffers": "off"})
+    _boot_and_die(guard, 1, "warming_up", fault=SEGV)
+    assert "SIGSEGV while warming up" in guard.safe_reason and not guard.halt_reason
+    second = _Worker(2)
+    guard.before_fork(second)
+    boot = guard.boot()
+    assert boot.safe_mode["cpu_extra_buffers"] == "off"
+    assert apply_safe_mode(Settings(), boot).cpu_extra_buffers == "off"
+    guard.child_exit(second, stopping=False)  # it died before writing a stage: "starting"
+    assert "in safe mode too" in guard.halt_reason
+    with pytest.raises(HaltServer) as info:
+        guard.before_fork(_Worker(3))
+    assert info.value.exit_status == EXIT_CODE
+
+
+def test_deaths_while_stopping_are_counted_but_decide_nothing():
+    guard = CrashGuard(1, 600, {"cpu_extra_buffers": "off"})
+    worker = _Worker(1)
+    guard.before_fork(worker)
+    guard._mine.write("ready")
+    guard.child_exit(worker, stopping=True)
+    assert len(guard.crashes) == 1 and not guard.halt_reason
+
+
+def test_only_deaths_within_the_window_count_against_the_limit():
+    guard = CrashGuard(2, 60, {})
+    guard.crashes.append(Crash(pid=1, stage="ready", signal="SIGSEGV", at=0.0))  # long ago
+    _boot_and_die(guard, 2, "ready", fault=SEGV)
+    assert not guard.halt_reason
+    _boot_and_die(guard, 3, "ready", fault=SEGV)
+    assert "2 worker deaths within 60 s" in guard.halt_reason
+
+
+def test_safe_mode_changes_only_what_is_left_at_auto():
+    assert safe_changes(Settings()) == {"cpu_extra_buffers": "off", "flash_attn": "off"}
+    assert safe_changes(Settings(cpu_extra_buffers="on")) == {"flash_attn": "off"}
+    assert safe_changes(Settings(cpu_extra_buffers="off", flash_attn="on")) == {}
+
+
+def test_a_record_keeps_the_stage_apart_from_the_exit_mark():
+    rec = _Record()
+    try:
+        rec.write("warming_up", "detail")
+        assert rec.read() == ("warming_up", "detail", False, "")
+        rec.mark_exited()
+        rec.write("ready")
+        assert rec.read()[:3] == ("ready", "", True)
+    finally:
+        rec.close()

@@ -1,0 +1,1 @@
+"""The deploy artifacts offline (Dockerfile, cloudbuild.yaml, terraform/, scripts) and the container."""

@@ -1,0 +1,1 @@
+"""End to end: a real gunicorn server with the real model on a loopback port, real clients."""

@@ -1,0 +1,1 @@
+"""What the tests share: server and emulator launchers, clients, stream rules, GGUF builders."""

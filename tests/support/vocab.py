@@ -1,0 +1,13 @@
+"""The default model's tokenizer in the test process (vocab only), to check exact token counts."""
+
+from __future__ import annotations
+
+
+def vocab():
+    """The model's tokenizer, loaded vocab-only in this process, to check exact token counts."""
+    from llama_cpp import Llama
+
+    from app.model.default import default_model_path
+    from tests.support.server import model_cache_dir
+
+    return Llama(str(default_model_path(model_cache_dir())), vocab_only=True, verbose=False)
