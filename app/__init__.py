@@ -14,9 +14,9 @@ from app import formats
 from app.settings import Settings, from_settings, slots_per_request, stream_max_live
 
 if TYPE_CHECKING:
+    from app.base.boot import Boot
     from app.core.plan import PlanOptions
     from app.engine.config import EngineConfig
-    from app.process.crash_guard import Boot
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +75,19 @@ def create_app(
 
     from app import api
     from app.api import webui
+    from app.base.boot import Boot
     from app.base.metrics import PREDICT, Metrics
     from app.base.metrics import install as install_metrics
     from app.core.service import Service
     from app.edge import auth, logs, routes
-    from app.process.crash_guard import Boot
     from app.protocol.sse import policy_of
     from app.streams import Streams
 
     boot = boot or Boot()
     if engine is None:
+        from app.base.state import LoadState
         from app.engine.llama_engine import LlamaEngine
         from app.model import source
-        from app.model.state import LoadState
 
         engine = LlamaEngine(
             engine_config(settings),

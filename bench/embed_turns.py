@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gevent  # noqa: E402
 
 from app import engine_config  # noqa: E402
+from app.base.state import LoadState  # noqa: E402
 from app.engine import llama_embed  # noqa: E402
 from app.engine.embed import EmbedRequest  # noqa: E402
 from app.engine.llama_engine import LlamaEngine  # noqa: E402
 from app.engine.types import Finished, GenerationRequest, SamplingParams  # noqa: E402
-from app.model.state import LoadState  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
 DEFAULT_MODEL = "/tmp/vertex-gguf/default/SmolLM2-135M-Instruct.Q4_1.gguf"

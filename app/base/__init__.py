@@ -1,1 +1,2 @@
-"""The shared base every layer may use: domain errors, the greenlet/thread bridge, the request context, metrics."""
+"""The shared base every layer may use: domain errors, the greenlet/thread bridge, the request
+context, metrics, the load state, and what a worker inherits from the master."""

@@ -190,7 +190,7 @@ class EngineCollector:
         return []  # no describe at registration: collect() reads a live engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from app.model.state import STAGES
+        from app.base.state import STAGES
 
         engine = self.engine
         state = engine.state

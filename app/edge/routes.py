@@ -15,8 +15,8 @@ from app.api import base, introspect, streams
 from app.api.base import read_body
 from app.base import reqctx
 from app.base.errors import BadRequest, ModelNotFound
+from app.base.state import LoadState
 from app.core.service import Service
-from app.model.state import LoadState
 from app.protocol import openai, sse
 from app.protocol.sse import HEADERS
 

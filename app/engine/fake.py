@@ -23,6 +23,7 @@ from app.base.errors import (
     QueueFull,
     ShuttingDown,
 )
+from app.base.state import LoadState
 from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
@@ -35,7 +36,6 @@ from app.engine.types import (
     outside_vocab,
     slot_row,
 )
-from app.model.state import LoadState
 
 SPECIALS = ("<unk>", "<s>", "</s>")  # the fake vocabulary's control tokens: ids 0, 1, 2
 N_VOCAB = len(SPECIALS) + 256

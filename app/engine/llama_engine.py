@@ -43,6 +43,7 @@ from app.base.errors import (
     ShuttingDown,
     as_service_error,
 )
+from app.base.state import LoadState
 from app.engine.config import EngineConfig
 from app.engine.handle import ChannelHandle
 from app.engine.llama_batch import Batch, Job, drop
@@ -60,7 +61,6 @@ from app.engine.types import (
     outside_vocab,
     slot_row,
 )
-from app.model.state import LoadState
 
 log = logging.getLogger(__name__)
 

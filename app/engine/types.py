@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.base.errors import ServiceError
-from app.model.state import LoadState
+from app.base.state import LoadState
 
 # A text prompt may mark spans that came from a request's messages: text between these two
 # Unicode noncharacters is tokenized as plain text, never as control tokens (so a user cannot

@@ -1,1 +1,1 @@
-"""Where the GGUF comes from (a path, Cloud Storage, the embedded default) and how far its load got."""
+"""Where the GGUF comes from: a path, Cloud Storage, the embedded default model."""

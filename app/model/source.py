@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.base.errors import ModelLoadError
+from app.base.state import LoadState
 from app.model import gcs
 from app.model.default import SHA256, default_model_path, sha256_of
-from app.model.state import LoadState
 from app.settings import Settings
 
 

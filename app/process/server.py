@@ -7,8 +7,9 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from app.base.boot import Boot
 from app.edge import auth
-from app.process.crash_guard import Boot, CrashGuard, apply_safe_mode
+from app.process.crash_guard import CrashGuard, apply_safe_mode
 from app.process.gunicorn_conf import exit_worker_on_load_failure, options
 from app.settings import Settings
 

@@ -15,9 +15,9 @@ import pytest
 import requests
 from gunicorn.errors import HaltServer
 
+from app.base.boot import Crash
 from app.process.crash_guard import (
     EXIT_CODE,
-    Crash,
     CrashGuard,
     _Record,
     apply_safe_mode,

@@ -20,12 +20,12 @@ import os
 import signal
 import time
 
+from app.base.boot import Boot
 from app.base.bridge import start_native_thread
+from app.base.state import LoadState
 from app.edge import logs
 from app.engine.fake import FakeEngine
-from app.model.state import LoadState
 from app.process.cli import load_settings
-from app.process.crash_guard import Boot
 from app.process.server import Server
 from app.settings import Settings
 

@@ -138,8 +138,8 @@ def test_not_enough_space_is_a_clear_error(gcs_proxy, tmp_path, monkeypatch):
 
 
 def test_local_directory_uses_the_same_rules(tmp_path):
+    from app.base.state import LoadState
     from app.model.source import resolve
-    from app.model.state import LoadState
     from app.settings import Settings
 
     (tmp_path / "a.gguf").write_bytes(b"GGUF a")
