@@ -12,14 +12,10 @@ from app.engine.fake import FakeEngine
 from app.formats.gbnf import hoist_defs
 from app.protocol import tools
 from tests.support.app import make_client
+from tests.support.bodies import ADD, WEATHER
 from tests.support.server import DATA
 
 TEMPLATES = DATA / "templates"
-ADD = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add two integers",
-       "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                      "required": ["a", "b"]}}}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 HISTORY = [
     {"role": "user", "content": "What is 1 plus 2?"},
     {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {

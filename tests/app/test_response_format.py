@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-CHAT = {"messages": [{"role": "user", "content": "Describe a person as JSON."}]}
-SCHEMA = {
-    "type": "object",
-    # a bounded name: a sampled (temperature 0.7) string always closes within max_tokens
-    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
+from tests.support.bodies import PERSON_CHAT as CHAT
+from tests.support.bodies import PERSON_SCHEMA as SCHEMA
 
 
 def test_json_schema_becomes_a_grammar(client, fake_engine):

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-GOOD_TOOL = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add",
-             "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                            "required": ["a", "b"]}}}
+from tests.support.bodies import GOOD_TOOL
+
 CHAT = {"messages": [{"role": "user", "content": "add 1 and 2"}]}
 
 

@@ -7,15 +7,11 @@ import json
 
 import pytest
 
+from tests.support.bodies import ADD, WEATHER
 from tests.support.clients import langchain_streamed_call, pydantic_ai_streamed_sum
 from tests.support.server import DATA, running_server
 
 TEMPLATES = DATA / "templates"
-ADD = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add two integers",
-       "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                      "required": ["a", "b"]}}}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 # (template, format, how the history's call shows in the prompt, a reply in the native format)
 
 

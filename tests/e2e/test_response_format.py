@@ -7,16 +7,9 @@ import json
 import pytest
 import requests
 
+from tests.support.bodies import PERSON_CHAT as CHAT
+from tests.support.bodies import PERSON_SCHEMA as SCHEMA
 from tests.support.server import ServerProcess, running_server
-
-CHAT = {"messages": [{"role": "user", "content": "Describe a person as JSON."}]}
-SCHEMA = {
-    "type": "object",
-    # a bounded name: a sampled (temperature 0.7) string always closes within max_tokens
-    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,9 @@ import json
 
 import pytest
 
+from tests.support.bodies import GOOD_TOOL
 from tests.support.clients import langchain_streamed_call, pydantic_ai_streamed_sum
 from tests.support.server import ServerProcess, running_server
-
-GOOD_TOOL = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add",
-             "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                            "required": ["a", "b"]}}}
-
 
 # ---- end to end with real clients ------------------------------------------------------------
 
