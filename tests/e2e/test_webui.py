@@ -213,8 +213,13 @@ def test_a_thought_streams_apart_and_stop_thinking_ends_it(browser, thinking_ser
         expect(reply.locator(".thought-label")).to_have_text("Thought")
         kept = stored_reply(page)
         assert kept["reasoning"].strip() and kept["content"].strip()
-        # the thought is apart from the answer: none of it in the answer's box
-        assert kept["reasoning"].strip()[:40] not in reply.locator(".answer").inner_text()
+        # the thought is apart from the answer: it is in the thought's box, and none of it is in
+        # the answer's box unless the answer itself says the same words (a tiny model at
+        # temperature 0 may well repeat its thought as its answer)
+        head = kept["reasoning"].strip()[:40]
+        assert head in reply.locator(".thought-body").inner_text()
+        if head not in kept["content"]:
+            assert head not in reply.locator(".answer").inner_text()
         reply.locator(".thought summary").click()  # collapsible: open it again
         expect(reply.locator(".thought")).to_have_attribute("open", "")
         shot(page, "thought-stopped")
