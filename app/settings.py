@@ -245,7 +245,7 @@ class Settings(BaseSettings):
         **_env("TOOL_FORMAT"),
     )
 
-    # --- embeddings ------------------------------------------------------------------------
+    # --- embeddings --------------------------------------------------------------------------
     embeddings: Literal["auto", "on", "off", "only"] = Field(
         "auto",
         description="Embeddings (/v1/embeddings, Vertex embedding instances) run in a context "
@@ -302,7 +302,7 @@ class Settings(BaseSettings):
         **_env("EMBEDDING_TASK_PREFIXES"),
     )
 
-    # --- operations (docs/security.md; docs/operations.md) -----------------------
+    # --- operations (docs/security.md; docs/operations.md) -----------------------------------
     api_key: str | None = Field(
         None,
         description="API keys, comma-separated: when set (or API_KEY_FILE), every route but "
@@ -432,7 +432,7 @@ class Settings(BaseSettings):
         **_env("LOG_LEVEL"),
     )
 
-    # --- streaming (docs/streaming.md: a profile, then overrides) ----------------
+    # --- streaming (docs/streaming.md: a profile, then overrides) ----------------------------
     stream_profile: Literal["openai", "strict", "llama.cpp"] = Field(
         "openai",
         description="Stream termination profile: openai ([DONE], usage on request), strict (no "
@@ -542,7 +542,7 @@ class Settings(BaseSettings):
         **_env("RESPONSES_STORE_TTL"),
     )
 
-    # --- limits and safety (docs/security.md, Limits and safety) ------------------------------------
+    # --- limits and safety (docs/security.md, Limits and safety) -----------------------------
     slots_per_request: int = Field(
         0,
         description="Most slots one request may hold: its `n` choices, or a Vertex envelope's "
@@ -702,7 +702,7 @@ class Settings(BaseSettings):
         **_env("GRAMMAR_MAX_STEP_MS"),
     )
 
-    # --- Vertex AI identity (set by the platform; logged, never baked into the image) ---------
+    # --- Vertex AI identity (set by the platform; logged, never baked into the image) --------
     aip_mode: str | None = Field(
         None,
         description="PREDICTION when running on Vertex AI (logged at start-up).",
