@@ -694,8 +694,9 @@ class Settings(BaseSettings):
     )
     grammar_max_step_ms: float = Field(
         100.0,
-        description="Most engine time one sampling step under a grammar may take: a grammar "
-        "whose first step is slower is a 400; one slower later ends its request (the engine "
+        description="Most engine CPU time (the engine thread's own, so a busy machine does not "
+        "count) one sampling step under a grammar may take: a grammar whose first step costs "
+        "more is a 400; a later step over it ends its request with a retryable 503 (the engine "
         "thread is shared by every stream).",
         gt=0,
         le=60_000,

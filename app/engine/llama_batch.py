@@ -23,7 +23,7 @@ import numpy as np
 
 from app.base.errors import BadRequest, EngineFailure, GenerationTimeout, ServiceError
 from app.engine.llama_vocab import Tokenizer
-from app.engine.sampling import GrammarTooSlow, Sampler
+from app.engine.sampling import GrammarStepTooSlow, Sampler
 from app.engine.text import TextAssembler
 from app.engine.types import Failed, Finished, GenerationRequest, Sink, TextPiece
 
@@ -226,8 +226,8 @@ class Batch:
                 width += 1
                 try:
                     tok = job.sampler.sample(self.ctx, slot.i_batch)
-                except BadRequest as err:  # the grammar ended this request; the others go on
-                    if isinstance(err, GrammarTooSlow):
+                except (BadRequest, GrammarStepTooSlow) as err:  # the grammar ended this
+                    if isinstance(err, GrammarStepTooSlow):         # request; the others go on
                         log.warning("request ended: %s", err.message)
                     lead = job.leader or job
                     for choice in (lead, *lead.followers):  # its other choices stop at the next

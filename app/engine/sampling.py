@@ -18,9 +18,13 @@ its sampler chain, and a token reaches the grammar's ``accept`` only after the g
 Lazy grammars (tool calls under ``tool_choice: auto``) are lazy here, not in llama.cpp: the
 sequence samples freely until a trigger word appears in its text, then the text from the trigger
 on is fed to the grammar one byte token at a time, each checked first; text the grammar cannot
-take means it was not a call, and the grammar is dropped. Grammar work per sampled token is timed:
-a step over ``max_step_ms`` ends the request with :class:`GrammarTooSlow` (the engine thread is
-shared by every sequence).
+take means it was not a call, and the grammar is dropped. Grammar work per sampled token is
+measured in the engine thread's own CPU time (``time.thread_time``), so a machine busy with other
+work does not make a grammar look slow. A grammar whose first step is over ``max_step_ms`` is
+refused before admission (:class:`GrammarTooSlow`, a 400: the grammar's own cost); a later step
+over it ends that request with :class:`GrammarStepTooSlow`, a retryable server error (503, or a
+server-type error event mid-stream): the engine thread is shared by every sequence, and a grammar
+that passed its probe is not the caller's fault.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from app.base.errors import BadRequest
+from app.base.errors import BadRequest, Unavailable
 from app.engine.types import SamplingParams
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
@@ -47,9 +51,17 @@ class GrammarDeadEnd(BadRequest):
 
 
 class GrammarTooSlow(BadRequest):
-    """One sampling step under this grammar took longer than the engine allows."""
+    """The grammar's first step, probed before admission, took more engine CPU than allowed."""
 
     code = "grammar_too_slow"
+
+
+class GrammarStepTooSlow(Unavailable):
+    """A later step under a grammar that passed its probe took more engine CPU than allowed: the
+    request ends, as a server error the caller may retry (never an invalid request)."""
+
+    code = "grammar_too_slow"
+    retry_after = 1
 
 
 class Vocab:
@@ -220,18 +232,17 @@ class Sampler:
     def probe(self) -> None:
         """Before admission: a grammar that admits nothing at its start, or whose first full
         step is over the time limit, is refused now (a 400, not an error mid-stream)."""
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         if len(self.allowed(None)) == 0:
             raise GrammarDeadEnd(f"{self._param}: the grammar admits no output at all", param=self._param)
-        self._check_time(time.perf_counter() - t0)
-
-    def _check_time(self, spent: float) -> None:
+        spent = time.thread_time() - t0
         if spent > self.max_step_s:
-            raise GrammarTooSlow(
-                f"{self._param}: one sampling step under this grammar took {spent * 1000:.0f} ms, "
-                f"over the limit of {self.max_step_s * 1000:.0f} ms (GRAMMAR_MAX_STEP_MS)",
-                param=self._param,
-            )
+            raise GrammarTooSlow(self._too_slow(spent, "its first sampling step"),
+                                 param=self._param)
+
+    def _too_slow(self, spent: float, step: str) -> str:
+        return (f"{self._param}: {step} under this grammar took {spent * 1000:.0f} ms of CPU, "
+                f"over the limit of {self.max_step_s * 1000:.0f} ms (GRAMMAR_MAX_STEP_MS)")
 
     def feed(self, data: bytes) -> bool:
         """Move the grammar over ``data``, one byte token at a time, each checked first; False
@@ -250,7 +261,7 @@ class Sampler:
         ll = self.ll
         if not self.armed:
             return ll.llama_sampler_sample(self.chain, ctx, i)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # this thread's CPU: other work on the machine does not count
         v = self.vocab
         logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, i), shape=(v.n,))
         arr = v.scratch
@@ -273,9 +284,10 @@ class Sampler:
             tok = int(allowed["id"][cur.selected])
         ll.llama_sampler_accept(self.grammar, tok)
         ll.llama_sampler_accept(self.chain, tok)
-        spent = time.perf_counter() - t0
+        spent = time.thread_time() - t0
         self.grammar_seconds += spent
-        self._check_time(spent)
+        if spent > self.max_step_s:
+            raise GrammarStepTooSlow(self._too_slow(spent, "a sampling step"), param=self._param)
         return tok
 
     def accept_injected(self, tokens: list[int]) -> None:

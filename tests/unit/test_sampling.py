@@ -86,3 +86,65 @@ def test_a_lazy_tool_grammar_takes_hold_at_its_trigger_and_lets_go_of_a_malforme
     assert not bad.armed and bad.grammar is None  # dropped: the reply is read as text
     for s in (good, bad):
         s.free()
+
+
+class _Logits:
+    """llama.cpp's module, but ``llama_get_logits_ith`` hands out flat logits of our own (no
+    context: this model is loaded vocab-only) after an optional wall-clock nap."""
+
+    def __init__(self, ll, n: int, nap: float = 0.0):
+        import numpy as np
+
+        self._ll, self._nap = ll, nap
+        self.logits = np.zeros(n, dtype=np.float32)
+
+    def __getattr__(self, name):
+        return getattr(self._ll, name)
+
+    def llama_get_logits_ith(self, ctx, i):
+        import ctypes
+        import time
+
+        time.sleep(self._nap)  # wall time that costs no CPU: a machine busy elsewhere
+        return self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def test_a_later_step_over_the_budget_is_a_retryable_server_error(vocab):
+    """The probe passed: a step that runs over later is not the caller's fault (503, retryable)."""
+    from app.base.errors import BadRequest, Unavailable
+    from app.engine.sampling import GrammarStepTooSlow
+    from app.protocol.http_status import headers_of, status_of
+
+    s = sampler(vocab, "root ::= [a-z]+")
+    s.probe()
+    s.ll = _Logits(vocab.ll, vocab.n)
+    s.max_step_s = 0.0  # any CPU at all is over it
+    with pytest.raises(GrammarStepTooSlow) as err:
+        s.sample(None, 0)
+    assert isinstance(err.value, Unavailable) and not isinstance(err.value, BadRequest)
+    assert (status_of(err.value), headers_of(err.value)) == (503, {"Retry-After": "1"})
+    assert err.value.code == "grammar_too_slow" and "GRAMMAR_MAX_STEP_MS" in err.value.message
+    s.free()
+
+
+def test_the_budget_counts_the_engine_threads_cpu_not_the_wall_clock(vocab):
+    """50 ms of wall time inside a step (as when other processes hold the cores) against a 20 ms
+    budget: the grammar's own work is far below it, so the step goes through."""
+    s = sampler(vocab, "root ::= [a-z]+")
+    s.probe()
+    s.ll = _Logits(vocab.ll, vocab.n, nap=0.05)
+    s.max_step_s = 0.02
+    tok = s.sample(None, 0)
+    assert ord("a") <= vocab.first_byte[tok] <= ord("z")  # and the grammar held it
+    s.free()
+
+
+def test_a_first_step_over_the_budget_is_the_grammars_own_cost(vocab):
+    from app.engine.sampling import GrammarTooSlow
+
+    s = sampler(vocab, "root ::= [a-z]+")
+    s.max_step_s = 0.0
+    with pytest.raises(GrammarTooSlow) as err:
+        s.probe()
+    assert err.value.code == "grammar_too_slow" and "CPU" in err.value.message
+    s.free()
