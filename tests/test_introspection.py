@@ -340,7 +340,10 @@ def test_props_shows_no_secret_and_no_location():
     text = resp.get_data(as_text=True)
     assert resp.status_code == 200 and "SENTINEL" not in text
     shown = resp.get_json()["settings"]
-    assert not [k for k in shown if introspect.SECRET_NAME.search(k)]
+    # token counts named one by one (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT) are the exception
+    assert not [k for k in shown if introspect.SECRET_NAME.search(k)
+                and k not in introspect.TOKEN_COUNTS]
+    assert all(type(shown[k]) is int for k in introspect.TOKEN_COUNTS)
     assert not {"model", "model_cache_dir", "chat_template", "webhook"} & set(shown)
     assert "special_tokens_in_messages" not in shown  # by name, no exceptions
     assert shown["max_tools"] == 128  # the rest is shown

@@ -18,7 +18,7 @@ from app.api.base import read_body
 from app.base.errors import NotSupported, Unavailable
 from app.core.service import Service
 from app.protocol import introspect, openai
-from app.settings import Settings, slots_endpoint_on
+from app.settings import Settings, max_tokens_bounds, slots_endpoint_on
 
 
 def _service() -> Service:
@@ -71,7 +71,9 @@ def props() -> Response:
     info = svc.info()
     total = len(svc.engine.slots())
     boot = current_app.extensions.get("vertex_gguf_boot")
-    return jsonify(introspect.props(info, openai.model_meta(info), total, _settings(),
+    settings = _settings()
+    length = max_tokens_bounds(settings)
+    return jsonify(introspect.props(info, openai.model_meta(info, length), total, settings,
                                     boot.report() if boot is not None else {}))
 
 

@@ -220,7 +220,7 @@ class FakeEngine:
 
     def _choice(self, req, channel, handle, n_prompt, text, words, deadline, index) -> bool:
         """One choice's events; False when the request ended (failure or cancel)."""
-        limit = req.params.max_tokens or len(words)
+        limit = req.params.max_tokens or req.params.max_tokens_default or len(words)
         asm = TextAssembler(req.params.stop)
         n = 0
         for word in words:

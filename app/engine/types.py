@@ -25,7 +25,11 @@ PROTECT_CLOSE = "\ufdd1"
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` means greedy."""
 
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # the request's own limit: refused when it cannot fit
+    # the server's limit for a request that names none (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT):
+    # unlike max_tokens, cut to what the context has left
+    max_tokens_default: int | None = None
+    max_tokens_param: str = "max_tokens"  # the request field max_tokens came from (for errors)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0

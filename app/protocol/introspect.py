@@ -31,6 +31,8 @@ SECRET_NAME = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 # ... nor these: where the model and the cache live (bucket URIs, local paths); the model file's
 # basename is shown as model_path, the template's text as chat_template
 LOCATION_SETTINGS = frozenset({"model", "model_cache_dir", "chat_template", "storage_emulator_host"})
+# ... except these, named here one by one: token counts, not tokens (shown only as integers)
+TOKEN_COUNTS = frozenset({"default_max_tokens", "max_tokens_limit"})
 
 
 class TokenizeRequest(BaseModel):
@@ -95,9 +97,12 @@ def public_settings(settings: BaseModel) -> dict[str, Any]:
     says where the model or the cache live, and no value that is a path or a URI."""
     out: dict[str, Any] = {}
     for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if name in TOKEN_COUNTS and type(value) is int:
+            out[name] = value
+            continue
         if SECRET_NAME.search(name) or name in LOCATION_SETTINGS:
             continue
-        value = getattr(settings, name)
         if isinstance(value, PurePath) or (isinstance(value, str) and "://" in value):
             continue
         out[name] = value
@@ -114,16 +119,18 @@ def build_info() -> str:
     return f"vertex-gguf {ours}" + (f", llama-cpp-python {llama}" if llama else "")
 
 
-def generation_defaults(n_ctx: int, model: str) -> dict[str, Any]:
+def generation_defaults(n_ctx: int, model: str, max_tokens: int | None = None) -> dict[str, Any]:
     """llama-server's default_generation_settings: what a request that sets nothing gets
-    (SamplingParams' defaults; -1 for no limit, as llama.cpp writes it)."""
+    (SamplingParams' defaults; ``max_tokens``: the server's default length, -1 for none, as
+    llama.cpp writes it)."""
     p = asdict(SamplingParams())
+    n_predict = -1 if max_tokens is None else max_tokens
     return {
         "n_ctx": n_ctx,
         "model": model,
         "params": {
-            "n_predict": -1,
-            "max_tokens": -1,
+            "n_predict": n_predict,
+            "max_tokens": n_predict,
             "seed": p["seed"],
             "temperature": p["temperature"],
             "top_k": p["top_k"],
@@ -145,7 +152,8 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
     """GET /props: llama-server's fields, the model's names and metadata, the settings, what
     llama.cpp was built with and let use, and (``boot``) earlier workers' deaths and safe mode."""
     return {
-        "default_generation_settings": generation_defaults(info.n_ctx, info.name),
+        "default_generation_settings": generation_defaults(info.n_ctx, info.name,
+                                                           meta.get("max_tokens_default")),
         "total_slots": total_slots,
         "n_ctx": info.n_ctx,
         "model_alias": info.name,

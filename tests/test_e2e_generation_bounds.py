@@ -1,0 +1,69 @@
+"""End to end with the real default model: DEFAULT_MAX_TOKENS stops a request that names no
+limit (aider, inspect-ai and `llm` send none), and MAX_TOKENS_LIMIT refuses one that asks for
+more, in each API's shape; /props and /v1/models show both."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from tests.conftest import running_server
+
+pytestmark = pytest.mark.e2e
+
+DEFAULT = 7
+LIMIT = 48
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
+
+
+@pytest.fixture(scope="module")
+def srv(default_model):
+    with running_server({"PARALLEL": "1", "DEFAULT_MAX_TOKENS": str(DEFAULT),
+                         "MAX_TOKENS_LIMIT": str(LIMIT)}) as server:
+        yield server
+
+
+def post(srv, path: str, body: dict) -> requests.Response:
+    return requests.post(srv.url(path), json=body, timeout=120)
+
+
+def test_a_chat_without_max_tokens_stops_at_the_default(srv):
+    # ignore_eos: the model cannot end on its own first, so the default is what stops it
+    resp = post(srv, "/v1/chat/completions", {"messages": STORY, "temperature": 0,
+                                              "ignore_eos": True})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["usage"]["completion_tokens"] == DEFAULT
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_completion_and_a_response_stop_at_the_default_too(srv):
+    text = post(srv, "/v1/completions", {"prompt": "Once upon a time", "temperature": 0,
+                                         "ignore_eos": True}).json()
+    assert text["usage"]["completion_tokens"] == DEFAULT
+    assert text["choices"][0]["finish_reason"] == "length"
+    resp = post(srv, "/v1/responses", {"input": STORY[0]["content"], "temperature": 0}).json()
+    assert resp["usage"]["output_tokens"] == DEFAULT
+    assert resp["status"] == "incomplete"
+
+
+def test_a_request_over_the_limit_is_a_400_naming_it(srv):
+    resp = post(srv, "/v1/chat/completions", {"messages": STORY, "max_tokens": LIMIT + 1})
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["param"] == "max_tokens" and "MAX_TOKENS_LIMIT" in err["message"]
+    assert f"at most {LIMIT}" in err["message"]
+    msg = post(srv, "/v1/messages", {"messages": STORY, "max_tokens": 4096})
+    assert msg.status_code == 400 and msg.json()["type"] == "error"
+    assert "max_tokens is 4096" in msg.json()["error"]["message"]
+    ok = post(srv, "/v1/chat/completions", {"messages": STORY, "max_tokens": 3,
+                                            "ignore_eos": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_props_and_models_show_the_bounds(srv):
+    props = requests.get(srv.url("/props"), timeout=10).json()
+    assert props["default_generation_settings"]["params"]["n_predict"] == DEFAULT
+    assert props["settings"]["max_tokens_limit"] == LIMIT
+    meta = requests.get(srv.url("/v1/models"), timeout=10).json()["data"][0]["meta"]
+    assert (meta["max_tokens_default"], meta["max_tokens_limit"]) == (DEFAULT, LIMIT)
