@@ -1,6 +1,7 @@
 """End to end with the real default model: DEFAULT_MAX_TOKENS stops a request that names no
 limit (aider, inspect-ai and `llm` send none), and MAX_TOKENS_LIMIT refuses one that asks for
-more, in each API's shape; /props and /v1/models show both."""
+more, in each API's shape; /props and /v1/models show both. And how generated tokens are
+counted: a sampled end-of-generation token counts, so a reply that ends at once has 1."""
 
 from __future__ import annotations
 
@@ -67,3 +68,33 @@ def test_props_and_models_show_the_bounds(srv):
     assert props["settings"]["max_tokens_limit"] == LIMIT
     meta = requests.get(srv.url("/v1/models"), timeout=10).json()["data"][0]["meta"]
     assert (meta["max_tokens_default"], meta["max_tokens_limit"]) == (DEFAULT, LIMIT)
+
+
+def eos_id(srv) -> int:
+    eos = requests.get(srv.url("/props"), timeout=10).json()["eos_token"]
+    tokens = post(srv, "/tokenize", {"content": eos}).json()["tokens"]
+    assert len(tokens) == 1, tokens
+    return tokens[0]
+
+
+def test_a_reply_that_ends_at_once_counts_its_end_token(srv):
+    # the end-of-generation token forced first: no text, one completion token (as OpenAI, vLLM
+    # and llama-server count it), in the answer and in a stream's usage chunk alike
+    bias = {str(eos_id(srv)): 100}
+    chat = post(srv, "/v1/chat/completions", {"messages": STORY, "logit_bias": bias}).json()
+    assert chat["choices"][0]["message"]["content"] == ""
+    assert chat["choices"][0]["finish_reason"] == "stop"
+    assert chat["usage"]["completion_tokens"] == 1
+    assert chat["usage"]["total_tokens"] == chat["usage"]["prompt_tokens"] + 1
+    text = post(srv, "/v1/completions", {"prompt": "Hi", "logit_bias": bias}).json()
+    assert text["choices"][0]["text"] == "" and text["usage"]["completion_tokens"] == 1
+    stream = requests.post(srv.url("/v1/chat/completions"), timeout=120, json={
+        "messages": STORY, "logit_bias": bias, "stream": True,
+        "stream_options": {"include_usage": True}}).text
+    assert '"completion_tokens":1,' in stream
+
+
+def test_a_reply_cut_by_its_limit_counts_no_end_token(srv):
+    body = post(srv, "/v1/chat/completions", {"messages": STORY, "max_tokens": 2,
+                                              "temperature": 0}).json()
+    assert body["usage"]["completion_tokens"] == 2 and body["choices"][0]["finish_reason"] == "length"

@@ -122,7 +122,7 @@ def test_the_limit_alone_bounds_a_request_naming_none():
 def test_no_bounds_runs_to_the_end_as_before():
     engine, client = bounded_client()
     out = client.post("/v1/chat/completions", json={"messages": MSGS}).get_json()
-    assert out["usage"]["completion_tokens"] == WORDS
+    assert out["usage"]["completion_tokens"] == WORDS + 1  # and its end-of-generation token
     assert engine.requests[-1].params.max_tokens_default is None
 
 

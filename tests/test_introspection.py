@@ -397,5 +397,5 @@ def test_slots_fail_on_no_slot():
 def test_slots_off_is_501_as_llama_server():
     client = make_client(FakeEngine(), slots_endpoint="off")
     err = openai_error(client.get("/slots"), 501)
-    assert err["type"] == "not_supported_error" and err["code"] == 501
+    assert err["type"] == "not_supported_error" and err["code"] == "not_supported"
     assert client.get("/props").status_code == 200

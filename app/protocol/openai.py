@@ -23,7 +23,7 @@ from app.base.errors import (
 from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
 from app.formats.chat_template import flatten_content
 from app.protocol import validate
-from app.protocol.http_status import lookup, status_of
+from app.protocol.http_status import lookup
 
 SYSTEM_FINGERPRINT = "vertex-gguf"
 
@@ -404,13 +404,13 @@ ERROR_TYPES: dict[type[ServiceError], str] = {
 
 
 def error_body(err: ServiceError) -> dict[str, Any]:
-    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` (code: the
-    error's code, or its HTTP status when it has none)."""
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``; ``code``
+    is a string or null, as OpenAI's is (the error's neutral code; null when it has none)."""
     return {
         "error": {
             "message": err.message,
             "type": lookup(ERROR_TYPES, err, "internal_error"),
             "param": err.param,
-            "code": err.code if err.code is not None else status_of(err),
+            "code": err.code,
         }
     }
