@@ -107,7 +107,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         think = think and fmt.native  # the generic form's grammar holds the whole reply
     prompt = chat_template.render(
         info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token,
-        extra=extra,
+        add_generation_prompt=inp.add_generation_prompt, extra=extra,
     )
     in_thought = think and THINK.opened(prompt)
     if offered and (required or not think):

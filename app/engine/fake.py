@@ -27,6 +27,8 @@ from app.base.errors import (
 from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
+    PROTECT_CLOSE,
+    PROTECT_OPEN,
     Accepted,
     Failed,
     Finished,
@@ -92,6 +94,7 @@ class FakeEngine:
             chat_template=chat_template,
             bos_token="<s>",
             eos_token="</s>",
+            add_bos=True,  # its tokenize adds <s> with add_special
             created=1700000000,
             n_vocab=N_VOCAB,
             n_embd=576,
@@ -113,6 +116,19 @@ class FakeEngine:
             raise ModelNotReady(f"model is {self.state.stage}")
         prompt = request.prompt
         return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The prompt in the byte-level vocabulary: control-token text parsed, except in
+        protected spans (message text), as the real engine tokenizes a prompt. (The fake's
+        generations count a prompt in words: see count_tokens.)"""
+        prompt = request.prompt
+        if not isinstance(prompt, str):
+            return list(prompt)
+        parts = re.split(f"[{PROTECT_OPEN}{PROTECT_CLOSE}]", prompt)
+        out = [1] if request.add_bos else []
+        for i, part in enumerate(parts):  # odd parts are inside a protected span
+            out += self.tokenize(part, add_special=False, parse_special=i % 2 == 0)
+        return out
 
     def queue_depth(self) -> int:
         return self._running

@@ -122,6 +122,8 @@ class ModelInfo:
     bos_token: str
     eos_token: str
     created: int
+    pad_token: str = ""  # "" when the GGUF names none
+    add_bos: bool = False  # whether the GGUF asks for a BOS before a prompt
     n_vocab: int = 0
     control_texts: tuple[str, ...] = ()  # the text of every control token, longest first
     n_embd: int = 0
@@ -180,6 +182,11 @@ class Engine(Protocol):
     def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, tokenized exactly as ``submit`` would.
         Any thread; raises the errors ``submit`` would for a prompt that cannot fit."""
+        ...
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as ``submit`` would tokenize it (protected spans as text);
+        ``count_tokens`` is its length. Any thread but the engine's."""
         ...
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
