@@ -11,7 +11,13 @@ import gevent
 from flask import Flask
 
 from app import formats
-from app.settings import Settings, from_settings, slots_per_request, stream_max_live
+from app.settings import (
+    Settings,
+    from_settings,
+    max_tokens_default,
+    slots_per_request,
+    stream_max_live,
+)
 
 if TYPE_CHECKING:
     from app.base.boot import Boot
@@ -46,6 +52,7 @@ def plan_options(settings: Settings) -> PlanOptions:
         protect_messages=settings.special_tokens_in_messages == "text",
         timeout=settings.request_timeout or None,
         slots_per_request=slots_per_request(settings),
+        max_tokens_default=max_tokens_default(settings),
     )
 
 

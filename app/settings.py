@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app import formats
@@ -543,6 +543,25 @@ class Settings(BaseSettings):
     )
 
     # --- limits and safety (docs/security.md, Limits and safety) -----------------------------
+    default_max_tokens: int = Field(
+        0,
+        description="Most tokens generated for a request that names no limit (no max_tokens, "
+        "max_completion_tokens, max_output_tokens or n_predict), which then ends with "
+        "finish_reason length; 0: to the end of the context, or MAX_TOKENS_LIMIT when that is "
+        "set. Larger than MAX_TOKENS_LIMIT is an error at start-up.",
+        ge=0,
+        le=1 << 20,
+        **_env("DEFAULT_MAX_TOKENS"),
+    )
+    max_tokens_limit: int = Field(
+        0,
+        description="Most tokens one request may generate (each choice): a request asking for "
+        "more is a 400 naming this limit, and one that names no limit stops here too; 0: no "
+        "limit but the context.",
+        ge=0,
+        le=1 << 20,
+        **_env("MAX_TOKENS_LIMIT"),
+    )
     slots_per_request: int = Field(
         0,
         description="Most slots one request may hold: its `n` choices, or a Vertex envelope's "
@@ -752,12 +771,34 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r}: a comma-separated list with an empty name in it")
         return ",".join(dict.fromkeys(parts))
 
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> Settings:
+        limit, default = self.max_tokens_limit, self.default_max_tokens
+        if limit and default > limit:
+            raise ValueError(
+                f"DEFAULT_MAX_TOKENS ({default}) is larger than MAX_TOKENS_LIMIT ({limit}), the "
+                "most any request may generate: lower the default or raise the limit"
+            )
+        return self
+
     @field_validator("health_route", "predict_route")
     @classmethod
     def _no_placeholders(cls, route: str) -> str:
         if "<" in route or ">" in route:
             raise ValueError("a route may not contain '<' or '>'")
         return route
+
+
+def max_tokens_default(settings: Settings) -> int | None:
+    """The limit of a request that names none: DEFAULT_MAX_TOKENS, else MAX_TOKENS_LIMIT, else
+    None (to the end of the context)."""
+    return settings.default_max_tokens or settings.max_tokens_limit or None
+
+
+def max_tokens_bounds(settings: Settings) -> tuple[int | None, int | None]:
+    """(the limit of a request that names none, the most a request may ask for), as /props
+    and /v1/models show them; None: the end of the context."""
+    return max_tokens_default(settings), settings.max_tokens_limit or None
 
 
 def slots_per_request(settings: Settings) -> int:

@@ -1,6 +1,7 @@
 """llama-server's introspection routes, for tools built on it: POST /tokenize, POST
-/detokenize, GET /props and GET /slots (shapes: app.protocol.introspect). Errors are in
-OpenAI's shape, as llama-server's are.
+/detokenize, GET /props and GET /slots (shapes: app.protocol.introspect); and vLLM's forms of
+/tokenize and /detokenize on the same routes, with its GET /tokenizer_info (lm-eval's remote
+tokenizer). Errors are in OpenAI's shape, as llama-server's and vLLM's are.
 
 Tokenizing (and encoding a long answer) runs on a worker thread, never on the hub, where a
 10 MB body would stall every stream, nor on the engine thread, which only decodes.
@@ -10,15 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from flask import Flask, Response, current_app, jsonify, request
 
 from app.api.base import read_body
 from app.base.errors import NotSupported, Unavailable
+from app.core.input import ChatInput
 from app.core.service import Service
 from app.protocol import introspect, openai
-from app.settings import Settings, slots_endpoint_on
+from app.settings import Settings, max_tokens_bounds, slots_endpoint_on
 
 
 def _service() -> Service:
@@ -37,9 +40,17 @@ def _off_hub(svc: Service, answer: Callable[[], dict[str, Any]]) -> Response:
 
 
 def tokenize() -> Response:
-    """``{"content", "add_special"?, "parse_special"?, "with_pieces"?}`` -> ``{"tokens"}``."""
+    """llama-server's ``{"content", "add_special"?, "parse_special"?, "with_pieces"?}`` ->
+    ``{"tokens"}``; vLLM's ``{"prompt", "add_special_tokens"?, "return_token_strs"?}`` or
+    ``{"messages", "add_generation_prompt"?, "tools"?, ...}`` -> ``{"count", "max_model_len",
+    "tokens", "token_strs"}``. The body's fields say which."""
     body = read_body()
     svc = _service()
+    form = introspect.tokenize_form(body)
+    if form == "vllm-chat":
+        return _tokenize_chat(svc, body)
+    if form == "vllm":
+        return _off_hub(svc, lambda: _vllm_tokenize(svc, body))
 
     def answer() -> dict[str, Any]:
         req = introspect.parse_tokenize(body)
@@ -53,8 +64,58 @@ def tokenize() -> Response:
     return _off_hub(svc, answer)
 
 
+def _vllm_tokenize(svc: Service, body: Any) -> dict[str, Any]:
+    """vLLM's text form: control-token text is parsed (an HF tokenizer's added tokens always
+    are), so ``eos_token`` from /tokenizer_info tokenizes to its one id."""
+    req = introspect.parse_vllm_tokenize(body)
+    svc.model_name(req.model)
+    tokens = svc.engine.tokenize(req.prompt, req.add_special_tokens, True)
+    return _vllm_answer(svc, tokens, bool(req.return_token_strs), "prompt")
+
+
+def _vllm_answer(svc: Service, tokens: list[int], strs: bool, what: str) -> dict[str, Any]:
+    pieces = None
+    if strs:
+        introspect.check_pieces(len(tokens), "return_token_strs", what)
+        pieces = svc.engine.pieces(tokens)
+    return introspect.vllm_tokenize_answer(tokens, svc.info().n_ctx, pieces)
+
+
+def _tokenize_chat(svc: Service, body: Any) -> Response:
+    """vLLM's chat form: the messages (and tools, chat_template_kwargs) parsed by the chat
+    route's own parser and planned as a chat request is (the chat template, message text kept
+    text), then tokenized as its generation would be."""
+    chat = next(a for a in current_app.extensions["vertex_gguf_apis"] if a.name == "chat")
+    parsed: list[introspect.VllmTokenizeChat] = []
+
+    def build() -> ChatInput:  # off the hub, as a chat request's parse
+        req = introspect.parse_vllm_tokenize_chat(body)
+        parsed.append(req)
+        as_chat = {"messages": req.messages, "tools": req.tools,
+                   "chat_template_kwargs": req.chat_template_kwargs, "model": req.model}
+        inp, _ = chat.parse({k: v for k, v in as_chat.items() if v is not None})
+        return replace(inp, add_generation_prompt=req.add_generation_prompt)
+
+    plan = svc.prepare(build)
+    req = parsed[0]
+    gen = replace(plan.generation, add_bos=req.add_special_tokens)
+
+    def answer() -> dict[str, Any]:
+        tokens = svc.engine.prompt_tokens(gen)
+        return _vllm_answer(svc, tokens, bool(req.return_token_strs), "the conversation")
+
+    return _off_hub(svc, answer)
+
+
+def tokenizer_info() -> Response:
+    """vLLM's GET /tokenizer_info: the tokenizer's configuration (special tokens, the chat
+    template, the context length)."""
+    return jsonify(introspect.tokenizer_info(_service().info()))
+
+
 def detokenize() -> Response:
-    """``{"tokens": [...]}`` -> ``{"content"}``; an id outside the vocabulary is a 400."""
+    """``{"tokens": [...]}`` -> ``{"content", "prompt"}`` (llama-server's name and vLLM's: both
+    send the same body); an id outside the vocabulary is a 400."""
     body = read_body()
     svc = _service()
 
@@ -71,7 +132,9 @@ def props() -> Response:
     info = svc.info()
     total = len(svc.engine.slots())
     boot = current_app.extensions.get("vertex_gguf_boot")
-    return jsonify(introspect.props(info, openai.model_meta(info), total, _settings(),
+    settings = _settings()
+    length = max_tokens_bounds(settings)
+    return jsonify(introspect.props(info, openai.model_meta(info, length), total, settings,
                                     boot.report() if boot is not None else {}))
 
 
@@ -91,5 +154,6 @@ def slots() -> Response:
 def register(app: Flask) -> None:
     app.add_url_rule("/tokenize", "tokenize", tokenize, methods=["POST"])
     app.add_url_rule("/detokenize", "detokenize", detokenize, methods=["POST"])
+    app.add_url_rule("/tokenizer_info", "tokenizer_info", tokenizer_info, methods=["GET"])
     app.add_url_rule("/props", "props", props, methods=["GET"])
     app.add_url_rule("/slots", "slots", slots, methods=["GET"])

@@ -77,6 +77,8 @@ class EmbeddingOnly(BadRequest):
 class NotSupported(ServiceError):
     """A feature this server was configured without (llama-server's 501 not_supported_error)."""
 
+    code = "not_supported"
+
 
 class MethodNotAllowed(BadRequest):
     code = "method_not_allowed"

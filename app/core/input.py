@@ -51,6 +51,9 @@ class ChatInput:
     n: int = 1
     cache_prompt: bool = True
     model: str | None = None  # the model the request named (see Service.model_name)
+    # the template's cue for the assistant's turn at the end (only a tokenize request, vLLM's
+    # form, may leave it out: a generation always has it)
+    add_generation_prompt: bool = True
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 from app import formats
 from app.base.errors import BadRequest
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
-from app.engine.types import GenerationRequest, ModelInfo
+from app.engine.types import GenerationRequest, ModelInfo, SamplingParams
 from app.formats import THINK, chat_template
 from app.formats.spec import ReplySpec, Tool
 from app.grammar import gate, json_schema
@@ -34,6 +34,8 @@ class PlanOptions:
     timeout: float | None  # REQUEST_TIMEOUT (None: no limit)
     slots_per_request: int  # SLOTS_PER_REQUEST, resolved
     strict_model_name: bool  # a request naming none of the model's names is a 404
+    max_tokens_default: int | None  # a request naming no limit gets it (None: the context)
+    max_tokens_limit: int  # MAX_TOKENS_LIMIT (0: none)
 
 
 @dataclass
@@ -105,7 +107,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         think = think and fmt.native  # the generic form's grammar holds the whole reply
     prompt = chat_template.render(
         info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token,
-        extra=extra,
+        add_generation_prompt=inp.add_generation_prompt, extra=extra,
     )
     in_thought = think and THINK.opened(prompt)
     if offered and (required or not think):
@@ -139,15 +141,36 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     return _checked(Plan(gen, spec, inp.reasoning_budget, inp.reasoning_control), opts)
 
 
+def bounded(params: SamplingParams, opts: PlanOptions) -> SamplingParams:
+    """The generation length, every API's request alike: a limit over MAX_TOKENS_LIMIT is a
+    400 naming the request's own field; a request naming none gets DEFAULT_MAX_TOKENS (else
+    MAX_TOKENS_LIMIT; neither: to the end of the context)."""
+    limit = opts.max_tokens_limit
+    if params.max_tokens is None:
+        default = opts.max_tokens_default
+        return replace(params, max_tokens_default=default) if default else params
+    if limit and params.max_tokens > limit:
+        field = params.max_tokens_param
+        raise BadRequest(
+            f"{field} is {params.max_tokens}: this server generates at most {limit} tokens "
+            f"per request (MAX_TOKENS_LIMIT); ask for {limit} or fewer",
+            param=field, code="invalid_value",
+        )
+    return params
+
+
 def _checked(plan: Plan, opts: PlanOptions) -> Plan:
-    """Every request: n within SLOTS_PER_REQUEST, and its grammar through the gate."""
+    """Every request: n within SLOTS_PER_REQUEST, its length within the server's bounds, and
+    its grammar through the gate."""
     if plan.generation.n > opts.slots_per_request:
         raise BadRequest(
             f"n={plan.generation.n}: one request may use at most {opts.slots_per_request} "
             "of the server's slots (SLOTS_PER_REQUEST), so others are served too",
             param="n",
         )
-    params = plan.generation.params
+    params = bounded(plan.generation.params, opts)
+    if params is not plan.generation.params:
+        plan.generation = replace(plan.generation, params=params)
     if params.grammar is not None:
         stats = gate.check(params.grammar, params.grammar_param, opts.limits)
         params = replace(params, grammar_prefilter=not stats.has_tokens)

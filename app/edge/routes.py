@@ -19,6 +19,7 @@ from app.base.state import LoadState
 from app.core.service import Service
 from app.protocol import openai, sse
 from app.protocol.sse import HEADERS
+from app.settings import max_tokens_bounds
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,12 @@ def models_sse() -> Response:
     return Response(load_events(engine.state, name), headers=HEADERS, direct_passthrough=True)
 
 
+def _length() -> openai.Length:
+    return max_tokens_bounds(current_app.extensions["vertex_gguf_settings"])
+
+
 def models() -> Response:
-    return jsonify(openai.models_list(_service().info()))
+    return jsonify(openai.models_list(_service().info(), _length()))
 
 
 def model(model_id: str) -> Response:
@@ -110,7 +115,7 @@ def model(model_id: str) -> Response:
     if model_id not in info.names:
         raise ModelNotFound(f"The model {model_id[:100]!r} does not exist: this server serves "
                             f"{', '.join(repr(n) for n in info.names)}")
-    return jsonify(openai.model_card(info))
+    return jsonify(openai.model_card(info, _length()))
 
 
 def control() -> Response:

@@ -1,8 +1,9 @@
 """A scripted engine for fast protocol tests: same interface and threading as the real one.
 
 It "generates" a fixed reply word by word on a native thread, honouring max_tokens and stop
-strings through the same TextAssembler, so routes, envelopes and SSE framing can be tested
-without a model. Prompts containing ``FAIL_BEFORE`` fail before acceptance, ``FAIL_AFTER``
+strings through the same TextAssembler (a reply that runs to its end counts one token more, its
+end-of-generation token, as the real engine does), so routes, envelopes and SSE framing can be
+tested without a model. Prompts containing ``FAIL_BEFORE`` fail before acceptance, ``FAIL_AFTER``
 after the first piece. Its tokenizer (/tokenize) is byte-level: ids 0-2 are ``<unk>``, ``<s>``
 and ``</s>``, then one token per byte (a multi-byte character is several tokens, as in
 llama.cpp's byte-level vocabularies).
@@ -27,6 +28,8 @@ from app.base.state import LoadState
 from app.engine.handle import ChannelHandle
 from app.engine.text import TextAssembler
 from app.engine.types import (
+    PROTECT_CLOSE,
+    PROTECT_OPEN,
     Accepted,
     Failed,
     Finished,
@@ -91,6 +94,7 @@ class FakeEngine:
             chat_template=chat_template,
             bos_token="<s>",
             eos_token="</s>",
+            add_bos=True,  # its tokenize adds <s> with add_special
             created=1700000000,
             n_vocab=N_VOCAB,
             n_embd=576,
@@ -112,6 +116,19 @@ class FakeEngine:
             raise ModelNotReady(f"model is {self.state.stage}")
         prompt = request.prompt
         return len(prompt.split()) if isinstance(prompt, str) else len(prompt)
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The prompt in the byte-level vocabulary: control-token text parsed, except in
+        protected spans (message text), as the real engine tokenizes a prompt. (The fake's
+        generations count a prompt in words: see count_tokens.)"""
+        prompt = request.prompt
+        if not isinstance(prompt, str):
+            return list(prompt)
+        parts = re.split(f"[{PROTECT_OPEN}{PROTECT_CLOSE}]", prompt)
+        out = [1] if request.add_bos else []
+        for i, part in enumerate(parts):  # odd parts are inside a protected span
+            out += self.tokenize(part, add_special=False, parse_special=i % 2 == 0)
+        return out
 
     def queue_depth(self) -> int:
         return self._running
@@ -220,7 +237,7 @@ class FakeEngine:
 
     def _choice(self, req, channel, handle, n_prompt, text, words, deadline, index) -> bool:
         """One choice's events; False when the request ended (failure or cancel)."""
-        limit = req.params.max_tokens or len(words)
+        limit = req.params.max_tokens or req.params.max_tokens_default
         asm = TextAssembler(req.params.stop)
         n = 0
         for word in words:
@@ -248,14 +265,17 @@ class FakeEngine:
             if "FAIL_AFTER" in text:
                 channel.put(Failed(EngineFailure("scripted failure mid-stream")))
                 return False
-            if n >= limit:
+            if limit is not None and n >= limit:  # before the end-of-generation token
                 tail = asm.flush()
                 if tail:
                     channel.put(TextPiece(tail, n, index))
-                channel.put(Finished("length" if n < len(words) else "stop", n_prompt, n, 0, index))
+                channel.put(Finished("length", n_prompt, n, 0, index))
                 return True
         tail = asm.flush()
         if tail:
             channel.put(TextPiece(tail, n, index))
-        channel.put(Finished("stop", n_prompt, n, 0, index))
+        # the reply is over: the model "samples" its end-of-generation token, which counts
+        # (as the real engine counts it); a stop string or max_tokens ends it with none
+        handle.decoded = n + 1
+        channel.put(Finished("stop", n_prompt, n + 1, 0, index))
         return True

@@ -272,6 +272,10 @@ class Batch:
         job = slot.job
         assert job is not None and job.assembler is not None
         if self.ll.llama_vocab_is_eog(self.vocab, tok):
+            # a sampled end-of-generation token counts as generated (OpenAI, vLLM and
+            # llama-server count it: a reply that ends at once has 1 completion token); a stop
+            # string or max_tokens ends a reply with no such token
+            job.n_generated += 1
             self._finish(slot, "stop")
             return
         job.n_generated += 1

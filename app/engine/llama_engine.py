@@ -148,12 +148,15 @@ class LlamaEngine:
         start_native_thread(self._thread_main)
 
     def count_tokens(self, request: GenerationRequest) -> int:
+        return len(self.prompt_tokens(request))
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
         if self.info is None:
             raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
         self._check_generates()
         self.acquire_model()
         try:
-            return len(self._prep_r.prompt_tokens(request))
+            return self._prep_r.prompt_tokens(request)
         finally:
             self.release_model()
 

@@ -144,6 +144,8 @@ class LlamaModel:
             chat_template=template,
             bos_token=self.tok.text_of(self.tok.bos),
             eos_token=self.tok.text_of(ll.llama_vocab_eos(self.vocab)),
+            pad_token=self.tok.text_of(ll.llama_vocab_pad(self.vocab)),
+            add_bos=self.tok.add_bos,
             created=int(time.time()),
             n_vocab=self.n_vocab,
             control_texts=self.vocab_tables.control_texts,

@@ -65,9 +65,9 @@ class Preparer:
         max_tokens = params.max_tokens
         if max_tokens is not None and n_prompt + max_tokens > m.n_ctx:
             raise ContextOverflow(
-                f"prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                f"prompt ({n_prompt} tokens) plus {params.max_tokens_param} ({max_tokens}) exceeds the "
                 f"context of {m.n_ctx} tokens",
-                param="max_tokens",
+                param=params.max_tokens_param,
             )
         bad_bias = outside_vocab((t for t, _ in params.logit_bias), m.n_vocab)
         if bad_bias is not None:
@@ -75,7 +75,10 @@ class Preparer:
                 f"logit_bias: token id {bad_bias} is not in the vocabulary (0..{m.n_vocab - 1})",
                 param="logit_bias",
             )
-        job.max_new = max_tokens if max_tokens is not None else m.n_ctx - n_prompt
+        if max_tokens is not None:
+            job.max_new = max_tokens
+        else:  # to the end of the context, or the server's default when it comes first
+            job.max_new = min(m.n_ctx - n_prompt, params.max_tokens_default or m.n_ctx)
         limit = float("inf") if warming else self._limit
         try:
             for j in (job, *job.followers):

@@ -25,7 +25,11 @@ PROTECT_CLOSE = "\ufdd1"
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` means greedy."""
 
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # the request's own limit: refused when it cannot fit
+    # the server's limit for a request that names none (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT):
+    # unlike max_tokens, cut to what the context has left
+    max_tokens_default: int | None = None
+    max_tokens_param: str = "max_tokens"  # the request field max_tokens came from (for errors)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -118,6 +122,8 @@ class ModelInfo:
     bos_token: str
     eos_token: str
     created: int
+    pad_token: str = ""  # "" when the GGUF names none
+    add_bos: bool = False  # whether the GGUF asks for a BOS before a prompt
     n_vocab: int = 0
     control_texts: tuple[str, ...] = ()  # the text of every control token, longest first
     n_embd: int = 0
@@ -176,6 +182,11 @@ class Engine(Protocol):
     def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, tokenized exactly as ``submit`` would.
         Any thread; raises the errors ``submit`` would for a prompt that cannot fit."""
+        ...
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as ``submit`` would tokenize it (protected spans as text);
+        ``count_tokens`` is its length. Any thread but the engine's."""
         ...
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:

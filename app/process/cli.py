@@ -74,7 +74,10 @@ def load_settings(argv: list[str] | None = None) -> tuple[str, Settings, argpars
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            field = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a rule over several settings (a model validator)
+                lines.append(f"invalid settings: {err['msg']}")
+                continue
+            field = str(err["loc"][0])
             info = Settings.model_fields.get(field)
             where = f"{flag_name(field)} / {', '.join(env_names(info))}" if info else field
             lines.append(f"invalid setting {where}: {err['msg']}")

@@ -82,8 +82,9 @@ def error_response(status: int, reason: str, message: str, path: str = "") -> by
     kind = "invalid_request_error" if status < 500 else "api_error"
     if path.startswith("/v1/messages"):
         body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
-    else:
-        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    else:  # OpenAI's code is a string: the reason's words (uri_too_long, request_timeout)
+        code = reason.lower().replace(" ", "_")
+        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     data = json.dumps(body).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")

@@ -1,7 +1,10 @@
 """llama-server's introspection routes as pure functions: /tokenize and /detokenize bodies,
-token pieces, /props and /slots answers, and which settings /props may show.
+token pieces, /props and /slots answers, and which settings /props may show; and vLLM's forms
+of /tokenize, /detokenize and /tokenizer_info beside them (lm-eval's remote tokenizer).
 
-Shapes follow llama.cpp's tools/server README, so tools built on llama-server work unchanged.
+Shapes follow llama.cpp's tools/server README, so tools built on llama-server work unchanged;
+a /tokenize body says which form it is by its fields (``content``: llama-server's; ``prompt``
+or ``messages``: vLLM's).
 """
 
 from __future__ import annotations
@@ -11,9 +14,9 @@ import sys
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.base.errors import BadRequest
 from app.engine.types import ModelInfo, SamplingParams
@@ -31,6 +34,8 @@ SECRET_NAME = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 # ... nor these: where the model and the cache live (bucket URIs, local paths); the model file's
 # basename is shown as model_path, the template's text as chat_template
 LOCATION_SETTINGS = frozenset({"model", "model_cache_dir", "chat_template", "storage_emulator_host"})
+# ... except these, named here one by one: token counts, not tokens (shown only as integers)
+TOKEN_COUNTS = frozenset({"default_max_tokens", "max_tokens_limit"})
 
 
 class TokenizeRequest(BaseModel):
@@ -48,8 +53,73 @@ class DetokenizeRequest(BaseModel):
     model: str | None = None
 
 
+class VllmTokenize(BaseModel):
+    """vLLM's TokenizeCompletionRequest: a text."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    prompt: str
+    add_special_tokens: bool = True  # BOS (and the like) as the model adds them
+    return_token_strs: bool | None = False
+    model: str | None = None
+
+
+class VllmTokenizeChat(BaseModel):
+    """vLLM's TokenizeChatRequest: a conversation, through the chat template as a chat request
+    renders it. ``messages``, ``tools`` and ``chat_template_kwargs`` are checked by the chat
+    request's own parser."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    messages: list[Any] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: Literal[False] = False
+    add_special_tokens: bool = False  # a BOS on top of what the template writes
+    return_token_strs: bool | None = False
+    tools: list[Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    model: str | None = None
+
+    @field_validator("continue_final_message", mode="before")
+    @classmethod
+    def _no_continue(cls, v: Any) -> Any:
+        if v is True:
+            raise ValueError("not supported: the last message is ended as the template ends it")
+        return v
+
+
+# vLLM fields this server does not take, with why
+_VLLM_UNSUPPORTED = {
+    "chat_template": "the server's chat template is used (the CHAT_TEMPLATE setting sets it)",
+    "media_io_kwargs": "this server takes text only",
+    "mm_processor_kwargs": "this server takes text only",
+}
+_HINT = "see docs/api.md, Introspection"
+
+
+def tokenize_form(body: Any) -> Literal["llama.cpp", "vllm", "vllm-chat"]:
+    """Which /tokenize a body is: llama-server's (``content``) or vLLM's (``prompt``, or
+    ``messages``); a body with none or several of them is a 400."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    named = [k for k in ("content", "prompt", "messages") if body.get(k) is not None]
+    if len(named) != 1:
+        raise BadRequest(
+            "send one of content (llama-server's form), prompt or messages (vLLM's form)"
+            + (f", not {' and '.join(named)}" if named else ""),
+            param=named[-1] if named else "content",
+        )
+    return {"content": "llama.cpp", "prompt": "vllm", "messages": "vllm-chat"}[named[0]]  # type: ignore[return-value]
+
+
 def parse_tokenize(body: Any) -> TokenizeRequest:
-    return validate.parse(TokenizeRequest, body, hint="see docs/api.md, Introspection")
+    return validate.parse(TokenizeRequest, body, hint=_HINT)
+
+
+def parse_vllm_tokenize(body: Any) -> VllmTokenize:
+    return validate.parse(VllmTokenize, body, _VLLM_UNSUPPORTED, _HINT)
+
+
+def parse_vllm_tokenize_chat(body: Any) -> VllmTokenizeChat:
+    return validate.parse(VllmTokenizeChat, body, _VLLM_UNSUPPORTED, _HINT)
 
 
 def parse_detokenize(body: Any) -> DetokenizeRequest:
@@ -58,7 +128,7 @@ def parse_detokenize(body: Any) -> DetokenizeRequest:
         if n > MAX_LISTED_TOKENS:  # before pydantic builds an error per element
             raise BadRequest(f"tokens: {n} tokens, at most {MAX_LISTED_TOKENS} in one request",
                              param="tokens")
-    return validate.parse(DetokenizeRequest, body, hint="see docs/api.md, Introspection")
+    return validate.parse(DetokenizeRequest, body, hint=_HINT)
 
 
 def piece(data: bytes) -> str | list[int]:
@@ -70,12 +140,12 @@ def piece(data: bytes) -> str | list[int]:
         return list(data)
 
 
-def check_pieces(n_tokens: int) -> None:
+def check_pieces(n_tokens: int, param: str = "with_pieces", what: str = "content") -> None:
     """Whether a tokenize answer of this many tokens may list their pieces."""
     if n_tokens > MAX_LISTED_TOKENS:
         raise BadRequest(
-            f"content is {n_tokens} tokens: with_pieces lists at most {MAX_LISTED_TOKENS} "
-            "(without it, any length the body allows)", param="with_pieces")
+            f"{what} is {n_tokens} tokens: {param} lists at most {MAX_LISTED_TOKENS} "
+            "(without it, any length the body allows)", param=param)
 
 
 def tokenize_answer(tokens: list[int], pieces: list[bytes] | None) -> dict[str, Any]:
@@ -84,10 +154,41 @@ def tokenize_answer(tokens: list[int], pieces: list[bytes] | None) -> dict[str, 
     return {"tokens": [{"id": t, "piece": piece(p)} for t, p in zip(tokens, pieces, strict=True)]}
 
 
+def vllm_tokenize_answer(tokens: list[int], max_model_len: int,
+                         pieces: list[bytes] | None) -> dict[str, Any]:
+    """vLLM's TokenizeResponse; ``token_strs`` (with return_token_strs) are the tokens' texts
+    (llama.cpp's pieces, half of a character as U+FFFD), null otherwise."""
+    strs = None if pieces is None else [p.decode("utf-8", errors="replace") for p in pieces]
+    return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens,
+            "token_strs": strs}
+
+
 def detokenize_answer(pieces: list[bytes]) -> dict[str, Any]:
     """The pieces joined, then decoded (a character split over two tokens comes out whole; an
-    incomplete one at the end becomes U+FFFD, as llama-server's does)."""
-    return {"content": b"".join(pieces).decode("utf-8", errors="replace")}
+    incomplete one at the end becomes U+FFFD, as llama-server's does). Both forms send the
+    same body (``tokens``), so the answer carries both names: llama-server's ``content`` and
+    vLLM's ``prompt``."""
+    text = b"".join(pieces).decode("utf-8", errors="replace")
+    return {"content": text, "prompt": text}
+
+
+def tokenizer_info(info: ModelInfo) -> dict[str, Any]:
+    """vLLM's GET /tokenizer_info: the tokenizer's configuration, in tokenizer_config.json's
+    names (lm-eval's remote tokenizer reads eos_token, bos_token, pad_token, chat_template)."""
+    out: dict[str, Any] = {
+        "tokenizer_class": "LlamaCppTokenizer",
+        "vocab_type": info.vocab_type or None,
+        "vocab_size": info.n_vocab,
+        "bos_token": info.bos_token or None,
+        "eos_token": info.eos_token or None,
+        "pad_token": info.pad_token or None,
+        "add_bos_token": info.add_bos,
+        "model_max_length": info.n_ctx,
+        "max_model_len": info.n_ctx,
+    }
+    if info.chat_template:
+        out["chat_template"] = info.chat_template
+    return out
 
 
 def public_settings(settings: BaseModel) -> dict[str, Any]:
@@ -95,9 +196,12 @@ def public_settings(settings: BaseModel) -> dict[str, Any]:
     says where the model or the cache live, and no value that is a path or a URI."""
     out: dict[str, Any] = {}
     for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if name in TOKEN_COUNTS and type(value) is int:
+            out[name] = value
+            continue
         if SECRET_NAME.search(name) or name in LOCATION_SETTINGS:
             continue
-        value = getattr(settings, name)
         if isinstance(value, PurePath) or (isinstance(value, str) and "://" in value):
             continue
         out[name] = value
@@ -114,16 +218,18 @@ def build_info() -> str:
     return f"vertex-gguf {ours}" + (f", llama-cpp-python {llama}" if llama else "")
 
 
-def generation_defaults(n_ctx: int, model: str) -> dict[str, Any]:
+def generation_defaults(n_ctx: int, model: str, max_tokens: int | None = None) -> dict[str, Any]:
     """llama-server's default_generation_settings: what a request that sets nothing gets
-    (SamplingParams' defaults; -1 for no limit, as llama.cpp writes it)."""
+    (SamplingParams' defaults; ``max_tokens``: the server's default length, -1 for none, as
+    llama.cpp writes it)."""
     p = asdict(SamplingParams())
+    n_predict = -1 if max_tokens is None else max_tokens
     return {
         "n_ctx": n_ctx,
         "model": model,
         "params": {
-            "n_predict": -1,
-            "max_tokens": -1,
+            "n_predict": n_predict,
+            "max_tokens": n_predict,
             "seed": p["seed"],
             "temperature": p["temperature"],
             "top_k": p["top_k"],
@@ -145,7 +251,8 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
     """GET /props: llama-server's fields, the model's names and metadata, the settings, what
     llama.cpp was built with and let use, and (``boot``) earlier workers' deaths and safe mode."""
     return {
-        "default_generation_settings": generation_defaults(info.n_ctx, info.name),
+        "default_generation_settings": generation_defaults(info.n_ctx, info.name,
+                                                           meta.get("max_tokens_default")),
         "total_slots": total_slots,
         "n_ctx": info.n_ctx,
         "model_alias": info.name,

@@ -23,7 +23,7 @@ from app.base.errors import (
 from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
 from app.formats.chat_template import flatten_content
 from app.protocol import validate
-from app.protocol.http_status import lookup, status_of
+from app.protocol.http_status import lookup
 
 SYSTEM_FINGERPRINT = "vertex-gguf"
 
@@ -124,10 +124,15 @@ class _Sampling(BaseModel):
             return self.max_tokens
         return None if self.n_predict in (None, -1) else self.n_predict
 
+    def limit_param(self) -> str:
+        """The field the limit came from (named in errors about it)."""
+        return "n_predict" if self.max_tokens is None and self.n_predict else "max_tokens"
+
     def sampling(self) -> SamplingParams:
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
         return SamplingParams(
             max_tokens=self.limit(),
+            max_tokens_param=self.limit_param(),
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
@@ -191,6 +196,11 @@ class ChatRequest(_Sampling):
                                  param="max_completion_tokens")
             return self.max_completion_tokens
         return super().limit()
+
+    def limit_param(self) -> str:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return super().limit_param()
 
     def template_messages(self) -> list[dict[str, Any]]:
         out = []
@@ -336,11 +346,16 @@ def text_completion(
     }
 
 
-def models_list(info: ModelInfo) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(info)]}
+# The server's bounds on generation length: (a request naming no limit gets this, at most
+# this per request); None: the end of the context.
+Length = tuple[int | None, int | None]
 
 
-def model_card(info: ModelInfo) -> dict[str, Any]:
+def models_list(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(info, length)]}
+
+
+def model_card(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
     """The model as /v1/models lists it: OpenAI's fields, and llama-server's ``aliases``,
     ``tags`` and ``meta`` (its numeric ``vocab_type`` too, with the name beside it)."""
     return {
@@ -350,12 +365,15 @@ def model_card(info: ModelInfo) -> dict[str, Any]:
         "owned_by": "vertex-gguf",
         "aliases": list(info.names),
         "tags": list(info.tags),
-        "meta": model_meta(info),
+        "meta": model_meta(info, length),
     }
 
 
-def model_meta(info: ModelInfo) -> dict[str, Any]:
+def model_meta(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
+    """llama-server's ``meta``, and the server's generation-length bounds
+    (``max_tokens_default``, ``max_tokens_limit``: null when only the context bounds it)."""
     vocab = VOCAB_TYPES.index(info.vocab_type) if info.vocab_type in VOCAB_TYPES else None
+    default, limit = length or (None, None)
     return {
         "vocab_type": vocab,
         "vocab_type_name": info.vocab_type or None,
@@ -365,6 +383,8 @@ def model_meta(info: ModelInfo) -> dict[str, Any]:
         "n_embd": info.n_embd,
         "n_params": info.n_params,
         "size": info.size,
+        "max_tokens_default": default,
+        "max_tokens_limit": limit,
     }
 
 
@@ -384,13 +404,13 @@ ERROR_TYPES: dict[type[ServiceError], str] = {
 
 
 def error_body(err: ServiceError) -> dict[str, Any]:
-    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}`` (code: the
-    error's code, or its HTTP status when it has none)."""
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``; ``code``
+    is a string or null, as OpenAI's is (the error's neutral code; null when it has none)."""
     return {
         "error": {
             "message": err.message,
             "type": lookup(ERROR_TYPES, err, "internal_error"),
             "param": err.param,
-            "code": err.code if err.code is not None else status_of(err),
+            "code": err.code,
         }
     }

@@ -95,7 +95,7 @@ def test_message(client):
     assert {k: v for k, v in body.items() if k != "id"} == {
         "type": "message", "role": "assistant", "content": [{"type": "text", "text": REPLY}],
         "model": "fake-model", "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": 3, "output_tokens": 10, "cache_read_input_tokens": 0},
+        "usage": {"input_tokens": 3, "output_tokens": 11, "cache_read_input_tokens": 0},  # + EOG
     }
 
 

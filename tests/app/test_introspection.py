@@ -36,6 +36,11 @@ def openai_error(resp, status: int) -> dict[str, Any]:
     return body["error"]
 
 
+def both(text: str) -> dict[str, str]:
+    """A /detokenize answer: llama-server's name and vLLM's (both send the same body)."""
+    return {"content": text, "prompt": text}
+
+
 def sse_data(resp) -> list[dict[str, Any]]:
     out = []
     for block in resp.get_data(as_text=True).split("\n\n"):
@@ -236,10 +241,10 @@ def test_tokenize_add_special_and_parse_special(client):
 def test_detokenize_round_trips(client):
     text = "Grüße, <s> 世界!"
     tokens = client.post("/tokenize", json={"content": text}).get_json()["tokens"]
-    assert client.post("/detokenize", json={"tokens": tokens}).get_json() == {"content": text}
-    assert client.post("/detokenize", json={"tokens": []}).get_json() == {"content": ""}
+    assert client.post("/detokenize", json={"tokens": tokens}).get_json() == both(text)
+    assert client.post("/detokenize", json={"tokens": []}).get_json() == both("")
     # half a character at the end: the replacement character, as llama-server's
-    assert client.post("/detokenize", json={"tokens": [107, 198]}).get_json() == {"content": "h\ufffd"}
+    assert client.post("/detokenize", json={"tokens": [107, 198]}).get_json() == both("h\ufffd")
 
 
 @pytest.mark.parametrize("tokens, message", [
@@ -340,7 +345,10 @@ def test_props_shows_no_secret_and_no_location():
     text = resp.get_data(as_text=True)
     assert resp.status_code == 200 and "SENTINEL" not in text
     shown = resp.get_json()["settings"]
-    assert not [k for k in shown if introspect.SECRET_NAME.search(k)]
+    # token counts named one by one (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT) are the exception
+    assert not [k for k in shown if introspect.SECRET_NAME.search(k)
+                and k not in introspect.TOKEN_COUNTS]
+    assert all(type(shown[k]) is int for k in introspect.TOKEN_COUNTS)
     assert not {"model", "model_cache_dir", "chat_template", "webhook"} & set(shown)
     assert "special_tokens_in_messages" not in shown  # by name, no exceptions
     assert shown["max_tools"] == 128  # the rest is shown
@@ -394,5 +402,5 @@ def test_slots_fail_on_no_slot():
 def test_slots_off_is_501_as_llama_server():
     client = make_client(FakeEngine(), slots_endpoint="off")
     err = openai_error(client.get("/slots"), 501)
-    assert err["type"] == "not_supported_error" and err["code"] == 501
+    assert err["type"] == "not_supported_error" and err["code"] == "not_supported"
     assert client.get("/props").status_code == 200

@@ -92,8 +92,8 @@ def test_a_response_is_an_openai_response_object():
     assert msg.type == "message" and msg.id.startswith("msg_") and msg.status == "completed"
     assert body["output"][0]["content"][0] == {"type": "output_text", "text": REPLY,
                                                "annotations": [], "logprobs": []}
-    assert r.usage.output_tokens == 10
-    assert r.usage.total_tokens == r.usage.input_tokens + 10
+    assert r.usage.output_tokens == 11  # ten words and the end-of-generation token
+    assert r.usage.total_tokens == r.usage.input_tokens + 11
     assert r.usage.input_tokens_details.cached_tokens == 0
     assert r.usage.output_tokens_details.reasoning_tokens == 0
     assert (r.instructions, r.metadata, r.user, r.temperature) == ("Be brief.", {"k": "v"}, "u1", 0.5)

@@ -43,8 +43,9 @@ def test_chat_completion(client):
     assert body["model"] == "fake-model"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": REPLY}
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"]["completion_tokens"] == len(REPLY.split())
-    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + len(REPLY.split())
+    # the reply's words and its end-of-generation token (counted, as OpenAI and vLLM count it)
+    assert body["usage"]["completion_tokens"] == len(REPLY.split()) + 1
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + len(REPLY.split()) + 1
 
 
 def test_chat_prompt_is_rendered_from_the_template(client, fake_engine):

@@ -102,7 +102,7 @@ def test_llama_cpp_profile_always_sends_usage():
     client = make_client(FakeEngine(), stream_profile="llama.cpp")
     body = client.post("/v1/chat/completions", json={**CHAT, "stream": True}).get_data(as_text=True)
     usage_chunk = json.loads(body.split("\n\n")[-3][6:])
-    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 10
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 11  # + EOG
 
 
 def test_x_stream_done_header_overrides_per_request():
@@ -181,7 +181,7 @@ def test_chat_stream_follows_the_rules_over_http(client):
         assert c["usage"] is None
     assert chunks[-2]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"]["completion_tokens"] == 10
+    assert chunks[-1]["usage"]["completion_tokens"] == 11  # ten words and the EOG token
 
 
 def test_continuous_usage_over_http(client):

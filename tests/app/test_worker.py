@@ -104,7 +104,8 @@ def test_gunicorns_own_errors_are_json_in_the_apis_shape(path, headers, status):
     assert r.status_code == status
     assert r.headers["Content-Type"] == "application/json"
     body = r.json()  # OpenAI's shape: gunicorn fails before the request's path is known
-    assert body["error"]["code"] == status and body["error"]["message"]
+    assert body["error"]["code"] == {414: "uri_too_long", 431: "request_header_fields_too_large"}[status]
+    assert body["error"]["message"]
 
 
 def test_a_malformed_header_is_a_json_400():

@@ -143,6 +143,7 @@ class ResponsesRequest(_Strict):
     def sampling(self) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_output_tokens,
+            max_tokens_param="max_output_tokens",
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
         )

@@ -265,7 +265,7 @@ class EventWriter:
         body = openai.error_body(err)["error"]
         if self.open is not None:
             self.open.status = "incomplete"
-        out = [self.send("error", code=str(body["code"]), message=err.message,
+        out = [self.send("error", code=body["code"], message=err.message,
                          param=err.param)]
         resp = self.build("failed", [i.whole() for i in self.items],
                           error={"code": "server_error", "message": err.message})
