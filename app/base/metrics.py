@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
@@ -82,6 +84,7 @@ class ApiMetrics:
     disconnects: Any
     timeouts: Any
     finished: Callable[[str], Any]  # finish reason -> its counter
+    later: Callable[[Callable[[], None]], None]  # Metrics.later: for code a finalizer may run
 
     def gone(self) -> None:
         self.disconnects.inc()
@@ -137,8 +140,29 @@ class Metrics:
         self.timeouts = Counter(
             PREFIX + "timeouts", "Requests that ran past REQUEST_TIMEOUT.", api, registry=r)
         self._apis: dict[str, ApiMetrics] = {}
+        self._later: deque[Callable[[], None]] = deque()
+
+    def later(self, update: Callable[[], None]) -> None:
+        """Queue an update from code that may run inside a garbage-collector finalizer (the
+        ``finally`` of a response's generator that nobody closed): the collector may have
+        stopped this very thread inside a metric's lock, which is not reentrant, so nothing
+        here takes one. ``flush`` applies the queue on the next request, or scrape."""
+        self._later.append(update)
+
+    def flush(self) -> None:
+        """Apply the updates ``later`` queued (a finalizer running meanwhile only queues more)."""
+        while True:
+            try:
+                update = self._later.popleft()
+            except IndexError:
+                return
+            try:
+                update()
+            except Exception:  # noqa: BLE001 - metrics never break a response
+                log.warning("metrics: a queued update failed", exc_info=True)
 
     def api(self, label: str) -> ApiMetrics:
+        self.flush()
         found = self._apis.get(label)
         if found is None:
             finished: dict[str, Any] = {}
@@ -159,11 +183,13 @@ class Metrics:
                 disconnects=self.disconnects.labels(label),
                 timeouts=self.timeouts.labels(label),
                 finished=finish,
+                later=self.later,
             )
         return found
 
-    def request_done(self, label: str, started: float, status: int) -> None:
-        self.e2e.labels(label).observe(time.monotonic() - started)
+    def request_done(self, label: str, started: float, status: int,
+                     ended: float | None = None) -> None:
+        self.e2e.labels(label).observe((ended or time.monotonic()) - started)
         self.requests.labels(label, str(status)).inc()
 
     def watch(self, engine: Any, boot: Any = None) -> None:
@@ -176,6 +202,7 @@ class Metrics:
     def exposition(self, accept: str | None) -> Response:
         from flask import Response
 
+        self.flush()
         encode, content_type = choose_encoder(accept or "")
         return Response(encode(self.registry), headers={"Content-Type": content_type})
 
@@ -302,9 +329,10 @@ def install(app: Flask, metrics: Metrics, endpoints: dict[str, str]) -> None:
         if mark is None:
             return resp
         label, started = mark
+        metrics.flush()
         if resp.is_streamed:  # counted when the stream ends, however it ends
-            resp.response = _on_end(resp.response,
-                                    lambda: metrics.request_done(label, started, resp.status_code))
+            resp.response = _on_end(resp.response, lambda: metrics.later(
+                partial(metrics.request_done, label, started, resp.status_code, time.monotonic())))
         else:
             metrics.request_done(label, started, resp.status_code)
         return resp

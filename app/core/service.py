@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TypeVar
 
 import gevent
@@ -275,14 +276,20 @@ class Run:
         self._seen = count
 
     def _end(self, reason: str, first: Finished | None = None) -> None:
-        """Count this generation once, however it ends (``first``: choice 0's Finished)."""
+        """Count this generation once, however it ends (``first``: choice 0's Finished). Queued
+        (Metrics.later): ``close`` runs in the stream's ``finally``, which a garbage-collector
+        finalizer may run in the middle of another metric update on this thread."""
         if self._counted:
             return
         self._counted = True
+        self._m.later(partial(self._count, reason, self.prompt_tokens, self.completion_tokens,
+                              first))
+
+    def _count(self, reason: str, prompt: int, completion: int, first: Finished | None) -> None:
         m = self._m
         m.finished(reason).inc()
-        m.prompt_tokens.inc(self.prompt_tokens)
-        m.generation_tokens.inc(self.completion_tokens)
+        m.prompt_tokens.inc(prompt)
+        m.generation_tokens.inc(completion)
         if first is not None:
             m.cached_tokens.inc(first.cached_tokens)
             m.queue.observe(first.queue_seconds)

@@ -224,3 +224,49 @@ def test_each_app_has_its_own_registry_and_openmetrics_is_negotiated():
     resp = a.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
     assert resp.get_data(as_text=True).rstrip().endswith("# EOF")
+
+
+class _WatchedLock:
+    """A metric's lock that records, instead of deadlocking, being taken again by the thread that
+    already holds it (prometheus-client's locks are not reentrant)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self.reentered = 0
+
+    def __enter__(self) -> None:
+        import threading
+
+        if self._owner == threading.get_ident():
+            self.reentered += 1
+            raise RuntimeError("a metric's lock taken again by its holder: a deadlock")
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+def test_a_stream_closed_inside_a_metric_update_takes_no_metric_lock():
+    """A stream nobody closed is closed by the garbage collector, which may run in the middle of
+    a metric update on this very thread (seen: a whole test run hung in labels()). Its end is
+    queued, counted at the next request or scrape, and takes no lock meanwhile."""
+    client = make_client(FakeEngine())
+    metrics = client.application.extensions["vertex_gguf_metrics"]
+    watched = {name: _WatchedLock() for name in ("requests", "e2e", "finished")}
+    for name, lock in watched.items():
+        getattr(metrics, name)._lock = lock
+    resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, buffered=False)
+    body = iter(resp.response)
+    assert next(body)  # the stream has started: its generation is running
+    with watched["requests"]:  # as the collector finds this thread: inside requests.labels()
+        resp.close()  # the stream's finally runs here, as a finalizer would run it
+    assert [lock.reentered for lock in watched.values()] == [0, 0, 0]
+    m = scrape(client)
+    assert value(m, "vertex_gguf_requests_total", api="chat", status="200") == 1
+    assert value(m, "vertex_gguf_request_finished_total", api="chat", finish_reason="abort") == 1
+    assert value(m, "vertex_gguf_client_disconnects_total", api="chat") == 1
