@@ -73,6 +73,12 @@ def output_grammar(output: OutputFormat | None, limits: gate.Limits) -> tuple[st
     return json_schema.from_schema(output.schema, output.param, limits), output.param
 
 
+def answer_schema(output: OutputFormat) -> dict[str, Any]:
+    """The JSON Schema of an output format (json_object: any object), for a grammar that holds
+    a text answer beside tool calls."""
+    return {"type": "object"} if output.kind == "json_object" else output.schema
+
+
 def plan_text(inp: TextInput, opts: PlanOptions) -> Plan:
     gen = GenerationRequest(inp.prompt, inp.params, timeout=opts.timeout,
                             cache_prompt=inp.cache_prompt, n=inp.n)
@@ -90,15 +96,23 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     think = opts.reasoning_format == "parsed" or (
         THINK.detect(template) and (opts.reasoning_format == "auto" or bool(offered))
     )
-    formatted = output_grammar(inp.output, limits)
-    if formatted is not None:
-        if params.grammar is not None:
-            raise BadRequest("grammar and a JSON output format cannot be combined",
-                             param=formatted[1])
-        params = replace(params, grammar=formatted[0], grammar_param=formatted[1])
+    formatted = output_grammar(inp.output, limits)  # checked under every tool_choice
+    if formatted is not None and params.grammar is not None:
+        raise BadRequest("grammar and a JSON output format cannot be combined",
+                         param=formatted[1])
     if offered and params.grammar is not None:
-        raise BadRequest("tools cannot be combined with a JSON output format or a grammar",
-                         param=params.grammar_param)
+        raise BadRequest("tools cannot be combined with a grammar", param=params.grammar_param)
+    # Tools beside an output format (OpenAI and llama-server take both): tool_choice none
+    # offers no tools, so the format holds the reply; a forced choice (required, a named tool)
+    # leaves no text for a format to hold, so the call grammar alone does; under auto one
+    # grammar holds both, the text to the format and the calls to the tools (``answer``).
+    answer = None
+    if formatted is not None:
+        if not offered:
+            params = replace(params, grammar=formatted[0], grammar_param=formatted[1])
+        elif not required:
+            assert inp.output is not None
+            answer = answer_schema(inp.output)
     parallel = inp.parallel_tool_calls and inp.tool_choice.mode != "named"
     messages = fmt.history(protect(inp.messages))
     extra: dict[str, Any] = protect(dict(inp.template_kwargs))
@@ -110,18 +124,26 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         add_generation_prompt=inp.add_generation_prompt, extra=extra,
     )
     in_thought = think and THINK.opened(prompt)
-    if offered and (required or not think):
-        lead = ("open" if in_thought else "think" if think else "") if required else ""
-        lazy = not required and bool(fmt.triggers)  # takes hold only once a call starts
+    if offered and (required or answer is not None or not think):
+        # a grammar that holds the whole reply lets a thought come first; a lazy one (auto
+        # without a format) takes hold only at a call, after any thought
+        lead = ("open" if in_thought else "think" if think else "") if required or answer else ""
+        # takes hold only once a call starts; with an answer format the grammar holds the
+        # whole reply, so it cannot be lazy (see ToolFormat.grammar)
+        lazy = not required and answer is None and bool(fmt.triggers)
         try:
             call = fmt.grammar(offered, parallel=parallel, required=required, lead=lead,
-                               template=template, limits=limits)
+                               template=template, limits=limits, answer=answer)
             gate.check(call, "tools", limits)  # cached: _checked() checks it again
         except BadRequest:
-            if not lazy:
+            if not lazy and answer is None:
                 raise
             call = None  # a lazy grammar the gate refuses: calls are left to the model
             log.warning("tool schemas cannot be turned into a grammar: calls are not held to them")
+            if answer is not None and formatted is not None:
+                # the format still holds the reply (the text the request asked for); no call
+                # can be written then, but the answer keeps its shape
+                params = replace(params, grammar=formatted[0], grammar_param=formatted[1])
         if call is not None:
             params = replace(params, grammar=call, grammar_param="tools",
                              grammar_takes_injection=bool(lead),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from app.engine.text import held_suffix
+from app.formats.gbnf import schema_rules
 from app.formats.partial_json import Found
 from app.formats.spec import Add, ReplySpec, Tool
 from app.formats.think import THINK, ReasoningFormat
@@ -84,13 +85,24 @@ class ToolFormat:
 
     def grammar(self, tools: list[Tool], *, parallel: bool, required: bool = True, lead: str = "",
                 template: str = "", limits: Limits,
-                thought: ReasoningFormat = THINK) -> str:
+                thought: ReasoningFormat = THINK, answer: dict[str, Any] | None = None) -> str:
         """GBNF forcing one call (several when ``parallel``); under tool_choice auto the caller
         makes it lazy on ``triggers``, so ``required`` changes nothing here. ``lead``: ""
         (the call comes first), "think" (an optional thought first) or "open" (the template
-        opened a thought: it must close first)."""
+        opened a thought: it must close first).
+
+        ``answer``: under tool_choice auto with a JSON output format, the JSON Schema a text
+        answer follows. The grammar is then the whole reply's, never lazy: the answer (rules
+        ``o-*``) or the calls. A lazy grammar cannot hold the text: it takes hold only at a
+        trigger, so the text before one is free. Every format's call expression starts with
+        its trigger, as a lazy grammar's must, so the call branch is the one a lazy grammar
+        would have applied from the trigger on, and the answer branch is the format's own."""
         rules, calls = self.calls(tools, parallel=parallel, template=template, limits=limits)
-        return "\n".join([*rules, f"calls ::= {calls}", *thought.lead(lead, "calls")])
+        then = "calls"
+        if answer is not None:
+            rules = [*rules, schema_rules(answer, "o-", limits), "reply ::= o-root | calls"]
+            then = "reply"
+        return "\n".join([*rules, f"calls ::= {calls}", *thought.lead(lead, then)])
 
     def calls(self, tools: list[Tool], *, parallel: bool, template: str,
               limits: Limits) -> tuple[list[str], str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.formats.base import T, ToolFormat, load_args
 from app.formats.gbnf import call_schema
-from app.formats.partial_json import Incomplete, call_object, expect, string, ws
+from app.formats.partial_json import Incomplete, call_object, expect, string, value_end, ws
 from app.formats.spec import Add, ReplySpec, Tool
 from app.formats.think import THINK, ReasoningFormat
 from app.grammar.gate import Limits
@@ -33,10 +33,12 @@ class Generic(ToolFormat):
 
     def grammar(self, tools: list[Tool], *, parallel: bool, required: bool = True, lead: str = "",
                 template: str = "", limits: Limits,
-                thought: ReasoningFormat = THINK) -> str:
+                thought: ReasoningFormat = THINK, answer: dict[str, Any] | None = None) -> str:
         """The whole reply's grammar (never lazy; no thought comes first, so ``lead`` is
-        unused): calls, or when not ``required`` also a direct answer."""
-        schema = reply_schema(tools, required, parallel)
+        unused): calls, or when not ``required`` also a direct answer (``{"response": ...}``,
+        its value following ``answer`` when the request has a JSON output format, as in
+        llama.cpp's generic handler)."""
+        schema = reply_schema(tools, required, parallel, answer)
         return from_schema(schema, "tools", limits)
 
     def scan(self, body: str, spec: ReplySpec, final: bool, add: Add) -> str:
@@ -48,6 +50,9 @@ class Generic(ToolFormat):
                 return ""
             i = expect(body, i, ":")
             if key == "response":
+                j = ws(body, i)
+                if j < len(body) and body[j] != '"':  # an output format's JSON: its own text
+                    return body[j:value_end(body, j)[0]]
                 return string(body, i)[0]
             if key != "tool_calls":
                 return ""
@@ -84,8 +89,10 @@ def system_prompt(tools: list[Tool], required: bool) -> str:
     return f"You can call these tools:\n{specs}\n{answer}"
 
 
-def reply_schema(tools: list[Tool], required: bool, parallel: bool) -> dict[str, Any]:
-    """The JSON Schema the reply is constrained to (turned into a grammar by the caller)."""
+def reply_schema(tools: list[Tool], required: bool, parallel: bool,
+                 answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON Schema the reply is constrained to (turned into a grammar by the caller); a
+    direct answer's ``response`` is a string, or follows ``answer`` (an output format's schema)."""
     call = call_schema(tools, "arguments")
     defs = call.pop("$defs", None)
     calls = {"type": "array", "items": call, "minItems": 1}
@@ -103,7 +110,7 @@ def reply_schema(tools: list[Tool], required: bool, parallel: bool) -> dict[str,
         return with_calls
     answer = {
         "type": "object",
-        "properties": {"response": {"type": "string"}},
+        "properties": {"response": {"type": "string"} if answer is None else answer},
         "required": ["response"],
         "additionalProperties": False,
     }
