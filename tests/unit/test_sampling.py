@@ -148,3 +148,26 @@ def test_a_first_step_over_the_budget_is_the_grammars_own_cost(vocab):
         s.probe()
     assert err.value.code == "grammar_too_slow" and "CPU" in err.value.message
     s.free()
+
+
+@pytest.mark.parametrize("name, call", [
+    ("hermes", b'<tool_call>\n{"name": "get", "arguments": {"q": "x"}}\n</tool_call>'),
+    ("generic", b'{"tool_calls": [{"name": "get", "arguments": {"q": "x"}}]}'),
+])
+def test_a_tool_grammar_beside_an_output_format_holds_the_answer_or_a_call(vocab, name, call):
+    """tool_choice auto with a JSON output format: one grammar, not lazy, the text in the
+    format's schema (the generic form's under "response") or a call."""
+    tools = validate_tools([{"type": "function", "function": {"name": "get", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}])
+    answer = {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}
+    text = formats.get(name).grammar(tools, parallel=False, required=False, limits=LIMITS,
+                                     answer=answer)
+    good = b'{"v": 3}' if name == "hermes" else b'{"response": {"v": 3}}'
+    for reply in (good, call):
+        s = sampler(vocab, text)
+        assert s.feed(reply), reply
+        s.free()
+    for bad in (b"Sure", b'{"v": "three"}', b'{"response": "three"}'):
+        s = sampler(vocab, text)
+        assert not s.feed(bad), bad
+        s.free()
