@@ -7,6 +7,7 @@ import json
 import pytest
 import requests
 
+from tests.support.bodies import ADD
 from tests.support.bodies import PERSON_CHAT as CHAT
 from tests.support.bodies import PERSON_SCHEMA as SCHEMA
 from tests.support.server import ServerProcess, running_server
@@ -43,3 +44,44 @@ def test_json_object_output_parses(server):
         assert isinstance(json.loads(choice["message"]["content"]), dict)
     else:  # cut by max_tokens mid-object: still a JSON prefix
         assert choice["message"]["content"].lstrip().startswith("{")
+
+
+# ---- tools beside the format (issue 27, item 4) ---------------------------------------------------
+
+FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+
+
+def _person(text: str) -> None:
+    obj = json.loads(text)
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "named", "none"])
+def test_tools_beside_a_json_schema_format_on_the_real_model(server, choice):
+    """Each tool_choice: 200; a forced choice is a call, none is the format's JSON, auto either."""
+    tool_choice = ({"type": "function", "function": {"name": "add_two_numbers"}}
+                   if choice == "named" else choice)
+    body = {**CHAT, "max_tokens": 200, "temperature": 0, "tools": [ADD], "tool_choice": tool_choice,
+            "response_format": FORMAT}
+    r = requests.post(server.url("/v1/chat/completions"), json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice_ = r.json()["choices"][0]
+    calls = choice_["message"].get("tool_calls") or []
+    if choice in ("required", "named"):
+        assert calls and calls[0]["function"]["name"] == "add_two_numbers"
+        assert set(json.loads(calls[0]["function"]["arguments"])) == {"a", "b"}
+    elif choice == "none" or not calls:
+        assert choice_["finish_reason"] == "stop"
+        _person(choice_["message"]["content"])
+
+
+def test_a_forced_tool_beside_text_format_on_responses(server):
+    """instructor's RESPONSES_TOOLS request shape: a named tool with text.format json_schema."""
+    body = {"input": "Add 3 and 4.", "max_output_tokens": 200, "temperature": 0,
+            "tools": [{"type": "function", **ADD["function"]}],
+            "tool_choice": {"type": "function", "name": "add_two_numbers"},
+            "text": {"format": {"type": "json_schema", "name": "person", "schema": SCHEMA}}}
+    r = requests.post(server.url("/v1/responses"), json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    calls = [o for o in r.json()["output"] if o["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "add_two_numbers"
