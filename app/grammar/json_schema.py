@@ -15,6 +15,8 @@ Two of the library's rules are replaced here, as llama.cpp's current converter h
   library's ``[^"\\]`` let a model write a raw newline or tab into a tool call's arguments.
   Escapes stay; a ``\\u`` escape is one character: a surrogate only as a high-low pair, so
   ``minLength`` / ``maxLength`` count what a JSON parser reads, and no lone surrogate is written;
+- a constant, an enum value or a property name is written as exactly its JSON text (the
+  library let llama.cpp read JSON's escapes as GBNF's: ``"\\u001f"`` became a raw U+001F);
 - a schema with nothing to enforce (``{}``, ``{"description": ...}``, no ``type``) means any
   JSON value, as JSON Schema says (the library asserted, a 400; ``{}`` was an object only).
 """
@@ -172,10 +174,23 @@ def _converter_class() -> type:
                 schema = {}
             if not isinstance(schema, dict):
                 raise ValueError(f"not a schema the converter can enforce: {str(schema)[:100]}")
+            items = schema.get("items")
+            if items is True or items == {}:  # any items: the library reads {} as "no items"
+                schema = {**schema, "items": {"$comment": "any value"}}
             if _is_untyped(schema, lg.STRING_FORMAT_RULES):
                 rule_name = name + "-" if name in lg.RESERVED_NAMES else name or "root"
                 return self._add_rule(rule_name, self._add_primitive("value", ours["value"]))
             return super().visit(schema, name)
+
+        def _format_literal(self, literal: str) -> str:
+            # the library calls this with JSON text only (a const, an enum value, a property
+            # name, each through json.dumps) and escaped only '"' and line breaks, so JSON's
+            # own escapes ("\\u001f", "\\\\") were read by llama.cpp as GBNF escapes and
+            # written as the raw character (a raw control character, a lone backslash):
+            # every backslash is escaped too, so the output is exactly that JSON text
+            escaped = (literal.replace("\\", "\\\\").replace('"', '\\"')
+                       .replace("\r", "\\r").replace("\n", "\\n"))
+            return f'"{escaped}"'
 
         def _add_primitive(self, name: str, rule: Any) -> str:
             rule = replaced.get(id(rule), rule)
