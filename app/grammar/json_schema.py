@@ -7,6 +7,18 @@ the schema is checked before conversion (only local ``$ref``, bounded property c
 ``maxItems`` allowing more than half of it is not enforced, as llama.cpp itself does for
 ``{m,n}`` above 2000: the converter nests two rules per optional repetition, and llama.cpp
 refuses a group of over 2000 rules). What it makes still passes the gate (app.grammar.gate).
+
+Two of the library's rules are replaced here, as llama.cpp's current converter has them:
+
+- a string's character (``char``, and the ``.`` of a ``pattern``) is never a raw control
+  character (U+0000-U+001F, or DEL): RFC 8259 forbids them unescaped in a string, and the
+  library's ``[^"\\]`` let a model write a raw newline or tab into a tool call's arguments.
+  Escapes stay; a ``\\u`` escape is one character: a surrogate only as a high-low pair, so
+  ``minLength`` / ``maxLength`` count what a JSON parser reads, and no lone surrogate is written;
+- a constant, an enum value or a property name is written as exactly its JSON text (the
+  library let llama.cpp read JSON's escapes as GBNF's: ``"\\u001f"`` became a raw U+001F);
+- a schema with nothing to enforce (``{}``, ``{"description": ...}``, no ``type``) means any
+  JSON value, as JSON Schema says (the library asserted, a 400; ``{}`` was an object only).
 """
 
 from __future__ import annotations
@@ -111,19 +123,89 @@ def _check_pattern(pattern: str, param: str, limits: Limits) -> None:
             )
 
 
+# one character of a JSON string's text, as GBNF: any code point but '"', '\\', DEL and the
+# C0 controls, or an escape; a \\u escape of a surrogate only as a high-low pair
+_HEX = "[0-9a-fA-F]"
+_U_ESCAPE = (
+    f'"u" ([0-9a-cA-CeEfF] {_HEX} {_HEX} {_HEX} | [dD] [0-7] {_HEX} {_HEX}'
+    f' | [dD] [89abAB] {_HEX} {_HEX} "\\\\u" [dD] [c-fC-F] {_HEX} {_HEX})'
+)
+JSON_CHAR = f'[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | {_U_ESCAPE})'
+# a pattern's "." inside a JSON string: a character as above but for a line break (\\n, \\r)
+JSON_DOT = f'[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" (["\\\\/bft] | {_U_ESCAPE})'
+
+# what tells the converter what to build; a schema with none of it (and no type) is any value
+_STRUCTURE = ("$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "items",
+              "prefixItems", "pattern")
+
+
+def _is_untyped(schema: dict[str, Any], formats: Any) -> bool:
+    if schema.get("type") is not None or any(k in schema for k in _STRUCTURE):
+        return False
+    if "additionalProperties" in schema and schema["additionalProperties"] is not True:
+        return False
+    fmt = schema.get("format")
+    return not (isinstance(fmt, str) and (re.match(r"^uuid[1-5]?$", fmt)
+                                          or f"{fmt}-string" in formats))
+
+
 def _converter_class() -> type:
     from llama_cpp import llama_grammar as lg
 
+    # the library's builtin rules, with the string character replaced (matched by identity:
+    # the library passes the rule object, sometimes under another name, such as "root")
+    ours = dict(lg.PRIMITIVE_RULES)
+    ours["char"] = lg.BuiltinRule(JSON_CHAR, [])
+    replaced = {id(lg.PRIMITIVE_RULES[k]): v for k, v in ours.items()}
+    library_dots = (lg.DOT, lg.DOTALL)
+
     class Converter(lg.SchemaConverter):
-        """llama-cpp-python's converter, with rule naming in O(1): the library probes
-        ``name0, name1, ...`` from 0 on every collision (quadratic in colliding names)."""
+        """llama-cpp-python's converter, with rule naming in O(1) (the library probes
+        ``name0, name1, ...`` from 0 on every collision: quadratic in colliding names), JSON
+        strings without raw control characters, and untyped schemas as any value."""
 
         def __init__(self) -> None:
             super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
             self._key_of: dict[tuple[str, str], str] = {}
             self._next: dict[str, int] = {}
 
+        def visit(self, schema: Any, name: str) -> str:
+            if schema is True:
+                schema = {}
+            if not isinstance(schema, dict):
+                raise ValueError(f"not a schema the converter can enforce: {str(schema)[:100]}")
+            items = schema.get("items")
+            if items is True or items == {}:  # any items: the library reads {} as "no items"
+                schema = {**schema, "items": {"$comment": "any value"}}
+            if _is_untyped(schema, lg.STRING_FORMAT_RULES):
+                rule_name = name + "-" if name in lg.RESERVED_NAMES else name or "root"
+                return self._add_rule(rule_name, self._add_primitive("value", ours["value"]))
+            return super().visit(schema, name)
+
+        def _format_literal(self, literal: str) -> str:
+            # the library calls this with JSON text only (a const, an enum value, a property
+            # name, each through json.dumps) and escaped only '"' and line breaks, so JSON's
+            # own escapes ("\\u001f", "\\\\") were read by llama.cpp as GBNF escapes and
+            # written as the raw character (a raw control character, a lone backslash):
+            # every backslash is escaped too, so the output is exactly that JSON text
+            escaped = (literal.replace("\\", "\\\\").replace('"', '\\"')
+                       .replace("\r", "\\r").replace("\n", "\\n"))
+            return f'"{escaped}"'
+
+        def _add_primitive(self, name: str, rule: Any) -> str:
+            rule = replaced.get(id(rule), rule)
+            key = self._add_rule(name, rule.content)
+            for dep in rule.deps:
+                dep_rule = ours.get(dep) or lg.STRING_FORMAT_RULES.get(dep)
+                if dep_rule is None:
+                    raise ValueError(f"unknown builtin rule {dep}")
+                if dep not in self._rules:
+                    self._add_primitive(dep, dep_rule)
+            return key
+
         def _add_rule(self, name: str, rule: str) -> str:
+            if name == "dot" and rule in library_dots:
+                rule = JSON_DOT  # a pattern's "." is a character of a JSON string
             esc = lg.INVALID_RULE_CHARS_RE.sub("-", name)
             if esc not in self._rules or self._rules[esc] == rule:
                 key = esc

@@ -31,3 +31,15 @@ def test_bad_response_format_is_400(client, fmt, param):
     assert resp.get_json()["error"]["param"] == param
 
 
+
+
+@pytest.mark.parametrize("schema", [{}, {"description": "anything"},
+                                    {"type": "object", "properties": {"a": {"description": "x"}},
+                                     "required": ["a"]}])
+def test_an_untyped_schema_is_any_value_not_a_400(client, fake_engine, schema):
+    resp = client.post("/v1/chat/completions", json={**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "any", "schema": schema}}})
+    assert resp.status_code == 200, resp.get_json()
+    grammar = fake_engine.requests[-1].params.grammar
+    assert "value ::= object | array | string | number | boolean | null" in grammar
+    assert "\\x00-\\x1F" in grammar  # strings without raw control characters
