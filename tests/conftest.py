@@ -119,3 +119,21 @@ def gcs_proxy(emulator: Emulator):
 
     with GcsProxy(emulator.url) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="module")
+def vocab(default_model: Path) -> Iterator:
+    """The default model loaded vocab-only (no context): the engine's vocabulary tables, for
+    driving its sampler and grammars with logits of a test's own (tests/support/sampling.py)."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as ll
+
+    from app.engine.sampling import Vocab
+
+    llama_cpp._logger.set_verbose(False)
+    ll.llama_backend_init()
+    params = ll.llama_model_default_params()
+    params.vocab_only = True
+    model = ll.llama_model_load_from_file(str(default_model).encode(), params)
+    yield Vocab(ll, ll.llama_model_get_vocab(model))
+    ll.llama_model_free(model)

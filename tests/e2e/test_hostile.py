@@ -290,9 +290,9 @@ def test_unsupported_fields_are_400_not_ignored(srv):
 
 
 def test_logit_bias_bans_and_forces_tokens(srv):
-    from tests.support.vocab import vocab
+    from tests.support.tokenizer import tokenizer
 
-    tok = vocab().tokenize(b" Paris", add_bos=False)[0]
+    tok = tokenizer().tokenize(b" Paris", add_bos=False)[0]
     base = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
     with hostile(srv):
         plain = send(srv, "/v1/completions", base).json()["choices"][0]["text"]

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.support.server import VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess, wait_for
-from tests.support.vocab import vocab
+from tests.support.tokenizer import tokenizer
 
 CHAT = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
 GREEDY = {"temperature": 0, "max_tokens": 24}
@@ -153,7 +153,7 @@ def test_openai_sdk_chat_non_streaming_with_exact_usage(sdk):
     # exact prompt token count: the template rendered and tokenized here must agree
     from app.formats.chat_template import render
 
-    tok = vocab()
+    tok = tokenizer()
     prompt = render(tok.metadata.get("tokenizer.chat_template"), CHAT["messages"])
     n_prompt = len(tok.tokenize(prompt.encode(), add_bos=False, special=True))
     assert resp.usage.prompt_tokens == n_prompt
@@ -179,7 +179,7 @@ def test_openai_sdk_completions(sdk):
     resp = sdk.completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0,
                                   extra_body={"ignore_eos": True})
     assert "Paris" in resp.choices[0].text
-    tok = vocab()
+    tok = tokenizer()
     assert resp.usage.prompt_tokens == len(tok.tokenize(b"The capital of France is", add_bos=False, special=True))
     assert resp.usage.completion_tokens == 8 and resp.choices[0].finish_reason == "length"
     stream = sdk.completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0,
@@ -202,7 +202,7 @@ def test_openai_sdk_errors(sdk):
 def test_stop_string_spanning_tokens_never_leaks(sdk):
     base = sdk.completions.create(model="m", prompt="The capital of France is", max_tokens=16, temperature=0)
     text = base.choices[0].text
-    tok = vocab()
+    tok = tokenizer()
     # a stop string that starts inside one token and ends inside the next
     pieces = [tok.detokenize([t]).decode() for t in tok.tokenize(text.encode(), add_bos=False)]
     k = next(i for i in range(1, len(pieces)) if len(pieces[i - 1].strip()) >= 2 and len(pieces[i].strip()) >= 2)

@@ -23,30 +23,17 @@ from hypothesis import strategies as st
 from app import formats
 from app.core.input import OutputFormat
 from app.core.plan import output_grammar
-from app.engine.sampling import GrammarSpec, Sampler, Vocab, compile_grammar
+from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
 from app.engine.types import SamplingParams
 from app.grammar import gate, json_schema
 from app.protocol.tools import validate_tools
 from app.settings import Settings
+from tests.support.sampling import OwnLogits
 
 LIMITS = gate.Limits.from_settings(Settings())
 EXAMPLES = int(os.environ.get("JSON_GRAMMAR_EXAMPLES", "40"))
 MAX_TOKENS = 400  # an output still unfinished here is skipped, not judged
 TRIES = 2  # samplings per schema
-
-
-@pytest.fixture(scope="module")
-def vocab(default_model):
-    import llama_cpp
-    from llama_cpp import llama_cpp as ll
-
-    llama_cpp._logger.set_verbose(False)
-    ll.llama_backend_init()
-    params = ll.llama_model_default_params()
-    params.vocab_only = True
-    model = ll.llama_model_load_from_file(str(default_model).encode(), params)
-    yield Vocab(ll, ll.llama_model_get_vocab(model))
-    ll.llama_model_free(model)
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +44,6 @@ def pieces(vocab) -> list[bytes]:
         k = vocab.ll.llama_token_to_piece(vocab.ptr, tok, buf, 512, 0, True)
         out.append(buf.raw[:k] if k >= 0 else vocab._long_piece(tok, -k))
     return out
-
-
-class _Logits:
-    """llama.cpp's module, but ``llama_get_logits_ith`` hands out logits of our own (the model is
-    loaded vocab-only: there is no context)."""
-
-    def __init__(self, ll, n: int):
-        self._ll = ll
-        self.logits = np.zeros(n, dtype=np.float32)
-
-    def __getattr__(self, name):
-        return getattr(self._ll, name)
-
-    def llama_get_logits_ith(self, ctx, i):
-        return self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
 
 def sampler(vocab, text: str, seed: int = 0, triggers: tuple[str, ...] = ()) -> Sampler:
@@ -136,7 +108,7 @@ def sample_once(vocab, pieces, closers: tuple[np.ndarray, np.ndarray], text: str
     """One output under the grammar, or None when MAX_TOKENS cut it."""
     rng = np.random.default_rng(seed)
     s = sampler(vocab, text, seed)
-    fake = _Logits(vocab.ll, vocab.n)
+    fake = OwnLogits(vocab.ll, vocab.n)
     s.ll = fake
     eog = int(vocab.eog_ids[0])
     boost = rng.uniform(8.0, 14.0)

@@ -10,27 +10,14 @@ from __future__ import annotations
 import pytest
 
 from app import formats
-from app.engine.sampling import GrammarDeadEnd, GrammarSpec, Sampler, Vocab, compile_grammar
+from app.engine.sampling import GrammarDeadEnd, GrammarSpec, Sampler, compile_grammar
 from app.engine.types import SamplingParams
 from app.grammar.gate import Limits
 from app.protocol.tools import validate_tools
 from app.settings import Settings
+from tests.support.sampling import OwnLogits
 
 LIMITS = Limits.from_settings(Settings())
-
-
-@pytest.fixture(scope="module")
-def vocab(default_model):
-    import llama_cpp
-    from llama_cpp import llama_cpp as ll
-
-    llama_cpp._logger.set_verbose(False)
-    ll.llama_backend_init()
-    params = ll.llama_model_default_params()
-    params.vocab_only = True
-    model = ll.llama_model_load_from_file(str(default_model).encode(), params)
-    yield Vocab(ll, ll.llama_model_get_vocab(model))
-    ll.llama_model_free(model)
 
 
 def sampler(vocab, text: str, triggers: tuple[str, ...] = ()) -> Sampler:
@@ -88,27 +75,6 @@ def test_a_lazy_tool_grammar_takes_hold_at_its_trigger_and_lets_go_of_a_malforme
         s.free()
 
 
-class _Logits:
-    """llama.cpp's module, but ``llama_get_logits_ith`` hands out flat logits of our own (no
-    context: this model is loaded vocab-only) after an optional wall-clock nap."""
-
-    def __init__(self, ll, n: int, nap: float = 0.0):
-        import numpy as np
-
-        self._ll, self._nap = ll, nap
-        self.logits = np.zeros(n, dtype=np.float32)
-
-    def __getattr__(self, name):
-        return getattr(self._ll, name)
-
-    def llama_get_logits_ith(self, ctx, i):
-        import ctypes
-        import time
-
-        time.sleep(self._nap)  # wall time that costs no CPU: a machine busy elsewhere
-        return self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-
-
 def test_a_later_step_over_the_budget_is_a_retryable_server_error(vocab):
     """The probe passed: a step that runs over later is not the caller's fault (503, retryable)."""
     from app.base.errors import BadRequest, Unavailable
@@ -117,7 +83,7 @@ def test_a_later_step_over_the_budget_is_a_retryable_server_error(vocab):
 
     s = sampler(vocab, "root ::= [a-z]+")
     s.probe()
-    s.ll = _Logits(vocab.ll, vocab.n)
+    s.ll = OwnLogits(vocab.ll, vocab.n)
     s.max_step_s = 0.0  # any CPU at all is over it
     with pytest.raises(GrammarStepTooSlow) as err:
         s.sample(None, 0)
@@ -132,7 +98,7 @@ def test_the_budget_counts_the_engine_threads_cpu_not_the_wall_clock(vocab):
     budget: the grammar's own work is far below it, so the step goes through."""
     s = sampler(vocab, "root ::= [a-z]+")
     s.probe()
-    s.ll = _Logits(vocab.ll, vocab.n, nap=0.05)
+    s.ll = OwnLogits(vocab.ll, vocab.n, nap=0.05)
     s.max_step_s = 0.02
     tok = s.sample(None, 0)
     assert ord("a") <= vocab.first_byte[tok] <= ord("z")  # and the grammar held it

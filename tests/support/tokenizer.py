@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def vocab():
+def tokenizer():
     """The model's tokenizer, loaded vocab-only in this process, to check exact token counts."""
     from llama_cpp import Llama
 
