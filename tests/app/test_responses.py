@@ -10,9 +10,8 @@ import re
 import time
 from typing import Any
 
-import httpx
 import pytest
-from openai import NotFoundError, OpenAI
+from openai import NotFoundError
 from openai.types.responses import Response
 from pydantic import BaseModel
 
@@ -20,7 +19,7 @@ from app.api.responses import Responses
 from app.api.responses import stream as responses_stream
 from app.api.responses.parsing import EFFORT_BUDGET, input_messages
 from app.engine.fake import FakeEngine
-from tests.support.app import make_client
+from tests.support.app import make_client, sdk
 from tests.support.responses import check_stream, sse_events
 from tests.support.server import DATA
 
@@ -58,20 +57,6 @@ def final_response(datas: list[dict[str, Any]]) -> Response:
 
 
 # ---- the official SDK, in process ---------------------------------------------------------------
-
-
-def sdk(client) -> OpenAI:
-    """openai-python with its HTTP calls answered by the Flask test client."""
-
-    def handle(req: httpx.Request) -> httpx.Response:
-        headers = [(k, v) for k, v in req.headers.items() if k.lower() not in ("host", "content-length")]
-        resp = client.open(req.url.path, method=req.method, data=req.content, headers=headers,
-                           query_string=req.url.query)
-        return httpx.Response(resp.status_code, headers=list(resp.headers.items()),
-                              content=resp.get_data())
-
-    return OpenAI(base_url="http://test/v1", api_key="x", max_retries=0,
-                  http_client=httpx.Client(transport=httpx.MockTransport(handle)))
 
 
 # ---- whole responses ------------------------------------------------------------------------------

@@ -15,8 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from app.engine.fake import FakeEngine
-from tests.app.test_responses import sdk
-from tests.support.app import make_client
+from tests.support.app import make_client, sdk
 from tests.support.server import DATA
 
 # distinctive names, so the grammar shows which schema it holds

@@ -124,3 +124,16 @@ def test_no_import_points_up_a_layer():
 def test_the_checks_can_fail():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     assert layer_of("app.api.openai") < layer_of("app.core.plan") < layer_of("app.base.errors")
+
+
+def test_tests_import_shared_code_only_from_support():
+    """A test module imports no other test module and not conftest: what tests share lives in
+    tests/support/ (conftest holds fixtures, which pytest hands out by name)."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                    if n.startswith("tests.") and not n.startswith("tests.support")]
+    assert bad == []
