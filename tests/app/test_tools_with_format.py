@@ -218,3 +218,22 @@ def test_instructor_responses_tools_mode():
     assert "age" in engine.requests[-1].params.grammar
     sent = http.bodies[-1]  # what made the 400 before: a forced tool beside text.format
     assert sent["tool_choice"]["name"] == "UserInfo" and sent["text"]["format"]["type"] == "json_schema"
+
+
+def test_tools_too_big_for_a_grammar_under_auto_leave_the_format_holding_the_reply():
+    """The gate refuses the combined grammar (the tool's 30 properties, over a limit of 20): the
+    format still holds the text the request asked for, and no call is held (nor lazily armed)."""
+    wide = {"type": "object", "properties": {f"field_zq{i}": {"type": "string"} for i in range(30)}}
+    body = chat_body("auto")
+    body["tools"] = [{"type": "function", "function": {"name": "get_weather", "parameters": wide}}]
+    engine = FakeEngine(reply=ANSWER, n_ctx=4096)
+    resp = make_client(engine, grammar_max_properties=20).post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.get_json()
+    params = engine.requests[-1].params
+    assert "verdict_zq" in params.grammar and "field_zq" not in params.grammar
+    assert params.grammar_triggers == () and params.grammar_param.startswith("response_format")
+    assert json.loads(resp.get_json()["choices"][0]["message"]["content"]) == json.loads(ANSWER)
+    small = make_client(FakeEngine(reply=ANSWER, n_ctx=4096), grammar_max_properties=20)
+    alone = {**body, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "w", "schema": wide}}, "tools": chat_body("auto")["tools"]}
+    assert small.post("/v1/chat/completions", json=alone).status_code == 400  # the gate is on
