@@ -124,6 +124,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         add_generation_prompt=inp.add_generation_prompt, extra=extra,
     )
     in_thought = think and THINK.opened(prompt)
+    parsed = offered  # the tools a reply is read for
     if offered and (required or answer is not None or not think):
         # a grammar that holds the whole reply lets a thought come first; a lazy one (auto
         # without a format) takes hold only at a call, after any thought
@@ -142,21 +143,22 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
             log.warning("tool schemas cannot be turned into a grammar: calls are not held to them")
             if answer is not None and formatted is not None:
                 # the format still holds the reply (the text the request asked for); no call
-                # can be written then, but the answer keeps its shape
+                # can be written then, so the reply is read as the answer alone
                 params = replace(params, grammar=formatted[0], grammar_param=formatted[1])
+                parsed = []
         if call is not None:
             params = replace(params, grammar=call, grammar_param="tools",
                              grammar_takes_injection=bool(lead),
                              grammar_triggers=fmt.triggers if lazy else ())
     spec = None
-    if offered or think:
+    if parsed or think:
         spec = ReplySpec(
-            format=fmt if offered else None,
+            format=fmt if parsed else None,
             think=think,
             in_thought=in_thought,
             inline=opts.reasoning_format == "inline",
-            string_params={t.name: tools.string_params(t) for t in offered},
-            names=frozenset(t.name for t in offered),
+            string_params={t.name: tools.string_params(t) for t in parsed},
+            names=frozenset(t.name for t in parsed),
         )
     gen = GenerationRequest(prompt, params, timeout=opts.timeout, cache_prompt=inp.cache_prompt,
                             n=inp.n)
