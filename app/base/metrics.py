@@ -162,7 +162,6 @@ class Metrics:
                 log.warning("metrics: a queued update failed", exc_info=True)
 
     def api(self, label: str) -> ApiMetrics:
-        self.flush()
         found = self._apis.get(label)
         if found is None:
             finished: dict[str, Any] = {}

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from app.base.errors import BadRequest, EngineFailure, GenerationTimeout, ServiceError
+from app.base.errors import EngineFailure, GenerationTimeout, ServiceError
 from app.engine.llama_vocab import Tokenizer
 from app.engine.sampling import GrammarStepTooSlow, Sampler
 from app.engine.text import TextAssembler
@@ -226,8 +226,8 @@ class Batch:
                 width += 1
                 try:
                     tok = job.sampler.sample(self.ctx, slot.i_batch)
-                except (BadRequest, GrammarStepTooSlow) as err:  # the grammar ended this
-                    if isinstance(err, GrammarStepTooSlow):         # request; the others go on
+                except ServiceError as err:  # the grammar ended this request; others go on
+                    if isinstance(err, GrammarStepTooSlow):
                         log.warning("request ended: %s", err.message)
                     lead = job.leader or job
                     for choice in (lead, *lead.followers):  # its other choices stop at the next
@@ -271,14 +271,13 @@ class Batch:
     def _on_token(self, slot: Slot, tok: int) -> None:
         job = slot.job
         assert job is not None and job.assembler is not None
+        # every sampled token counts, an end-of-generation one too (OpenAI, vLLM and
+        # llama-server count it: a reply that ends at once has 1 completion token); a stop
+        # string or max_tokens ends a reply with no such token
+        job.n_generated += 1
         if self.ll.llama_vocab_is_eog(self.vocab, tok):
-            # a sampled end-of-generation token counts as generated (OpenAI, vLLM and
-            # llama-server count it: a reply that ends at once has 1 completion token); a stop
-            # string or max_tokens ends a reply with no such token
-            job.n_generated += 1
             self._finish(slot, "stop")
             return
-        job.n_generated += 1
         raw = self.tok.piece(tok)
         job.generated += raw
         assert job.sampler is not None

@@ -108,7 +108,6 @@ class LlamaEngine:
         self._prep_wake = ThreadEvent()
         self._prep_busy: dict[int, float] = {}  # prep thread -> when its current job started
         self._inbox: deque[Job] = deque()  # prepared, for the engine thread
-        self._sched: Batch | None = None  # the slots and the step, once a context is open
         self._wake = ThreadEvent()
         self._count_lock = allocate_lock()
         self._handoff = allocate_lock()  # prep threads vs. the engine closing
@@ -120,12 +119,9 @@ class LlamaEngine:
         self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
         self._m: LlamaModel | None = None  # the loaded model (None before the first load)
         self._prep_r: Preparer | None = None  # prepares jobs against it
-        self._n_ctx = 0
         self._abort: ServiceError | None = None  # set by abort(), acted on by the engine thread
         self._step_since: float | None = None  # when the step in progress began
-        self._embedder: LlamaEmbedder | None = None
         self._turns = DecodeTurns()  # generation steps and embedding decodes alternate
-        self._generates = True  # False: an embedding-only model, no generation context
         # idle sleep: the model freed after SLEEP_IDLE_SECONDS; anything that needs it wakes it
         self._asleep = False
         self._users = 0  # holders of the model outside the queue (count_tokens, embeddings, ...)
@@ -133,6 +129,21 @@ class LlamaEngine:
         self._reloading = False
         self._last_activity = time.monotonic()
         self._path = ""
+
+    # ---- what the loaded model holds (None / True before the first load) --------------------
+    @property
+    def _sched(self) -> Batch | None:
+        """The slots and the step, once a generation context is open."""
+        return self._m.sched if self._m is not None else None
+
+    @property
+    def _embedder(self) -> LlamaEmbedder | None:
+        return self._m.embedder if self._m is not None else None
+
+    @property
+    def _generates(self) -> bool:
+        """False: an embedding-only model, with no generation context."""
+        return self._m.generates if self._m is not None else True
 
     # ---- greenlet side ---------------------------------------------------------------------
     @property
@@ -352,7 +363,7 @@ class LlamaEngine:
             self._embedder.start()
         self._last_activity = time.monotonic()  # idle counts from ready, not from construction
         self.state.set("ready", progress=1.0)
-        log.info("model ready: %s (n_ctx=%d)", self._info.name, self._n_ctx)
+        log.info("model ready: %s (n_ctx=%d)", self._info.name, self._m.n_ctx)
         try:
             self._loop()
         except Exception as exc:  # pragma: no cover - a bug: fail loudly and end the process
@@ -382,10 +393,6 @@ class LlamaEngine:
         except BaseException:
             m.free()
             raise
-        self._sched = m.sched
-        self._embedder = m.embedder
-        self._generates = m.generates
-        self._n_ctx = m.n_ctx
         self._prep_r = Preparer(m, self.config.grammar_max_step_ms / 1000)
         self._info = m.card(path)
 
@@ -610,11 +617,11 @@ class LlamaEngine:
             job = slot.job
             kv = len(slot.cached)
             if job is None:
-                rows.append(slot_row(slot.seq_id, self._n_ctx, kv))
+                rows.append(slot_row(slot.seq_id, self._m.n_ctx, kv))
                 continue
             decoded = job.n_generated  # read once: the engine thread moves it on
             rows.append(slot_row(
-                slot.seq_id, self._n_ctx, kv, job=True, prompt=len(job.tokens),
+                slot.seq_id, self._m.n_ctx, kv, job=True, prompt=len(job.tokens),
                 processed=slot.n_prompt_done, cached=job.cached_tokens, decoded=decoded,
                 remain=max(0, job.max_new - decoded), choice=job.index,
             ))
