@@ -580,6 +580,15 @@ class Settings(BaseSettings):
         le=1 << 31,
         **_env("MAX_PROMPT_BYTES"),
     )
+    prompt_logprobs_max_tokens: int = Field(
+        8192,
+        description="Longest prompt whose tokens a request may score (Completions' echo with "
+        "logprobs): a longer one is a 400. Scoring a prompt computes logits at every position "
+        "(a bounded number per engine step) and returns an entry per token.",
+        ge=1,
+        le=1 << 20,
+        **_env("PROMPT_LOGPROBS_MAX_TOKENS"),
+    )
     max_tools: int = Field(
         128,
         description="Most tools in one request (OpenAI's own limit is 128).",

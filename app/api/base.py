@@ -93,6 +93,11 @@ def as_error(exc: BaseException) -> ServiceError:
     return as_service_error(exc)
 
 
+class LargeAnswer(dict):
+    """An answer that may run to megabytes (logprobs of a long prompt, or of many tokens with
+    their alternatives): encoded off the hub (``json_off_hub``) wherever it is sent."""
+
+
 def json_off_hub(body: Any) -> Response:
     """A JSON answer encoded on a worker thread: megabytes of floats (an envelope of
     embeddings) would hold the hub, and every stream with it, for a noticeable time."""
@@ -232,6 +237,8 @@ class Api:
         return error_response(exc, self.error_body)
 
     def respond(self, result: Answer) -> Response:
+        if isinstance(result, LargeAnswer):
+            return json_off_hub(result)
         if isinstance(result, dict):
             return jsonify(result)
         return Response(result, headers=HEADERS, direct_passthrough=True)

@@ -8,10 +8,10 @@ framed by app.protocol.sse under the configured stream policy (``[DONE]``, usage
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from app.api.base import Api
+from app.api.base import Api, LargeAnswer
 from app.base.errors import BadRequest, ServiceError
 from app.core.events import (
     Answer,
@@ -20,6 +20,8 @@ from app.core.events import (
     ChoiceEnd,
     Event,
     Failure,
+    Logprobs,
+    PromptLogprobs,
     Result,
     Text,
     Thinking,
@@ -28,8 +30,11 @@ from app.core.events import (
 )
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.core.service import Run
-from app.protocol import openai, tools
+from app.engine.types import TokenScore
+from app.protocol import logprobs, openai, tools
 from app.protocol.sse import ChunkWriter, comment, policy_of
+
+Pending = dict[int, list[TokenScore]]  # a stream's scores not sent yet, by choice
 
 
 def tool_choice(value: Any) -> ToolChoice:
@@ -105,11 +110,20 @@ class _OpenAI(Api):
             prompt_tokens=run.prompt_tokens, n=run.n,
         )
 
-    def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
+    def _piece(self, req: Any, w: ChunkWriter, ev: Event, pending: Pending) -> list[bytes]:
+        """The chunk of one event of a choice; a chunk that goes out takes the choice's
+        pending scores with it."""
+        raise NotImplementedError
+
+    def _scores(self, req: Any, scores: list[TokenScore] | None) -> dict[str, Any] | None:
+        """The ``logprobs`` of a chunk carrying ``scores`` (None when not asked for)."""
         raise NotImplementedError
 
     def _prelude(self, req: Any, w: ChunkWriter) -> list[bytes]:
         return list(w.start())
+
+    def _prompt_scored(self, req: Any, w: ChunkWriter, ev: PromptLogprobs) -> list[bytes]:
+        return []
 
     def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
         w = self._writer(req, run, headers)  # before the first byte: a bad header is a 400
@@ -119,31 +133,39 @@ class _OpenAI(Api):
         yield from self._prelude(req, w)
         last: ChoiceEnd | None = None
         ended = 0
+        pending: Pending = {}
         for ev in run.events(heartbeat=self.heartbeat):
             if isinstance(ev, Tick):
                 yield comment()
+            elif isinstance(ev, Logprobs):
+                pending.setdefault(ev.index, []).extend(ev.tokens)
+            elif isinstance(ev, PromptLogprobs):
+                yield from self._prompt_scored(req, w, ev)
             elif isinstance(ev, ChoiceEnd):
                 ended += 1
                 if ended < run.n:
-                    yield from w.finish(ev.index, ev.reason, ev.completion_tokens)
+                    yield from w.finish(ev.index, ev.reason, ev.completion_tokens,
+                                        logprobs=self._scores(req, pending.pop(ev.index, None)))
                 else:
                     last = ev  # the last choice's end goes out with the usage (cached tokens)
             elif isinstance(ev, Usage):
                 if last is not None:
                     yield from w.finish(last.index, last.reason, last.completion_tokens,
-                                        ev.cached_tokens)
+                                        ev.cached_tokens,
+                                        self._scores(req, pending.pop(last.index, None)))
                     last = None
             elif isinstance(ev, Failure):
                 yield from w.error(ev.error)
                 return
             else:
                 w.count(ev.index, run.tokens[ev.index])
-                yield from self._piece(w, ev, run)
+                yield from self._piece(req, w, ev, pending)
 
 
 @dataclass(frozen=True)
 class _ChatReq:
     stream_options: openai.StreamOptions | None
+    logprobs: bool = False
 
 
 class ChatCompletions(_OpenAI):
@@ -172,25 +194,35 @@ class ChatCompletions(_OpenAI):
             cache_prompt=req.cache_prompt,
             model=req.model,
         )
-        return inp, _ChatReq(req.stream_options)
+        return inp, _ChatReq(req.stream_options, bool(req.logprobs))
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
         field = self.settings.reasoning_field
-        choices: list[tuple[str | dict[str, Any], str]] = [
-            (chat_message(a, field), a.reason) for a in result.answers
-        ]
-        return openai.chat_completion(run.id, run.created, run.model, choices,
+        choices = [(chat_message(a, field), a.reason, self._scores(req, a.logprobs or []))
+                   for a in result.answers]
+        body = openai.chat_completion(run.id, run.created, run.model, choices,
                                       _usage(result.usage))
+        return LargeAnswer(body) if req.logprobs else body
 
-    def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
+    def _scores(self, req: Any, scores: list[TokenScore] | None) -> dict[str, Any] | None:
+        if not req.logprobs or scores is None:
+            return None
+        return logprobs.chat_logprobs(scores)
+
+    def _piece(self, req: Any, w: ChunkWriter, ev: Event, pending: Pending) -> list[bytes]:
         delta = chat_delta(ev, self.settings.reasoning_field)
-        return [w.delta(ev.index, delta)] if delta is not None else []  # type: ignore[attr-defined]
+        if delta is None:
+            return []
+        index = ev.index  # type: ignore[attr-defined]
+        return [w.delta(index, delta, self._scores(req, pending.pop(index, None)))]
 
 
 @dataclass(frozen=True)
 class _CompletionReq:
     stream_options: openai.StreamOptions | None
     echo: str
+    logprobs: bool = False  # the legacy logprobs object on every choice
+    scored: bool = False  # ... with the prompt's tokens first (echo with logprobs)
 
 
 class Completions(_OpenAI):
@@ -206,30 +238,63 @@ class Completions(_OpenAI):
     def parse(self, body: Any) -> tuple[TextInput, _CompletionReq]:
         req = openai.parse(openai.CompletionRequest, body)
         prompt = req.single_prompt()
+        params = req.sampling()
         echo = ""
-        if req.echo:
-            if not isinstance(prompt, str):
-                raise BadRequest("echo is only supported with a text prompt", param="echo")
-            echo = prompt
-        inp = TextInput(prompt, req.sampling(), n=req.n, cache_prompt=req.cache_prompt,
+        scored = req.echo and req.logprobs is not None
+        if req.echo:  # a token prompt echoes as its text, control tokens spelled out
+            echo = prompt if isinstance(prompt, str) else self.service.prompt_text(prompt)
+        if scored:
+            params = replace(params, prompt_logprobs=req.logprobs)
+        inp = TextInput(prompt, params, n=req.n, cache_prompt=req.cache_prompt,
                         model=req.model)
-        return inp, _CompletionReq(req.stream_options, echo)
+        return inp, _CompletionReq(req.stream_options, echo, req.logprobs is not None, scored)
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
-        choices = [(req.echo + a.text, a.reason) for a in result.answers]
-        return openai.text_completion(run.id, run.created, run.model, choices,
+        choices = []
+        for a in result.answers:
+            lp = None
+            if req.logprobs:
+                lp = self._legacy(req, result.prompt_logprobs, a.logprobs or [])
+            choices.append((req.echo + a.text, a.reason, lp))
+        body = openai.text_completion(run.id, run.created, run.model, choices,
                                       _usage(result.usage))
+        return LargeAnswer(body) if req.logprobs else body
+
+    @staticmethod
+    def _legacy(req: Any, prompt: tuple[TokenScore, ...] | None,
+                scores: list[TokenScore]) -> dict[str, Any]:
+        """A choice's legacy logprobs: the prompt's tokens first when echo scored them, then
+        the generated ones, with offsets into the text the choice shows."""
+        head = list(prompt or ()) if req.scored else []
+        offsets = logprobs.prompt_offsets(head, req.echo) if head else []
+        offsets += logprobs.generated_offsets(scores, len(req.echo))
+        return logprobs.legacy([*head, *scores], offsets)
+
+    def _scores(self, req: Any, scores: list[TokenScore] | None) -> dict[str, Any] | None:
+        if not req.logprobs or scores is None:
+            return None
+        return logprobs.legacy(scores, logprobs.generated_offsets(scores, len(req.echo)))
 
     def _prelude(self, req: Any, w: ChunkWriter) -> list[bytes]:
         out = list(w.start())
-        if req.echo:
+        if req.echo and not req.scored:  # a scored echo waits for the prompt's scores
             for i in range(w.n):
                 out += w.text(i, req.echo)
         return out
 
-    def _piece(self, w: ChunkWriter, ev: Event, run: Run) -> list[bytes]:
+    def _prompt_scored(self, req: Any, w: ChunkWriter, ev: PromptLogprobs) -> list[bytes]:
+        """The echoed prompt, with its tokens' scores, on every choice."""
+        if not req.scored:
+            return []
+        lp = logprobs.legacy(ev.tokens, logprobs.prompt_offsets(ev.tokens, req.echo))
+        out: list[bytes] = []
+        for i in range(w.n):
+            out += w.text(i, req.echo, lp)
+        return out
+
+    def _piece(self, req: Any, w: ChunkWriter, ev: Event, pending: Pending) -> list[bytes]:
         if isinstance(ev, Text):
-            return w.text(ev.index, ev.text)
+            return w.text(ev.index, ev.text, self._scores(req, pending.pop(ev.index, None)))
         return []
 
 

@@ -16,7 +16,15 @@ import gevent.pool
 from flask import Response, jsonify, request
 
 from app.api import streams
-from app.api.base import Answer, Api, error_response, gone_probe, json_off_hub, read_body
+from app.api.base import (
+    Answer,
+    Api,
+    LargeAnswer,
+    error_response,
+    gone_probe,
+    json_off_hub,
+    read_body,
+)
 from app.base import reqctx
 from app.base.errors import BadRequest, ClientGone, ServiceError, as_service_error
 from app.base.metrics import PREDICT
@@ -111,7 +119,8 @@ class Predict:
             for i, slot in zip(indices, job.value, strict=True):
                 slots[i] = slot
         body = vertex.predictions(slots)  # type: ignore[arg-type]
-        if len(slots) > 16:  # encoding many answers (embeddings' floats) is kept off the hub
+        # encoding many answers (embeddings' floats), or large ones, is kept off the hub
+        if len(slots) > 16 or any(isinstance(slot, LargeAnswer) for slot in slots):
             return json_off_hub(body)
         return jsonify(body)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from app.base.errors import ServiceError
+from app.engine.types import TokenScore
 
 Reason = Literal["stop", "length", "tool_calls"]
 
@@ -51,6 +52,25 @@ class CallArgs:
 
 
 @dataclass(frozen=True)
+class Logprobs:
+    """The scores of tokens the choice generated, in order, when the request asked for them:
+    every sampled token's (those of a thought, a tool call's markup, a matched stop string and
+    the end-of-generation token too). They come just before the events of the text they made,
+    or before its ChoiceEnd."""
+
+    tokens: tuple[TokenScore, ...]
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The prompt's tokens scored (the first has no log probability), once, before any
+    choice's text: every choice continues the same prompt."""
+
+    tokens: tuple[TokenScore, ...]
+
+
+@dataclass(frozen=True)
 class ChoiceEnd:
     """The choice is over. ``reason``: ``stop`` (end of turn, or ``stop_sequence`` matched),
     ``length`` (the token limit) or ``tool_calls`` (it ended having made complete calls)."""
@@ -83,7 +103,8 @@ class Failure:
     error: ServiceError
 
 
-Event = Thinking | Text | CallStarted | CallArgs | ChoiceEnd | Usage | Tick | Failure
+Event = (Thinking | Text | CallStarted | CallArgs | Logprobs | PromptLogprobs | ChoiceEnd | Usage
+         | Tick | Failure)
 
 
 @dataclass
@@ -104,18 +125,21 @@ class Answer:
     reason: Reason = "stop"
     stop_sequence: str | None = None
     completion_tokens: int = 0
+    logprobs: list[TokenScore] | None = None  # None: not asked for
 
 
 @dataclass
 class Result:
     answers: list[Answer]
     usage: Usage
+    prompt_logprobs: tuple[TokenScore, ...] | None = None  # None: not asked for
 
 
 def fold(events, n: int) -> Result:
     """The whole answer from an event stream; a Failure raises its error."""
     answers = [Answer(index=i) for i in range(n)]
     usage: Usage | None = None
+    prompt: tuple[TokenScore, ...] | None = None
     for ev in events:
         if isinstance(ev, Thinking):
             a = answers[ev.index]
@@ -126,6 +150,13 @@ def fold(events, n: int) -> Result:
             answers[ev.index].calls.append(Call(ev.id, ev.name))
         elif isinstance(ev, CallArgs):
             answers[ev.index].calls[ev.call].arguments += ev.text
+        elif isinstance(ev, Logprobs):
+            a = answers[ev.index]
+            if a.logprobs is None:
+                a.logprobs = []
+            a.logprobs.extend(ev.tokens)
+        elif isinstance(ev, PromptLogprobs):
+            prompt = ev.tokens
         elif isinstance(ev, ChoiceEnd):
             a = answers[ev.index]
             a.calls = [c for i, c in enumerate(a.calls) if i not in ev.cut_calls]
@@ -137,4 +168,4 @@ def fold(events, n: int) -> Result:
             raise ev.error
     if usage is None:
         raise ServiceError("generation ended without a result")
-    return Result(answers, usage)
+    return Result(answers, usage, prompt)

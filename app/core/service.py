@@ -18,13 +18,32 @@ from typing import TypeVar
 import gevent
 
 from app.base import bridge
-from app.base.errors import ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
+from app.base.errors import BadRequest, ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
 from app.base.metrics import ABORT, Metrics
 from app.core.decode import ReplyStream
-from app.core.events import ChoiceEnd, Event, Failure, Text, Tick, Usage
+from app.core.events import (
+    ChoiceEnd,
+    Event,
+    Failure,
+    Logprobs,
+    PromptLogprobs,
+    Text,
+    Tick,
+    Usage,
+)
 from app.core.input import ChatInput, OutputFormat, TextInput
 from app.core.plan import Plan, PlanOptions, plan_chat, plan_text
-from app.engine.types import Accepted, Engine, Failed, Finished, Handle, ModelInfo, TextPiece
+from app.engine.types import (
+    Accepted,
+    Engine,
+    Failed,
+    Finished,
+    Handle,
+    ModelInfo,
+    PromptScored,
+    TextPiece,
+    outside_vocab,
+)
 from app.formats.think import CLOSE, split_thought
 
 # How often a run whose reader is not streaming checks that its client is still connected.
@@ -115,6 +134,14 @@ class Service:
         the engine thread is not used either)."""
         self.info()  # 503 at once while loading
         return bridge.offload(fn, timeout=self.prepare_timeout)
+
+    def prompt_text(self, tokens: tuple[int, ...]) -> str:
+        """A token prompt as text, control tokens spelled out (what echo shows of it); an id
+        outside the vocabulary is a 400 on ``prompt``. Any thread but the hub's."""
+        bad = outside_vocab(tokens, self.info().n_vocab)
+        if bad is not None:
+            raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
+        return b"".join(self.engine.pieces(list(tokens))).decode("utf-8", "replace")
 
     def count_tokens(self, build: Build) -> int:
         """How many tokens the prompt of this request is, exactly as it would be tokenized."""
@@ -226,15 +253,17 @@ class Run:
                 self._token_seen(ev.completion_tokens)
             self.tokens[ev.index] = ev.completion_tokens
             self._guard.on_piece(ev)
+            # the tokens' scores first: a renderer sends them with the text they made
+            scored: list[Event] = [Logprobs(ev.scores, ev.index)] if ev.scores else []
             if self._plan.reply is None:
-                return [Text(ev.text, ev.index)] if ev.text else []
-            return self._decoder(ev.index).feed(ev.text)
+                return [*scored, Text(ev.text, ev.index)] if ev.text else scored
+            return [*scored, *self._decoder(ev.index).feed(ev.text)]
         if isinstance(ev, Finished):
             if ev.index == 0 and ev.completion_tokens > self._seen:
                 self._token_seen(ev.completion_tokens)
             self.tokens[ev.index] = ev.completion_tokens
             self._ended[ev.index] = ev
-            out: list[Event] = []
+            out: list[Event] = [Logprobs(ev.scores, ev.index)] if ev.scores else []
             reason, cut = ev.reason, frozenset[int]()
             if self._plan.reply is not None:
                 dec = self._decoder(ev.index)
@@ -253,6 +282,8 @@ class Run:
                 out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens))
                 self._end(self.finish_reason or "stop", first)
             return out
+        if isinstance(ev, PromptScored):
+            return [PromptLogprobs(ev.scores)]
         if isinstance(ev, Failed):
             self._over = True
             self.finish_reason = "error"

@@ -31,6 +31,7 @@ class EngineConfig:
     served_model_name: str | None
     model_tags: str | None
     max_prompt_bytes: int  # 0: context x longest token
+    prompt_logprobs_max_tokens: int  # longest prompt a request may score
     grammar_max_step_ms: float
     split_mode: str
     tensor_split: str | None

@@ -35,13 +35,25 @@ from app.engine.types import (
     Finished,
     GenerationRequest,
     ModelInfo,
+    PromptScored,
     TextPiece,
+    TokenScore,
     outside_vocab,
     slot_row,
 )
 
 SPECIALS = ("<unk>", "<s>", "</s>")  # the fake vocabulary's control tokens: ids 0, 1, 2
 N_VOCAB = len(SPECIALS) + 256
+ALT = (0, b"<unk>")  # the fake's runner-up at positions it did not choose the likeliest
+
+
+def fake_score(token: int, piece: bytes, k: int, top_n: int, offset: int = 0) -> TokenScore:
+    """A scripted score for the k-th token: its log probability cycles through -0.25 .. -1.0;
+    at even k it is the likeliest token, at odd k ``ALT`` is likelier (-0.125)."""
+    lp = -0.25 * (k % 4 + 1)
+    ranked = [(token, piece, lp)] if k % 2 == 0 else [(*ALT, -0.125), (token, piece, lp)]
+    ranked += [(3 + j, bytes([j]), -20.0 - j) for j in range(top_n)]  # byte tokens, unlikely
+    return TokenScore(token, piece, lp, tuple(ranked[:top_n]), offset)
 
 
 class FakeHandle(ChannelHandle):
@@ -228,6 +240,8 @@ class FakeEngine:
             return
         handle.prompt_tokens = n_prompt
         channel.put(Accepted(n_prompt))
+        if req.params.prompt_logprobs is not None:
+            channel.put(PromptScored(self._prompt_scores(req)))
         deadline = time.monotonic() + req.timeout if req.timeout else None
         for index in range(req.n):
             words = re.findall(r"\S+\s*", self.reply)
@@ -235,10 +249,37 @@ class FakeEngine:
             if not self._choice(req, channel, handle, n_prompt, text, words, deadline, index):
                 return
 
+    def _prompt_scores(self, req: GenerationRequest) -> tuple[TokenScore, ...]:
+        """The prompt scored: a text prompt's tokens are its words (leading space apart), a
+        token prompt's its ids."""
+        top_n = req.params.prompt_logprobs or 0
+        if isinstance(req.prompt, str):
+            pieces = [w.encode() for w in re.findall(r"^\s+|\S+\s*", req.prompt)]
+            ids = [3 + p[0] for p in pieces]
+        else:
+            ids = list(req.prompt)
+            pieces = self.pieces(ids)
+        return tuple(TokenScore(t, p, None) if k == 0 else fake_score(t, p, k, top_n)
+                     for k, (t, p) in enumerate(zip(ids, pieces, strict=True)))
+
     def _choice(self, req, channel, handle, n_prompt, text, words, deadline, index) -> bool:
         """One choice's events; False when the request ended (failure or cancel)."""
-        limit = req.params.max_tokens or req.params.max_tokens_default
+        limit = req.params.max_tokens
+        if limit is None:
+            limit = req.params.max_tokens_default
+        top_n = req.params.logprobs
         asm = TextAssembler(req.params.stop)
+        scores: list[TokenScore] = []
+        chars = 0
+
+        def taken() -> tuple[TokenScore, ...]:
+            out = tuple(scores)
+            scores.clear()
+            return out
+
+        if limit == 0:  # max_tokens 0 (with echo): the prompt alone
+            channel.put(Finished("length", n_prompt, 0, 0, index))
+            return True
         n = 0
         for word in words:
             if n == self.hold_after:
@@ -252,30 +293,36 @@ class FakeEngine:
             if deadline is not None and time.monotonic() > deadline:
                 channel.put(Failed(GenerationTimeout(f"generation exceeded {req.timeout:g} s")))
                 return False
+            if top_n is not None:
+                scores.append(fake_score(3 + word.encode()[0], word.encode(), n, top_n, chars))
+                chars += len(word)
             n += 1
             handle.decoded = n
             piece = asm.feed(word.encode())
             if asm.stopped:
                 if piece:
-                    channel.put(TextPiece(piece, n, index))
-                channel.put(Finished("stop", n_prompt, n, 0, index, asm.stopped_by))
+                    channel.put(TextPiece(piece, n, index, taken()))
+                channel.put(Finished("stop", n_prompt, n, 0, index, asm.stopped_by,
+                                     scores=taken()))
                 return True
             if piece:
-                channel.put(TextPiece(piece, n, index))
+                channel.put(TextPiece(piece, n, index, taken()))
             if "FAIL_AFTER" in text:
                 channel.put(Failed(EngineFailure("scripted failure mid-stream")))
                 return False
             if limit is not None and n >= limit:  # before the end-of-generation token
                 tail = asm.flush()
                 if tail:
-                    channel.put(TextPiece(tail, n, index))
-                channel.put(Finished("length", n_prompt, n, 0, index))
+                    channel.put(TextPiece(tail, n, index, taken()))
+                channel.put(Finished("length", n_prompt, n, 0, index, scores=taken()))
                 return True
         tail = asm.flush()
         if tail:
-            channel.put(TextPiece(tail, n, index))
+            channel.put(TextPiece(tail, n, index, taken()))
         # the reply is over: the model "samples" its end-of-generation token, which counts
         # (as the real engine counts it); a stop string or max_tokens ends it with none
         handle.decoded = n + 1
-        channel.put(Finished("stop", n_prompt, n + 1, 0, index))
+        if top_n is not None:
+            scores.append(fake_score(2, b"</s>", n, top_n, chars))
+        channel.put(Finished("stop", n_prompt, n + 1, 0, index, scores=taken()))
         return True

@@ -23,9 +23,18 @@ import numpy as np
 
 from app.base.errors import EngineFailure, GenerationTimeout, ServiceError
 from app.engine.llama_vocab import Tokenizer
-from app.engine.sampling import GrammarStepTooSlow, Sampler
+from app.engine.logprobs import chars, logits_row, rows_per_step, score
+from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
 from app.engine.text import TextAssembler
-from app.engine.types import Failed, Finished, GenerationRequest, Sink, TextPiece
+from app.engine.types import (
+    Failed,
+    Finished,
+    GenerationRequest,
+    PromptScored,
+    Sink,
+    TextPiece,
+    TokenScore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,11 @@ class Job:
     sampler: Sampler | None = None  # built on a prep thread; freed when the job is over
     submitted: float = field(default_factory=time.monotonic)
     queued: float = 0.0  # seconds from submission to a slot (for /metrics)
+    # logprobs, when the request asked: the sampled tokens' scores not sent yet, the prompt's
+    # scores so far, and the characters generated so far (where the next token's text starts)
+    scores: list[TokenScore] = field(default_factory=list)
+    prompt_scores: list[TokenScore] = field(default_factory=list)
+    n_chars: int = 0
 
 
 @dataclass(eq=False)
@@ -71,10 +85,15 @@ class Batch:
     """The slots, the admission queue and the step, over one context (made anew at each load)."""
 
     def __init__(self, ll: Any, ctx: Any, mem: Any, batch: Any, vocab: Any, tok: Tokenizer | None,
-                 n_ctx: int, prefill_chunk: int, parallel: int, over: Callable[[Job], None]):
+                 n_ctx: int, prefill_chunk: int, parallel: int, over: Callable[[Job], None],
+                 tables: Vocab | None = None):
         self.ll, self.ctx, self.mem, self.batch, self.vocab, self.tok = ll, ctx, mem, batch, vocab, tok
+        self.tables = tables  # the vocabulary's tables: token texts for logprobs
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
+        # prompt positions scored per step at most (prompt_logprobs): bounds the logits
+        # llama.cpp returns from one decode, and the scoring time of one step
+        self.score_rows = rows_per_step(tables.n if tables else 1, prefill_chunk)
         self.over = over  # a job has ended: the engine's accounting
         self.slots = [Slot(seq_id=i) for i in range(parallel)]
         self.waiting: deque[Job] = deque()  # prepared, admitted in order as slots free up
@@ -124,8 +143,8 @@ class Batch:
                       for s in free}
             slot = max(free, key=lambda s: (shared[id(s)], -s.last_used))
             n_common = min(shared[id(slot)], len(job.tokens) - 1)
-            if not job.request.cache_prompt:
-                n_common = 0
+            if not job.request.cache_prompt or job.request.params.prompt_logprobs is not None:
+                n_common = 0  # (a prompt to score needs logits where a reused prefix has none)
             if n_common < len(slot.cached) and not self.ll.llama_memory_seq_rm(
                 self.mem, slot.seq_id, n_common, -1
             ):
@@ -176,7 +195,10 @@ class Batch:
                 budget -= 1
             self.batch.logits[n - 1] = True
             slot.i_batch = n - 1
-        # 2. prompt chunks for sequences being admitted, within the step's token budget
+        # 2. prompt chunks for sequences being admitted, within the step's token budget; a
+        # prompt being scored asks for logits at every position, within score_rows per step
+        rows_left = self.score_rows
+        scored: list[tuple[Slot, int, int, int]] = []  # slot, batch index, position, count
         for slot in self.slots:
             job = slot.job
             if (
@@ -187,10 +209,17 @@ class Batch:
             ):
                 continue
             take = min(budget, len(job.tokens) - slot.n_prompt_done)
+            scoring = job.request.params.prompt_logprobs is not None
+            if scoring:
+                take = min(take, rows_left)
+                if take == 0:
+                    continue  # this step's scoring rows are spent: next step
+                rows_left -= take
+                scored.append((slot, n, slot.n_prompt_done, take))
             for k in range(take):
                 i = slot.n_prompt_done + k
                 last = i == len(job.tokens) - 1
-                self._batch_add(n, job.tokens[i], i, slot.seq_id, last)
+                self._batch_add(n, job.tokens[i], i, slot.seq_id, last or scoring)
                 slot.cached.append(job.tokens[i])
                 if last:
                     slot.i_batch = n
@@ -219,10 +248,15 @@ class Batch:
                 slot.n_past = slot.n_prompt_done = leader.n_past
                 slot.i_batch = leader.i_batch
                 slot.follows = None
+        for slot, first, pos, count in scored:
+            self._score_prompt(slot, first, pos, count)
         width = 0
         for slot in self.slots:
             job = slot.job
             if slot.i_batch >= 0 and job is not None and job.sampler is not None:
+                if job.max_new == 0:  # max_tokens 0: the prompt alone (scored), nothing sampled
+                    self._finish(slot, "length")
+                    continue
                 width += 1
                 try:
                     tok = job.sampler.sample(self.ctx, slot.i_batch)
@@ -235,9 +269,37 @@ class Batch:
                     self.fail_job(job, err)
                     self.release(slot)
                     continue
+                if job.request.params.logprobs is not None:
+                    row = logits_row(self.ll, self.ctx, slot.i_batch, self.tables.n)
+                    job.scores.append(score(row, tok, job.request.params.logprobs, self.tables,
+                                            job.n_chars))
                 self._on_token(slot, tok)
         self.steps += 1
         self.widths[width] += 1
+
+    def _score_prompt(self, slot: Slot, first: int, pos: int, count: int) -> None:
+        """Score the prompt positions ``pos..pos+count-1`` just decoded (from batch index
+        ``first``): the logits at position i are the next token's; once the whole prompt is
+        scored, the scores go out (before any text)."""
+        job = slot.job
+        if job is None:
+            return
+        toks, tables = job.tokens, self.tables
+        top_n = job.request.params.prompt_logprobs or 0
+        for k in range(count):
+            i = pos + k
+            if i == 0:
+                job.prompt_scores.append(TokenScore(toks[0], tables.piece(toks[0]), None))
+            if i + 1 < len(toks):
+                row = logits_row(self.ll, self.ctx, first + k, tables.n)
+                job.prompt_scores.append(score(row, toks[i + 1], top_n, tables))
+        if slot.n_prompt_done >= len(toks):
+            job.sink(PromptScored(tuple(job.prompt_scores)))
+            job.prompt_scores = []
+
+    def _send(self, job: Job, text: str) -> None:
+        """A piece of text, with the scores of the tokens sampled since the last one."""
+        job.sink(TextPiece(text, job.n_generated, job.index, _taken(job)))
 
     def _take_injection(self, slot: Slot, room: int) -> list[int]:
         """Tokens of text injected into this sequence (already sent to the client as text)."""
@@ -252,12 +314,14 @@ class Batch:
             return []  # the model got there first: injecting now would be wrong (or refused)
         data = text.encode()
         job.generated += data
+        if job.request.params.logprobs is not None:
+            job.n_chars += chars(data)
         assert job.sampler is not None
         job.sampler.accept_injected(toks)  # penalties (and a grammar built for it) move past it
         job.sampler.observe(job.generated)
         piece = job.assembler.feed(data) if job.assembler else text
         if piece:
-            job.sink(TextPiece(piece, job.n_generated, job.index))
+            self._send(job, piece)
         return toks
 
     def _batch_add(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
@@ -280,22 +344,24 @@ class Batch:
             return
         raw = self.tok.piece(tok)
         job.generated += raw
+        if job.request.params.logprobs is not None:
+            job.n_chars += chars(raw)
         assert job.sampler is not None
         job.sampler.observe(job.generated)
         text = job.assembler.feed(raw)
         if job.assembler.stopped:
             if text:
-                job.sink(TextPiece(text, job.n_generated, job.index))
+                self._send(job, text)
             self._finish(slot, "stop")
             return
         if job.n_generated >= job.max_new or slot.n_past >= self.n_ctx:
             text += job.assembler.flush()
             if text:
-                job.sink(TextPiece(text, job.n_generated, job.index))
+                self._send(job, text)
             self._finish(slot, "length")
             return
         if text:
-            job.sink(TextPiece(text, job.n_generated, job.index))
+            self._send(job, text)
         slot.last_token = tok
 
     def _finish(self, slot: Slot, reason: str) -> None:
@@ -303,9 +369,10 @@ class Batch:
         assert job is not None and job.assembler is not None
         tail = job.assembler.flush()
         if tail:
-            job.sink(TextPiece(tail, job.n_generated, job.index))
+            self._send(job, tail)
         job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
-                          job.assembler.stopped_by, queue_seconds=job.queued))
+                          job.assembler.stopped_by, queue_seconds=job.queued,
+                          scores=_taken(job)))
         self.release(slot, keep_cache=True)
 
     def release(self, slot: Slot, keep_cache: bool = False) -> None:
@@ -339,6 +406,15 @@ class Batch:
             if slot.job is not None:
                 self.fail_job(slot.job, err)
                 self.release(slot)
+
+
+def _taken(job: Job) -> tuple[TokenScore, ...]:
+    """The job's scores not sent yet, now to be sent."""
+    if not job.scores:
+        return ()
+    out = tuple(job.scores)
+    job.scores.clear()
+    return out
 
 
 def fail(job: Job, err: ServiceError, over: Callable[[Job], None]) -> None:

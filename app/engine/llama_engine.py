@@ -393,7 +393,8 @@ class LlamaEngine:
         except BaseException:
             m.free()
             raise
-        self._prep_r = Preparer(m, self.config.grammar_max_step_ms / 1000)
+        self._prep_r = Preparer(m, self.config.grammar_max_step_ms / 1000,
+                                self.config.prompt_logprobs_max_tokens)
         self._info = m.card(path)
 
     def _warm_up(self) -> None:

@@ -193,7 +193,8 @@ class LlamaModel:
         self.n_ctx = min(n_ctx_slot, ll.llama_n_ctx_seq(self.ctx))
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
         self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
-                           self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over)
+                           self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over,
+                           tables=self.vocab_tables)
 
     def _meta(self, key: str) -> str | None:
         """A GGUF metadata value, as text."""

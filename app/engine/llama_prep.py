@@ -19,9 +19,10 @@ from app.engine.types import GenerationRequest, SamplingParams, outside_vocab
 class Preparer:
     """Prepares jobs against one loaded model (a reload after sleep makes a new one)."""
 
-    def __init__(self, model: LlamaModel, grammar_max_step_s: float):
+    def __init__(self, model: LlamaModel, grammar_max_step_s: float, score_max_tokens: int):
         self._m = model
         self._limit = grammar_max_step_s
+        self._score_max = score_max_tokens  # PROMPT_LOGPROBS_MAX_TOKENS
 
     def prompt_tokens(self, req: GenerationRequest) -> list[int]:
         """The prompt's tokens, refused (ContextOverflow, BadRequest) if it cannot be one."""
@@ -68,6 +69,13 @@ class Preparer:
                 f"prompt ({n_prompt} tokens) plus {params.max_tokens_param} ({max_tokens}) exceeds the "
                 f"context of {m.n_ctx} tokens",
                 param=params.max_tokens_param,
+            )
+        if params.prompt_logprobs is not None and n_prompt > self._score_max:
+            raise BadRequest(
+                f"prompt has {n_prompt} tokens: this server scores prompts of at most "
+                f"{self._score_max} tokens (PROMPT_LOGPROBS_MAX_TOKENS); send a shorter one, "
+                "or ask without echo",
+                param="echo", code="prompt_too_long_to_score",
             )
         bad_bias = outside_vocab((t for t, _ in params.logit_bias), m.n_vocab)
         if bad_bias is not None:

@@ -79,9 +79,11 @@ class Vocab:
         longest = 1
         buf = ctypes.create_string_buffer(512)
         control_attrs = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
+        pieces: list[bytes] = []
         for tok in range(n):
             k = ll.llama_token_to_piece(vocab, tok, buf, 512, 0, True)
             piece = buf.raw[: max(k, 0)] if k >= 0 else self._long_piece(tok, -k)
+            pieces.append(piece)
             longest = max(longest, len(piece))
             if ll.llama_vocab_is_eog(vocab, tok):
                 eog.append(tok)
@@ -92,6 +94,10 @@ class Vocab:
             if ll.llama_vocab_get_attr(vocab, tok) & control_attrs and piece:
                 control.append(piece.decode("utf-8", "replace"))
         self.first_byte = first
+        # every token's text (control tokens spelled out) in one buffer: the logprobs' token
+        # strings, read on the engine thread without a call into llama.cpp
+        self._blob = b"".join(pieces)
+        self._starts = np.concatenate(([0], np.cumsum([len(p) for p in pieces]))).astype(np.int64)
         self.byte_token = byte_token
         self.rep_ids = np.array(sorted(byte_token.values()), dtype=np.int32)
         self.rep_bytes = np.array([first[t] for t in self.rep_ids], dtype=np.int16)
@@ -102,6 +108,10 @@ class Vocab:
         self.control_texts = tuple(sorted(set(control), key=len, reverse=True))
         self.all_ids = np.arange(n, dtype=np.int32)
         self.scratch = np.zeros(n, dtype=TOKEN_DATA)  # engine thread only
+
+    def piece(self, tok: int) -> bytes:
+        """A token's text, control tokens spelled out (as llama-server's pieces show them)."""
+        return self._blob[int(self._starts[tok]): int(self._starts[tok + 1])]
 
     def _long_piece(self, tok: int, size: int) -> bytes:
         buf = ctypes.create_string_buffer(size)

@@ -50,6 +50,11 @@ class SamplingParams:
     grammar_prefilter: bool = True  # False when the grammar names tokens (<[id]>)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     ignore_eos: bool = False  # generate past end-of-generation tokens (until max_tokens)
+    # log probabilities: of each sampled token with this many likeliest alternatives (None: not
+    # asked), and of each prompt token with this many (None: not asked; the prompt's KV is then
+    # computed afresh, since a reused prefix has no logits)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,21 @@ class Accepted:
     prompt_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class TokenScore:
+    """One token's log probability: log-softmax over the whole vocabulary of the logits it was
+    sampled from (or, in a prompt, of the logits at the position before it), before any
+    sampling transform; and the likeliest tokens at that position, most likely first."""
+
+    token: int
+    piece: bytes  # its text (control tokens spelled out)
+    logprob: float | None  # None: a prompt's first token (nothing before it predicts it)
+    top: tuple[tuple[int, bytes, float], ...] = ()  # (token, piece, logprob)
+    # a generated token: where its text starts in the choice's generated text, in characters
+    # (a token of a matched stop string, which the text leaves out: where it would have been)
+    offset: int = 0
+
+
 @dataclass(frozen=True)
 class TextPiece:
     """Newly generated text (never a broken UTF-8 sequence, never part of a stop string)."""
@@ -82,6 +102,15 @@ class TextPiece:
     text: str
     completion_tokens: int
     index: int = 0  # the choice
+    # the scores of the tokens sampled since the last piece, when the request asked for them
+    scores: tuple[TokenScore, ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptScored:
+    """The prompt's tokens scored (``prompt_logprobs``), sent once, before any text."""
+
+    scores: tuple[TokenScore, ...]
 
 
 @dataclass(frozen=True)
@@ -93,6 +122,7 @@ class Finished:
     index: int = 0  # the choice; a request is over when every choice has finished
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     queue_seconds: float = 0.0  # from submission to a slot (the first choice's wait)
+    scores: tuple[TokenScore, ...] = ()  # the scores no piece carried (an end token's, say)
 
 
 @dataclass(frozen=True)
@@ -100,7 +130,7 @@ class Failed:
     error: ServiceError
 
 
-Event = Accepted | TextPiece | Finished | Failed
+Event = Accepted | TextPiece | PromptScored | Finished | Failed
 Sink = Callable[[Event], None]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -24,6 +25,7 @@ from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
 from app.formats.chat_template import flatten_content
 from app.protocol import validate
 from app.protocol.http_status import lookup
+from app.protocol.logprobs import MAX_TOP
 
 SYSTEM_FINGERPRINT = "vertex-gguf"
 
@@ -67,8 +69,6 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=0)
     # informational: recorded nowhere, change nothing (see docs/api.md, Request fields)
     user: str | None = Field(None, max_length=256)
     metadata: dict[str, str] | None = None
@@ -89,13 +89,6 @@ class _Sampling(BaseModel):
             raise ValueError("at most 16 stop sequences")
         if any(len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"a stop sequence may have at most {MAX_STOP_CHARS} characters")
-        return v
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | int | None) -> bool | int | None:
-        if v:
-            raise ValueError("logprobs are not supported by this server")
         return v
 
     @field_validator("logit_bias")
@@ -159,6 +152,8 @@ class Message(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, lt=2**31)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
     tools: list[Any] | None = None
     tool_choice: Any = None
     # llama.cpp's reasoning control: end a thought on request, or after this many tokens
@@ -188,6 +183,18 @@ class ChatRequest(_Sampling):
             if key in reserved or not key.isidentifier():
                 raise ValueError(f"{key!r} cannot be set through chat_template_kwargs")
         return v
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+    def sampling(self) -> SamplingParams:
+        params = super().sampling()
+        if not self.logprobs:
+            return params
+        return replace(params, logprobs=self.top_logprobs or 0)
 
     def limit(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -220,6 +227,22 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=1)
+    # the legacy form: how many likeliest alternatives per token (the token itself is always
+    # there too)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
+    # 0 scores the prompt alone, with echo (as vLLM and OpenAI's older models do)
+    max_tokens: int | None = Field(None, ge=0, lt=2**31)
+
+    @model_validator(mode="after")
+    def _zero_needs_echo(self) -> CompletionRequest:
+        if self.limit() == 0 and not self.echo:
+            raise BadRequest(f"{self.limit_param()} is 0: nothing would be generated; 0 is for "
+                             "scoring the prompt, with echo (and logprobs)",
+                             param=self.limit_param())
+        return self
+
+    def sampling(self) -> SamplingParams:
+        return replace(super().sampling(), logprobs=self.logprobs)
 
     @field_validator("suffix")
     @classmethod
@@ -272,7 +295,7 @@ _UNSUPPORTED = {
     "verbosity": "not supported",
     "typical_p": "not supported",
     "mirostat": "not supported",
-    "n_probs": "logprobs are not supported",
+    "n_probs": "use logprobs (and top_logprobs on chat)",
 }
 
 
@@ -306,10 +329,10 @@ def chat_completion(
     rid: str,
     created: int,
     model: str,
-    choices: list[tuple[str | dict[str, Any], str]],
+    choices: list[tuple[str | dict[str, Any], str, dict[str, Any] | None]],
     use: dict[str, Any],
 ) -> dict[str, Any]:
-    """``choices``: (text or a whole message, finish_reason) per choice index."""
+    """``choices``: (text or a whole message, finish_reason, logprobs) per choice index."""
     return {
         "id": rid,
         "object": "chat.completion",
@@ -320,18 +343,20 @@ def chat_completion(
             {
                 "index": i,
                 "message": text if isinstance(text, dict) else {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
-            for i, (text, finish) in enumerate(choices)
+            for i, (text, finish, logprobs) in enumerate(choices)
         ],
         "usage": use,
     }
 
 
 def text_completion(
-    rid: str, created: int, model: str, choices: list[tuple[str, str]], use: dict[str, Any]
+    rid: str, created: int, model: str,
+    choices: list[tuple[str, str, dict[str, Any] | None]], use: dict[str, Any],
 ) -> dict[str, Any]:
+    """``choices``: (text, finish_reason, logprobs) per choice index."""
     return {
         "id": rid,
         "object": "text_completion",
@@ -339,8 +364,8 @@ def text_completion(
         "model": model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-            for i, (text, finish) in enumerate(choices)
+            {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            for i, (text, finish, logprobs) in enumerate(choices)
         ],
         "usage": use,
     }

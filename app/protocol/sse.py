@@ -167,17 +167,19 @@ class ChunkWriter:
         return len(self._finished) == self.n
 
     def _choice(
-        self, content: str | None, finish: str | None, role: bool = False, index: int = 0
+        self, content: str | None, finish: str | None, role: bool = False, index: int = 0,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict:
         if self.kind == "completion":
-            return {"index": index, "text": content or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": content or "", "logprobs": logprobs,
+                    "finish_reason": finish}
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
             delta["content"] = None if self.policy.role_content == "null" else ""
         elif content is not None:
             delta["content"] = content
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
     def start(self) -> list[bytes]:
         """The role chunk of every choice (chat only): role is sent once per choice, first."""
@@ -188,23 +190,28 @@ class ChunkWriter:
     def count(self, index: int, completion_tokens: int) -> None:
         self._tokens[index] = completion_tokens
 
-    def delta(self, index: int, delta: dict[str, Any]) -> bytes:
-        """A chunk with a ready-made delta (tool calls, content parsed out of tool JSON)."""
-        return self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+    def delta(self, index: int, delta: dict[str, Any],
+              logprobs: dict[str, Any] | None = None) -> bytes:
+        """A chunk with a ready-made delta (tool calls, content parsed out of tool JSON), and
+        the ``logprobs`` of the tokens it carries when they were asked for."""
+        return self._chunk({"index": index, "delta": delta, "logprobs": logprobs,
+                            "finish_reason": None})
 
-    def text(self, index: int, text: str) -> list[bytes]:
-        """A choice's next text (its token count is kept by ``count``)."""
-        if not text:
+    def text(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> list[bytes]:
+        """A choice's next text (its token count is kept by ``count``); a chunk with no text
+        still goes out when it carries ``logprobs``."""
+        if not text and logprobs is None:
             return []
-        return [self._chunk(self._choice(text, None, index=index))]
+        return [self._chunk(self._choice(text, None, index=index, logprobs=logprobs))]
 
     def finish(self, index: int, reason: str, completion_tokens: int,
-               cached_tokens: int = 0) -> list[bytes]:
-        """A choice's finish chunk; after the last choice, the usage chunk (with
-        ``cached_tokens``: the prompt tokens the cache served) and [DONE]."""
+               cached_tokens: int = 0, logprobs: dict[str, Any] | None = None) -> list[bytes]:
+        """A choice's finish chunk (with the ``logprobs`` of tokens no chunk carried yet);
+        after the last choice, the usage chunk (with ``cached_tokens``: the prompt tokens the
+        cache served) and [DONE]."""
         self._tokens[index] = completion_tokens
         self._finished.add(index)
-        out = [self._chunk(self._choice(None, reason, index=index))]
+        out = [self._chunk(self._choice(None, reason, index=index, logprobs=logprobs))]
         if not self.all_finished:
             return out
         if self.include_usage:

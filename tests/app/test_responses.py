@@ -240,7 +240,7 @@ BAD = {
     "temperature": ({"input": "x", "temperature": 3}, "temperature"),
     "truncation auto": ({"input": "x", "truncation": "auto"}, "truncation"),
     "background": ({"input": "x", "background": True}, "background"),
-    "logprobs include": ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+    "top_logprobs over 20": ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
     "unknown include": ({"input": "x", "include": ["everything"]}, "include"),
     "metadata": ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     "verbosity": ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity"),

@@ -123,7 +123,8 @@ def test_invalid_json_is_400(client):
         ({}, "messages"),
         ({**CHAT, "max_tokens": 0}, "max_tokens"),
         ({**CHAT, "n": 17}, "n"),
-        ({**CHAT, "logprobs": True}, "logprobs"),
+        ({**CHAT, "logprobs": 1}, "logprobs"),  # chat's is a boolean (completions' a count)
+        ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({**CHAT, "stop": ["a"] * 17}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0"),
     ],
@@ -150,7 +151,8 @@ def test_informational_fields_are_accepted_and_nulls_dropped(client):
     ("mirostat", 2, "not supported"),
     ("some_vendor_field", 1, "docs/api.md, Request fields"),
     ("store", True, ""),
-    ("top_logprobs", 2, ""),
+    ("top_logprobs", 2, "needs logprobs: true"),
+    ("n_probs", 2, "use logprobs"),
 ])
 def test_fields_this_server_does_not_do_are_400_not_ignored(client, field, value, hint):
     resp = client.post("/v1/chat/completions", json={**CHAT, field: value})

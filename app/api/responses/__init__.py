@@ -23,7 +23,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.api.base import Api, read_body
+from app.api.base import Api, LargeAnswer, read_body
 from app.api.responses.parsing import (
     EFFORT_BUDGET,
     input_messages,
@@ -49,6 +49,7 @@ from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking,
 from app.core.input import ChatInput
 from app.core.service import Run
 from app.protocol import openai
+from app.protocol.logprobs import chat_list
 from app.protocol.sse import comment
 
 # ---- the API ----------------------------------------------------------------------------------
@@ -64,6 +65,7 @@ class ResponsesReq:
     store: bool
     reasoning_tokens: int = 0  # completion tokens when the thought's last piece came
     scope: str = ""  # the API key's scope, taken at parsing: the store keeps it with the answer
+    logprobs: bool = False  # the output text carries the tokens' logprobs
 
 
 class Responses(Api):
@@ -150,7 +152,10 @@ class Responses(Api):
             "truncation": "disabled",
             "user": req.user,
         }
-        return inp, ResponsesReq(echo, history, store, scope=reqctx.cache_scope())
+        if req.top_logprobs is not None:
+            echo["top_logprobs"] = req.top_logprobs
+        return inp, ResponsesReq(echo, history, store, scope=reqctx.cache_scope(),
+                                 logprobs=req.logprobs)
 
     # ---- the response object --------------------------------------------------------------
     def response(self, req: ResponsesReq, run: Run, status: str, output: list[dict[str, Any]],
@@ -202,8 +207,9 @@ class Responses(Api):
                                         "incomplete" if last else "completed"))
         if wants_message(a.text, len(a.calls), a.reason):
             last = length and not a.calls
+            scores = chat_list(a.logprobs or ()) if req.logprobs else None
             items.append(message_item(item_id("msg"), a.text,
-                                      "incomplete" if last else "completed"))
+                                      "incomplete" if last else "completed", scores))
         for c in a.calls:
             items.append(call_item(item_id("fc"), c.id, c.name, c.arguments, "completed"))
         u = result.usage
@@ -213,7 +219,7 @@ class Responses(Api):
         )
         calls = [(c.id, c.name, c.arguments) for c in a.calls]
         self.keep(req, resp, assistant_turn(a.reasoning, a.text, calls))
-        return resp
+        return LargeAnswer(resp) if req.logprobs else resp
 
     # ---- streams --------------------------------------------------------------------------
     def render_stream(self, req: ResponsesReq, run: Run,

@@ -12,6 +12,7 @@ from app.core.input import OutputFormat, ToolChoice
 from app.engine.types import SamplingParams
 from app.formats.spec import NAME_RE
 from app.protocol import openai, tools
+from app.protocol.logprobs import MAX_TOP
 
 # reasoning.effort as a thought budget in tokens (None: no budget). OpenAI's efforts are
 # relative; these are the token counts this server ends a thought at.
@@ -25,6 +26,8 @@ EFFORT_BUDGET: dict[str, int | None] = {
     "max": None,
 }
 
+LOGPROBS = "message.output_text.logprobs"  # the include value that asks for logprobs
+
 # `include` values: the ones that ask for something this server cannot give are refused; the
 # others concern tools or inputs a request here cannot have, or encrypted reasoning (the
 # reasoning text is returned in clear), and change nothing.
@@ -36,8 +39,8 @@ INCLUDE_ACCEPTED = frozenset({
     "message.input_image.image_url",
     "computer_call_output.output.image_url",
     "code_interpreter_call.outputs",
+    LOGPROBS,
 })
-INCLUDE_REFUSED = {"message.output_text.logprobs": "logprobs are not supported by this server"}
 
 # Fields some clients send that this server does not do, with what to use instead.
 UNSUPPORTED = {
@@ -107,7 +110,7 @@ class ResponsesRequest(_Strict):
     include: list[str] | None = None
     truncation: Literal["disabled"] | None = None
     background: Literal[False] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=0)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
     # informational: recorded nowhere but the response, change nothing
     metadata: dict[str, str] | None = None
     user: str | None = Field(None, max_length=256)
@@ -134,11 +137,15 @@ class ResponsesRequest(_Strict):
     @classmethod
     def _include(cls, v: list[str] | None) -> list[str] | None:
         for value in v or []:
-            if value in INCLUDE_REFUSED:
-                raise ValueError(f"{value!r}: {INCLUDE_REFUSED[value]}")
             if value not in INCLUDE_ACCEPTED:
                 raise ValueError(f"{value[:80]!r} is not a value this server knows")
         return v
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the output text carries logprobs: asked by ``include`` (or by asking for
+        alternatives with ``top_logprobs``)."""
+        return LOGPROBS in (self.include or ()) or bool(self.top_logprobs)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -146,6 +153,7 @@ class ResponsesRequest(_Strict):
             max_tokens_param="max_output_tokens",
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.base.errors import as_service_error
@@ -14,11 +14,13 @@ from app.core.events import (
     CallStarted,
     ChoiceEnd,
     Event,
+    Logprobs,
     Text,
     Thinking,
     Usage,
 )
 from app.protocol import openai
+from app.protocol.logprobs import chat_list
 from app.protocol.sse import event
 
 
@@ -39,13 +41,14 @@ def reasoning_item(rid: str, text: str, status: str) -> dict[str, Any]:
             "content": [{"type": "reasoning_text", "text": text}], "status": status}
 
 
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(mid: str, text: str, status: str) -> dict[str, Any]:
+def message_item(mid: str, text: str, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"id": mid, "type": "message", "role": "assistant", "status": status,
-            "content": [output_text(text)]}
+            "content": [output_text(text, logprobs)]}
 
 
 def call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
@@ -97,6 +100,7 @@ class _Item:
     name: str = ""
     status: str = "in_progress"
     closed: bool = False
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # a message's, when asked
 
     def added(self) -> dict[str, Any]:
         """The item as ``response.output_item.added`` shows it: empty, in progress."""
@@ -112,7 +116,7 @@ class _Item:
         if self.kind == "reasoning":
             return reasoning_item(self.id, self.text, self.status)
         if self.kind == "message":
-            return message_item(self.id, self.text, self.status)
+            return message_item(self.id, self.text, self.status, self.logprobs)
         return call_item(self.id, self.call_id, self.name, self.text, self.status)
 
 
@@ -125,10 +129,15 @@ class EventWriter:
     Every event has the next ``sequence_number``; items open with ``output_item.added`` (and a
     ``content_part.added`` for text), take deltas, and close with their ``done`` events before
     the next item opens. ``build(status, output, usage, error)`` makes the response object.
+
+    Logprobs (when asked): each text delta carries the tokens' scores that came since the last
+    one (a thought's come with the first), and the text's ``done`` events all of them; scores
+    that come once the message is closed (a call after it) are not sent.
     """
 
     def __init__(self, build: Build):
         self.build = build
+        self.pending: list[dict[str, Any]] = []  # scores not sent yet
         self.seq = 0
         self.items: list[_Item] = []
         self.calls: dict[int, _Item] = {}
@@ -175,10 +184,12 @@ class EventWriter:
         at = {"item_id": item.id, "output_index": item.index}
         out: list[bytes] = []
         if item.kind == "message":
+            item.logprobs += self.pending
+            self.pending = []
             out.append(self.send("response.output_text.done", **at, content_index=0,
-                                 text=item.text, logprobs=[]))
+                                 text=item.text, logprobs=item.logprobs))
             out.append(self.send("response.content_part.done", **at, content_index=0,
-                                 part=output_text(item.text)))
+                                 part=output_text(item.text, item.logprobs)))
         elif item.kind == "reasoning":
             out.append(self.send("response.reasoning_text.done", **at, content_index=0,
                                  text=item.text))
@@ -193,7 +204,9 @@ class EventWriter:
 
     def on(self, ev: Event) -> list[bytes]:
         out: list[bytes] = []
-        if isinstance(ev, Thinking | Text):
+        if isinstance(ev, Logprobs):
+            self.pending += chat_list(ev.tokens)
+        elif isinstance(ev, Thinking | Text):
             if not ev.text:
                 return out
             kind: Literal["reasoning", "message"] = (
@@ -205,8 +218,10 @@ class EventWriter:
             item.text += ev.text
             at = {"item_id": item.id, "output_index": item.index, "content_index": 0}
             if kind == "message":
+                scores, self.pending = self.pending, []
+                item.logprobs += scores
                 out.append(self.send("response.output_text.delta", **at, delta=ev.text,
-                                     logprobs=[]))
+                                     logprobs=scores))
             else:
                 out.append(self.send("response.reasoning_text.delta", **at, delta=ev.text))
         elif isinstance(ev, CallStarted):
