@@ -166,6 +166,7 @@ class _OpenAI(Api):
 class _ChatReq:
     stream_options: openai.StreamOptions | None
     logprobs: bool = False
+    as_ids: bool = False  # return_tokens_as_token_ids
 
 
 class ChatCompletions(_OpenAI):
@@ -194,7 +195,8 @@ class ChatCompletions(_OpenAI):
             cache_prompt=req.cache_prompt,
             model=req.model,
         )
-        return inp, _ChatReq(req.stream_options, bool(req.logprobs))
+        return inp, _ChatReq(req.stream_options, bool(req.logprobs),
+                             req.return_tokens_as_token_ids)
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
         field = self.settings.reasoning_field
@@ -207,7 +209,7 @@ class ChatCompletions(_OpenAI):
     def _scores(self, req: Any, scores: list[TokenScore] | None) -> dict[str, Any] | None:
         if not req.logprobs or scores is None:
             return None
-        return logprobs.chat_logprobs(scores)
+        return logprobs.chat_logprobs(scores, req.as_ids)
 
     def _piece(self, req: Any, w: ChunkWriter, ev: Event, pending: Pending) -> list[bytes]:
         delta = chat_delta(ev, self.settings.reasoning_field)
@@ -223,6 +225,7 @@ class _CompletionReq:
     echo: str
     logprobs: bool = False  # the legacy logprobs object on every choice
     scored: bool = False  # ... with the prompt's tokens first (echo with logprobs)
+    as_ids: bool = False  # return_tokens_as_token_ids
 
 
 class Completions(_OpenAI):
@@ -247,7 +250,8 @@ class Completions(_OpenAI):
             params = replace(params, prompt_logprobs=req.logprobs)
         inp = TextInput(prompt, params, n=req.n, cache_prompt=req.cache_prompt,
                         model=req.model)
-        return inp, _CompletionReq(req.stream_options, echo, req.logprobs is not None, scored)
+        return inp, _CompletionReq(req.stream_options, echo, req.logprobs is not None, scored,
+                                   req.return_tokens_as_token_ids)
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
         choices = []
@@ -268,12 +272,13 @@ class Completions(_OpenAI):
         head = list(prompt or ()) if req.scored else []
         offsets = logprobs.prompt_offsets(head, req.echo) if head else []
         offsets += logprobs.generated_offsets(scores, len(req.echo))
-        return logprobs.legacy([*head, *scores], offsets)
+        return logprobs.legacy([*head, *scores], offsets, req.as_ids)
 
     def _scores(self, req: Any, scores: list[TokenScore] | None) -> dict[str, Any] | None:
         if not req.logprobs or scores is None:
             return None
-        return logprobs.legacy(scores, logprobs.generated_offsets(scores, len(req.echo)))
+        return logprobs.legacy(scores, logprobs.generated_offsets(scores, len(req.echo)),
+                               req.as_ids)
 
     def _prelude(self, req: Any, w: ChunkWriter) -> list[bytes]:
         out = list(w.start())
@@ -286,7 +291,8 @@ class Completions(_OpenAI):
         """The echoed prompt, with its tokens' scores, on every choice."""
         if not req.scored:
             return []
-        lp = logprobs.legacy(ev.tokens, logprobs.prompt_offsets(ev.tokens, req.echo))
+        lp = logprobs.legacy(ev.tokens, logprobs.prompt_offsets(ev.tokens, req.echo),
+                             req.as_ids)
         out: list[bytes] = []
         for i in range(w.n):
             out += w.text(i, req.echo, lp)

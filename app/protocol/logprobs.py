@@ -16,46 +16,52 @@ from app.engine.types import TokenScore
 MAX_TOP = 20  # most alternatives per position a request may ask for (OpenAI's and vLLM's cap)
 
 
-def token_text(piece: bytes) -> str:
+def token_text(piece: bytes, token: int | None = None) -> str:
     """A token's text: its bytes as UTF-8, a partial character shown as U+FFFD (``bytes``
-    keeps the exact bytes, so a client can join the pieces of a character)."""
-    return piece.decode("utf-8", "replace")
+    keeps the exact bytes, so a client can join the pieces of a character); with ``token``,
+    ``token_id:<id>`` instead (vLLM's ``return_tokens_as_token_ids``: exact even where two
+    tokens spell the same text)."""
+    return piece.decode("utf-8", "replace") if token is None else f"token_id:{token}"
 
 
-def chat_entry(s: TokenScore) -> dict[str, Any]:
+def chat_entry(s: TokenScore, as_ids: bool = False) -> dict[str, Any]:
     """One token as Chat Completions and Responses show it."""
     return {
-        "token": token_text(s.piece),
+        "token": token_text(s.piece, s.token if as_ids else None),
         "logprob": s.logprob,
         "bytes": list(s.piece),
-        "top_logprobs": [{"token": token_text(p), "logprob": lp, "bytes": list(p)}
-                         for _, p, lp in s.top],
+        "top_logprobs": [{"token": token_text(p, t if as_ids else None), "logprob": lp,
+                          "bytes": list(p)} for t, p, lp in s.top],
     }
 
 
-def chat_list(scores: Iterable[TokenScore]) -> list[dict[str, Any]]:
-    return [chat_entry(s) for s in scores]
+def chat_list(scores: Iterable[TokenScore], as_ids: bool = False) -> list[dict[str, Any]]:
+    return [chat_entry(s, as_ids) for s in scores]
 
 
-def chat_logprobs(scores: Iterable[TokenScore]) -> dict[str, Any]:
+def chat_logprobs(scores: Iterable[TokenScore], as_ids: bool = False) -> dict[str, Any]:
     """A chat choice's (or chunk's) ``logprobs`` object."""
-    return {"content": chat_list(scores), "refusal": None}
+    return {"content": chat_list(scores, as_ids), "refusal": None}
 
 
-def legacy(scores: Sequence[TokenScore], offsets: Sequence[int]) -> dict[str, Any]:
+def legacy(scores: Sequence[TokenScore], offsets: Sequence[int],
+           as_ids: bool = False) -> dict[str, Any]:
     """Completions' ``logprobs`` object. Each position's ``top_logprobs`` holds the asked-for
     alternatives and always the token itself (so up to N+1 entries, as OpenAI documents); a
     prompt's first token, which nothing predicts, has null for both."""
+    def text(piece: bytes, token: int) -> str:
+        return token_text(piece, token if as_ids else None)
+
     tops: list[dict[str, float] | None] = []
     for s in scores:
         if s.logprob is None:
             tops.append(None)
             continue
-        top = {token_text(p): lp for _, p, lp in s.top}
-        top.setdefault(token_text(s.piece), s.logprob)
+        top = {text(p, t): lp for t, p, lp in s.top}
+        top.setdefault(text(s.piece, s.token), s.logprob)
         tops.append(top)
     return {
-        "tokens": [token_text(s.piece) for s in scores],
+        "tokens": [text(s.piece, s.token) for s in scores],
         "token_logprobs": [s.logprob for s in scores],
         "top_logprobs": tops,
         "text_offset": list(offsets),

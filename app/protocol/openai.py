@@ -80,6 +80,8 @@ class _Sampling(BaseModel):
     cache_prompt: bool = True
     # llama.cpp's extension: a GBNF grammar the output must follow
     grammar: str | None = Field(None, min_length=1)
+    # vLLM's extension: logprobs name tokens "token_id:<id>" instead of their text
+    return_tokens_as_token_ids: bool = False
 
     @field_validator("stop")
     @classmethod

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import requests
 
-from tests.support.server import ROOT, running_server
+from tests.support.lmeval import OFFLINE, require_lmeval
+from tests.support.server import running_server
 
 KEY = "sk-tokenizer-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -78,16 +78,6 @@ def test_errors_are_openai_shaped(srv):
     assert "content" in err["message"] and "messages" in err["message"]
 
 
-def lmeval_python() -> str | None:
-    candidates = [os.environ.get("LMEVAL_PYTHON"), str(ROOT / ".venv-lmeval" / "bin" / "python"),
-                  "/tmp/venv-lmeval/bin/python"]
-    for c in candidates:
-        if c and Path(c).is_file() and subprocess.run(
-                [c, "-c", "import lm_eval.utils"], capture_output=True, timeout=120).returncode == 0:
-            return c
-    return None
-
-
 # Run with lm-eval's own interpreter: its remote tokenizer, and the completions model that
 # builds one (tokenizer_backend=remote), against the server; the answers as JSON.
 DRIVER = """
@@ -111,14 +101,8 @@ print(json.dumps(out))
 
 
 def test_lm_evals_remote_tokenizer(srv, tmp_path):
-    python = lmeval_python()
-    if python is None:
-        if os.environ.get("CI_REQUIRE_ALL"):
-            pytest.fail("lm-eval is not installed (pip install 'lm-eval==0.4.*' into .venv-lmeval)")
-        pytest.skip("lm-eval not installed: pip install 'lm-eval==0.4.*' into .venv-lmeval "
-                    "(or point LMEVAL_PYTHON at an interpreter that has it)")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "127.0.0.1"}
+    python = require_lmeval()
+    env = {**os.environ, **OFFLINE}
     proc = subprocess.run([python, "-c", DRIVER, srv.base, KEY], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
