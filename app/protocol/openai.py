@@ -121,7 +121,8 @@ class _Sampling(BaseModel):
 
     def limit_param(self) -> str:
         """The field the limit came from (named in errors about it)."""
-        return "n_predict" if self.max_tokens is None and self.n_predict else "max_tokens"
+        named = self.max_tokens is None and self.n_predict not in (None, -1)
+        return "n_predict" if named else "max_tokens"
 
     def sampling(self) -> SamplingParams:
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []

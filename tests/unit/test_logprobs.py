@@ -1,0 +1,306 @@
+"""Log probabilities, unit by unit: the scoring of one logits row against numpy's own log-softmax,
+the wire shapes (the legacy object, chat entries, prompt text offsets), and the scheduler's
+scoring on a stand-in for llama.cpp: a prompt scored within the step's row budget over several
+steps, its scores sent once before any text, no prefix reuse for it, max_tokens 0 sampling
+nothing, and generated tokens' scores riding on the pieces they made."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.llama_batch import Batch, Job
+from app.engine.logprobs import FLOOR, STEP_LOGITS, rows_per_step, score
+from app.engine.text import TextAssembler
+from app.engine.types import (
+    Finished,
+    GenerationRequest,
+    PromptScored,
+    SamplingParams,
+    TextPiece,
+    TokenScore,
+)
+from app.protocol import logprobs as wire
+
+N = 32  # the stand-in vocabulary: token t spells chr(ord("a") + t), 31 is end-of-generation
+EOG = N - 1
+
+
+class Tables:
+    n = N
+
+    @staticmethod
+    def piece(tok: int) -> bytes:
+        return b"<eog>" if tok == EOG else bytes([ord("a") + tok])
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    return x - np.log(np.exp(x - x.max()).sum()) - x.max()
+
+
+# ---- one row -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_n", [0, 1, 3, 20])
+def test_a_row_scores_as_numpy_says(top_n):
+    rng = np.random.default_rng(top_n)
+    row = (rng.standard_normal(N) * 4).astype(np.float32)
+    want = log_softmax(row)
+    for tok in (0, 7, EOG):
+        s = score(row, tok, top_n, Tables, offset=5)
+        assert s.token == tok and s.piece == Tables.piece(tok) and s.offset == 5
+        assert s.logprob == pytest.approx(want[tok], abs=1e-6)
+        best = list(np.argsort(-want, kind="stable")[: min(top_n, N)])
+        assert [t for t, _, _ in s.top] == best
+        assert [lp for _, _, lp in s.top] == pytest.approx([want[t] for t in best], abs=1e-6)
+        assert all(p == Tables.piece(t) for t, p, _ in s.top)
+        # the token's own value and its value among the alternatives are the same float
+        assert all(lp == s.logprob for t, _, lp in s.top if t == tok)
+
+
+def test_no_probability_at_all_is_the_floor_not_minus_infinity():
+    row = np.zeros(N, dtype=np.float32)
+    row[3] = -np.inf
+    s = score(row, 3, 2, Tables)
+    assert s.logprob == FLOOR
+    assert np.isfinite([lp for _, _, lp in s.top]).all()
+
+
+def test_rows_per_step_bounds_the_logits_of_a_step():
+    assert rows_per_step(49152, 256) == STEP_LOGITS // 49152 == 85
+    assert rows_per_step(32000, 64) == 64  # never more than a prompt chunk
+    assert rows_per_step(1 << 23, 256) == 1  # at least one
+    for vocab in (32000, 151936, 262144):
+        assert rows_per_step(vocab, 512) * vocab <= STEP_LOGITS
+
+
+# ---- wire shapes -------------------------------------------------------------------------------
+
+
+def ts(tok: int, lp: float | None, top: tuple = (), offset: int = 0, piece: bytes | None = None
+       ) -> TokenScore:
+    return TokenScore(tok, Tables.piece(tok) if piece is None else piece, lp, top, offset)
+
+
+def test_the_legacy_object_has_the_token_among_its_alternatives():
+    first = ts(1, None)
+    alt = ts(2, -0.5, top=((3, b"d", -0.25),))  # the token itself is not among the top 1
+    top = ts(4, -0.1, top=((4, b"e", -0.1),))
+    out = wire.legacy([first, alt, top], [0, 1, 2])
+    assert out == {
+        "tokens": ["b", "c", "e"],
+        "token_logprobs": [None, -0.5, -0.1],
+        "top_logprobs": [None, {"d": -0.25, "c": -0.5}, {"e": -0.1}],
+        "text_offset": [0, 1, 2],
+    }
+    named = wire.legacy([alt], [7], as_ids=True)
+    assert named["tokens"] == ["token_id:2"]
+    assert named["top_logprobs"] == [{"token_id:3": -0.25, "token_id:2": -0.5}]
+
+
+def test_chat_entries_keep_the_exact_bytes():
+    half = ts(5, -1.0, top=((5, b"\xc3", -1.0), (6, b"x", -2.0)), piece=b"\xc3")
+    entry = wire.chat_entry(half)
+    assert entry == {"token": "\ufffd", "logprob": -1.0, "bytes": [0xC3], "top_logprobs": [
+        {"token": "\ufffd", "logprob": -1.0, "bytes": [0xC3]},
+        {"token": "x", "logprob": -2.0, "bytes": [120]}]}
+    assert wire.chat_logprobs([half], as_ids=True)["content"][0]["token"] == "token_id:5"
+    assert wire.chat_logprobs([])["refusal"] is None
+
+
+@pytest.mark.parametrize(("text", "pieces", "offsets"), [
+    ("Hello world", [b"Hello", b" world"], [0, 5]),
+    # a BOS the tokenizer added is not in the text: it takes no room
+    ("Hello world", [b"<s>", b"Hello", b" world"], [0, 0, 5]),
+    # SentencePiece's leading space on the first word
+    ("Hello world", [b" Hello", b" world"], [0, 5]),
+    # a character split over two tokens: the second starts after the character's first byte
+    ("é!", [b"\xc3", b"\xa9", b"!"], [0, 1, 1]),
+    ("<|im_start|>hi", [b"<|im_start|>", b"hi"], [0, 12]),
+])
+def test_prompt_offsets(text, pieces, offsets):
+    scores = [TokenScore(i, p, None if i == 0 else -1.0) for i, p in enumerate(pieces)]
+    assert wire.prompt_offsets(scores, text) == offsets
+
+
+def test_generated_offsets_start_after_the_echo():
+    assert wire.generated_offsets([ts(1, -1.0, offset=0), ts(2, -1.0, offset=3)], 10) == [10, 13]
+
+
+# ---- the scheduler -----------------------------------------------------------------------------
+
+
+def row_at(token: int, pos: int) -> np.ndarray:
+    """The stand-in model's logits after ``token`` at ``pos``: a fixed pattern of both."""
+    row = np.sin(np.arange(N, dtype=np.float32) * (token + 1) + pos).astype(np.float32) * 3
+    row[EOG] = -2.0
+    return row
+
+
+class Batch_:
+    """llama_batch as the scheduler fills it."""
+
+    def __init__(self, size: int):
+        self.token = [0] * size
+        self.pos = [0] * size
+        self.n_seq_id = [0] * size
+        self.seq_id = [[0] for _ in range(size)]
+        self.logits = [False] * size
+        self.n_tokens = 0
+
+
+class Llama:
+    """llama.cpp as the scheduler calls it: decode computes a row at each flagged index."""
+
+    def __init__(self, batch: Batch_):
+        self.b = batch
+        self.rows: dict[int, np.ndarray] = {}
+        self.flagged: list[list[tuple[int, int]]] = []  # per decode: (seq, pos) with logits
+
+    def llama_decode(self, ctx: Any, batch: Batch_) -> int:
+        self.rows = {i: row_at(batch.token[i], batch.pos[i]) for i in range(batch.n_tokens)
+                     if batch.logits[i]}
+        self.flagged.append([(batch.seq_id[i][0], batch.pos[i]) for i in self.rows])
+        return 0
+
+    def llama_get_logits_ith(self, ctx: Any, i: int) -> Any:
+        return self.rows[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+    def llama_vocab_is_eog(self, vocab: Any, tok: int) -> bool:
+        return tok == EOG
+
+    def llama_memory_seq_rm(self, *args: Any) -> bool:
+        return True
+
+
+class Tok:
+    def piece(self, tok: int) -> bytes:
+        return b"" if tok == EOG else Tables.piece(tok)
+
+
+class Sampler:
+    """Greedy over the row, then the end once ``stop_after`` tokens were sampled."""
+
+    def __init__(self, ll: Llama, stop_after: int):
+        self.ll, self.left, self.calls = ll, stop_after, 0
+
+    def sample(self, ctx: Any, i: int) -> int:
+        self.calls += 1
+        self.left -= 1
+        return EOG if self.left < 0 else int(self.ll.rows[i].argmax())
+
+    def observe(self, data: bytes) -> None:
+        pass
+
+    def free(self) -> None:
+        pass
+
+
+def scheduler(parallel: int = 2, chunk: int = 16, rows: int = 4) -> tuple[Batch, Llama]:
+    b = Batch_(chunk + parallel)
+    ll = Llama(b)
+    sched = Batch(ll, ctx=None, mem=None, batch=b, vocab=None, tok=Tok(), n_ctx=256,
+                  prefill_chunk=chunk, parallel=parallel, over=lambda job: None, tables=Tables)
+    sched.score_rows = rows  # a small budget, so a short prompt takes several steps
+    return sched, ll
+
+
+def job(tokens: list[int], ll: Llama, sink: list, max_new: int = 3, stop_after: int = 2,
+        **params: Any) -> Job:
+    req = GenerationRequest(tuple(tokens), SamplingParams(**params))
+    return Job(req, sink=sink.append, tokens=list(tokens), max_new=max_new,
+               assembler=TextAssembler(()), sampler=Sampler(ll, stop_after))  # type: ignore[arg-type]
+
+
+def run(sched: Batch, limit: int = 50) -> None:
+    for _ in range(limit):
+        sched.admit()
+        if not sched.busy():
+            return
+        sched.decode_step()
+    raise AssertionError("the scheduler did not finish")
+
+
+def test_a_prompt_is_scored_within_the_step_budget_beside_a_stream():
+    sched, ll = scheduler(rows=4)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    scored: list = []
+    other: list = []
+    sched.waiting.append(job([7, 7], ll, other, max_new=12, stop_after=99, logprobs=1))
+    sched.waiting.append(job(prompt, ll, scored, max_new=2, stop_after=9, prompt_logprobs=2,
+                             logprobs=0))
+    run(sched)
+    # every decode: at most 4 logits rows for the prompt being scored (seq 1), one for the other
+    per_step = [sum(1 for seq, _ in step if seq == 1) for step in ll.flagged]
+    assert max(per_step) <= 4 and sum(1 for n in per_step if n) >= 3
+    prompt_steps = [n for n in per_step if n]
+    assert sum(prompt_steps) == len(prompt) + 1  # every position, then one generated token
+    # the prompt's scores: once, before any text, each the log-softmax of the row before it
+    first = scored[0]
+    assert isinstance(first, PromptScored)
+    assert sum(isinstance(e, PromptScored) for e in scored) == 1
+    got = first.scores
+    assert [s.token for s in got] == prompt and got[0].logprob is None and got[0].top == ()
+    for i in range(1, len(prompt)):
+        want = log_softmax(row_at(prompt[i - 1], i - 1))
+        assert got[i].logprob == pytest.approx(want[prompt[i]], abs=1e-6)
+        assert [t for t, _, _ in got[i].top] == list(np.argsort(-want, kind="stable")[:2])
+    # the other sequence generated meanwhile, a token per step, each scored with 1 alternative
+    pieces = [e for e in other if isinstance(e, TextPiece)]
+    assert len(pieces) == 12 and all(len(p.scores) == 1 and len(p.scores[0].top) == 1
+                                     for p in pieces)
+
+
+def test_generated_scores_ride_on_their_text_and_the_end_token_on_finished():
+    sched, ll = scheduler()
+    got: list = []
+    sched.waiting.append(job([1, 2, 3], ll, got, max_new=8, stop_after=3, logprobs=0))
+    run(sched)
+    pieces = [e for e in got if isinstance(e, TextPiece)]
+    end = got[-1]
+    assert isinstance(end, Finished) and end.completion_tokens == 4 and end.reason == "stop"
+    assert [len(p.scores) for p in pieces] == [1, 1, 1]
+    assert [p.scores[0].piece for p in pieces] == [p.text.encode() for p in pieces]
+    assert [p.scores[0].offset for p in pieces] == [0, 1, 2]  # characters before each
+    assert [s.token for s in end.scores] == [EOG] and end.scores[0].offset == 3
+    assert not any(isinstance(e, PromptScored) for e in got)  # not asked
+
+
+def test_no_scores_unless_asked():
+    sched, ll = scheduler()
+    got: list = []
+    sched.waiting.append(job([1, 2, 3], ll, got, max_new=8, stop_after=3))
+    run(sched)
+    assert all(not e.scores for e in got if isinstance(e, TextPiece | Finished))
+    assert all(len(step) <= 1 for step in ll.flagged)  # one logits row per step: the last
+
+
+def test_a_prompt_to_score_reuses_no_cached_prefix():
+    sched, ll = scheduler(parallel=1)
+    sched.slots[0].cached = [3, 1, 4, 1]
+    got: list = []
+    scoring = job([3, 1, 4, 1, 5], ll, got, max_new=0, prompt_logprobs=0)
+    sched.waiting.append(scoring)
+    run(sched)
+    assert scoring.cached_tokens == 0
+    assert [s.token for s in got[0].scores] == [3, 1, 4, 1, 5]
+    plain: list = []
+    reuse = job([3, 1, 4, 1, 6], ll, plain, max_new=1)
+    sched.waiting.append(reuse)
+    run(sched)
+    assert reuse.cached_tokens == 4  # the scored prompt's KV stays for the next request
+
+
+def test_max_tokens_zero_samples_nothing():
+    sched, ll = scheduler()
+    got: list = []
+    zero = job([1, 2, 3, 4], ll, got, max_new=0, prompt_logprobs=1)
+    sched.waiting.append(zero)
+    run(sched)
+    assert zero.sampler.calls == 0  # type: ignore[union-attr]
+    assert [type(e) for e in got] == [PromptScored, Finished]
+    assert (got[1].reason, got[1].completion_tokens) == ("length", 0)
