@@ -2,9 +2,10 @@
 
 Every step builds one ``llama_batch`` with the next token of each generating sequence plus prompt
 chunks of sequences being admitted (within PREFILL_CHUNK), calls ``llama_decode`` once, and
-samples each sequence with its own sampler. Admission is FIFO from ``waiting``: a job takes the
-free slot whose cached tokens share the longest prefix with its prompt (within its API key's
-scope) and decodes only the rest; a job with n choices takes n slots, the others copying the
+samples each sequence with its own sampler; a prompt being scored (prompt_logprobs) is decoded
+in a second call of its own, so its scores do not depend on the other sequences. Admission is
+FIFO from ``waiting``: a job takes the free slot whose cached tokens share the longest prefix
+with its prompt (within its API key's scope) and decodes only the rest; a job with n choices takes n slots, the others copying the
 leader's prompt KV. A finished job's KV stays for the next request's prefix; a cancelled or
 failed one's is dropped at once. What a job's end means to the engine (its counters) is the
 ``over`` callback.
@@ -176,13 +177,19 @@ class Batch:
                 fslot.last_used = time.monotonic()
 
     def decode_step(self) -> None:
-        ll = self.ll
-        batch = self.batch
-        n = 0
-        budget = self.prefill_chunk
-        # 1. one token for every sequence that is generating
+        """One step: the next token of every generating sequence and the prompt chunks of those
+        being admitted, in one ``llama_decode``, then each of them sampled. A prompt being
+        scored (prompt_logprobs) takes its chunk in a decode of its own after that, at most
+        ``score_rows`` positions, one such prompt per step: llama.cpp computes a sequence's
+        logits slightly differently when other sequences share its batch (up to 0.28 in a log
+        probability on a small model), and a score must not depend on who else was served."""
         for slot in self.slots:
             slot.i_batch = -1
+        n = 0
+        budget = self.prefill_chunk
+        scorer: Slot | None = None  # the prompt scored this step
+        # 1. one token for every sequence that is generating
+        for slot in self.slots:
             job = slot.job
             if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
                 continue
@@ -195,50 +202,75 @@ class Batch:
                 budget -= 1
             self.batch.logits[n - 1] = True
             slot.i_batch = n - 1
-        # 2. prompt chunks for sequences being admitted, within the step's token budget; a
-        # prompt being scored asks for logits at every position, within score_rows per step
-        rows_left = self.score_rows
-        scored: list[tuple[Slot, int, int, int]] = []  # slot, batch index, position, count
+        # 2. prompt chunks for sequences being admitted, within the step's token budget
         for slot in self.slots:
             job = slot.job
-            if (
-                job is None
-                or slot.follows is not None
-                or slot.n_prompt_done >= len(job.tokens)
-                or budget <= 0
-            ):
+            if job is None or slot.follows is not None or slot.n_prompt_done >= len(job.tokens):
+                continue
+            if job.request.params.prompt_logprobs is not None:
+                scorer = scorer or slot
+                continue
+            if budget <= 0:
                 continue
             take = min(budget, len(job.tokens) - slot.n_prompt_done)
-            scoring = job.request.params.prompt_logprobs is not None
-            if scoring:
-                take = min(take, rows_left)
-                if take == 0:
-                    continue  # this step's scoring rows are spent: next step
-                rows_left -= take
-                scored.append((slot, n, slot.n_prompt_done, take))
-            for k in range(take):
-                i = slot.n_prompt_done + k
-                last = i == len(job.tokens) - 1
-                self._batch_add(n, job.tokens[i], i, slot.seq_id, last or scoring)
-                slot.cached.append(job.tokens[i])
-                if last:
-                    slot.i_batch = n
-                n += 1
-            slot.n_prompt_done += take
-            slot.n_past = slot.n_prompt_done
+            self._add_chunk(slot, n, take, every=False)
+            n += take
             budget -= take
-        batch.n_tokens = n
-        rc = ll.llama_decode(self.ctx, batch)
-        if rc != 0:
-            err = EngineFailure(
-                f"llama_decode failed (code {rc})"
-                + (": no room left in the KV cache" if rc == 1 else "")
-            )
-            for slot in self.slots:
-                if slot.job is not None:
-                    self.fail_job(slot.job, err)
-                    self.release(slot, keep_cache=False)
-            return
+        width = 0
+        if n:
+            if not self._decode(n):
+                return
+            width += self._sample()
+        # 3. the prompt being scored, alone: logits at every position of its chunk
+        if scorer is not None and scorer.job is not None:
+            job = scorer.job
+            pos = scorer.n_prompt_done
+            take = min(self.score_rows, len(job.tokens) - pos)
+            self._add_chunk(scorer, 0, take, every=True)
+            if not self._decode(take):
+                return
+            self._score_prompt(scorer, 0, pos, take)
+            width += self._sample()
+        self.steps += 1
+        self.widths[width] += 1
+
+    def _add_chunk(self, slot: Slot, n: int, take: int, every: bool) -> None:
+        """The next ``take`` prompt tokens of ``slot`` into the batch from index ``n``, with
+        logits at the prompt's last position (``every``: at each)."""
+        job = slot.job
+        assert job is not None
+        for k in range(take):
+            i = slot.n_prompt_done + k
+            last = i == len(job.tokens) - 1
+            self._batch_add(n + k, job.tokens[i], i, slot.seq_id, last or every)
+            slot.cached.append(job.tokens[i])
+            if last:
+                slot.i_batch = n + k
+        slot.n_prompt_done += take
+        slot.n_past = slot.n_prompt_done
+
+    def _decode(self, n: int) -> bool:
+        """``llama_decode`` of the batch's first ``n`` tokens; on failure every request in
+        flight ends with the error (the KV cache is in an unknown state) and False."""
+        self.batch.n_tokens = n
+        rc = self.ll.llama_decode(self.ctx, self.batch)
+        if rc == 0:
+            return True
+        err = EngineFailure(
+            f"llama_decode failed (code {rc})"
+            + (": no room left in the KV cache" if rc == 1 else "")
+        )
+        for slot in self.slots:
+            if slot.job is not None:
+                self.fail_job(slot.job, err)
+                self.release(slot, keep_cache=False)
+        return False
+
+    def _sample(self) -> int:
+        """After a decode: choices waiting for a prompt now decoded take a copy of its KV, then
+        every slot with logits in this decode samples its next token (and its ``i_batch`` is
+        cleared, so a second decode in the step does not sample it again). How many sampled."""
+        ll = self.ll
         for slot in self.slots:
             leader = slot.follows
             if leader is not None and leader.i_batch >= 0 and leader.job is not None:
@@ -248,34 +280,33 @@ class Batch:
                 slot.n_past = slot.n_prompt_done = leader.n_past
                 slot.i_batch = leader.i_batch
                 slot.follows = None
-        for slot, first, pos, count in scored:
-            self._score_prompt(slot, first, pos, count)
         width = 0
         for slot in self.slots:
             job = slot.job
-            if slot.i_batch >= 0 and job is not None and job.sampler is not None:
-                if job.max_new == 0:  # max_tokens 0: the prompt alone (scored), nothing sampled
-                    self._finish(slot, "length")
-                    continue
-                width += 1
-                try:
-                    tok = job.sampler.sample(self.ctx, slot.i_batch)
-                except ServiceError as err:  # the grammar ended this request; others go on
-                    if isinstance(err, GrammarStepTooSlow):
-                        log.warning("request ended: %s", err.message)
-                    lead = job.leader or job
-                    for choice in (lead, *lead.followers):  # its other choices stop at the next
-                        choice.cancelled = True             # step: nobody reads them any more
-                    self.fail_job(job, err)
-                    self.release(slot)
-                    continue
-                if job.request.params.logprobs is not None:
-                    row = logits_row(self.ll, self.ctx, slot.i_batch, self.tables.n)
-                    job.scores.append(score(row, tok, job.request.params.logprobs, self.tables,
-                                            job.n_chars))
-                self._on_token(slot, tok)
-        self.steps += 1
-        self.widths[width] += 1
+            i, slot.i_batch = slot.i_batch, -1
+            if i < 0 or job is None or job.sampler is None:
+                continue
+            if job.max_new == 0:  # max_tokens 0: the prompt alone (scored), nothing sampled
+                self._finish(slot, "length")
+                continue
+            width += 1
+            try:
+                tok = job.sampler.sample(self.ctx, i)
+            except ServiceError as err:  # the grammar ended this request; others go on
+                if isinstance(err, GrammarStepTooSlow):
+                    log.warning("request ended: %s", err.message)
+                lead = job.leader or job
+                for choice in (lead, *lead.followers):  # its other choices stop at the next
+                    choice.cancelled = True             # step: nobody reads them any more
+                self.fail_job(job, err)
+                self.release(slot)
+                continue
+            if job.request.params.logprobs is not None:
+                row = logits_row(ll, self.ctx, i, self.tables.n)
+                job.scores.append(score(row, tok, job.request.params.logprobs, self.tables,
+                                        job.n_chars))
+            self._on_token(slot, tok)
+        return width
 
     def _score_prompt(self, slot: Slot, first: int, pos: int, count: int) -> None:
         """Score the prompt positions ``pos..pos+count-1`` just decoded (from batch index

@@ -2,12 +2,12 @@
 with logits at every position, evaluated on exactly the tokens the server reports, and
 log-softmax in numpy (float64). Attention must be computed as the server computes it: run the
 server with FLASH_ATTN=off. (With flash attention on, llama.cpp's CPU build takes the flash
-kernel for a batch of one sequence but not for a batch of several, and the two differ by up to
-0.25 in a log probability on this small model: a server's scores would then depend on what else
-was in the batch.) And a generated token's logits come from a decode of that one token, which
-llama.cpp computes along another path than a prompt's batch (they differ by up to ~0.07 here):
-so the reference decodes a prompt in one batch, then each generated token on its own, as the
-server did."""
+kernel for a batch of one sequence but not for a batch of several, so a generated token's value
+would depend on the other streams in its step, by up to 0.25 on this small model; a prompt being
+scored is decoded alone either way.) And a generated token's logits come from a decode of that
+one token, which llama.cpp computes along another path than a prompt's batch (they differ by up
+to ~0.07 here): so the reference decodes a prompt in one batch, then each generated token on its
+own, as the server did."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Log probabilities, unit by unit: the scoring of one logits row against numpy's own log-softmax,
 the wire shapes (the legacy object, chat entries, prompt text offsets), and the scheduler's
-scoring on a stand-in for llama.cpp: a prompt scored within the step's row budget over several
-steps, its scores sent once before any text, no prefix reuse for it, max_tokens 0 sampling
-nothing, and generated tokens' scores riding on the pieces they made."""
+scoring on a stand-in for llama.cpp: a prompt scored in decodes of its own within the step's row
+budget over several steps beside a stream, its scores sent once before any text, no prefix reuse
+for it, max_tokens 0 sampling nothing, and generated tokens' scores riding on the pieces they
+made."""
 
 from __future__ import annotations
 
@@ -234,11 +235,13 @@ def test_a_prompt_is_scored_within_the_step_budget_beside_a_stream():
     sched.waiting.append(job(prompt, ll, scored, max_new=2, stop_after=9, prompt_logprobs=2,
                              logprobs=0))
     run(sched)
-    # every decode: at most 4 logits rows for the prompt being scored (seq 1), one for the other
-    per_step = [sum(1 for seq, _ in step if seq == 1) for step in ll.flagged]
-    assert max(per_step) <= 4 and sum(1 for n in per_step if n) >= 3
-    prompt_steps = [n for n in per_step if n]
-    assert sum(prompt_steps) == len(prompt) + 1  # every position, then one generated token
+    # the prompt being scored (seq 1) is decoded alone, at most 4 positions per decode, so its
+    # scores do not depend on the other sequence; the other generates in decodes of its own
+    scoring = [d for d in ll.flagged if any(seq == 1 and pos < len(prompt) for seq, pos in d)]
+    assert len(scoring) == 3 and all(len(d) <= 4 and {seq for seq, _ in d} == {1}
+                                     for d in scoring)
+    assert sorted(pos for d in scoring for _, pos in d) == list(range(len(prompt)))
+    assert sum(1 for d in ll.flagged if any(seq == 0 for seq, _ in d)) >= 12
     # the prompt's scores: once, before any text, each the log-softmax of the row before it
     first = scored[0]
     assert isinstance(first, PromptScored)
