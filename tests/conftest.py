@@ -137,3 +137,12 @@ def vocab(default_model: Path) -> Iterator:
     model = ll.llama_model_load_from_file(str(default_model).encode(), params)
     yield Vocab(ll, ll.llama_model_get_vocab(model))
     ll.llama_model_free(model)
+
+
+@pytest.fixture(scope="session")
+def reference(default_model: Path):
+    """The default model with logits at every position: an independent computation of log
+    probabilities (tests/support/reference.py)."""
+    from tests.support.reference import Reference
+
+    return Reference(default_model)

@@ -29,11 +29,6 @@ def srv(default_model):
         yield server
 
 
-@pytest.fixture(scope="module")
-def ref(default_model):
-    return Reference(default_model)
-
-
 def tokenize(srv, text: str) -> list[int]:
     """As lm-eval's remote tokenizer asks: vLLM's form, no special tokens added."""
     resp = requests.post(srv.url("/tokenize"), json={"prompt": text, "add_special_tokens": False},
@@ -41,17 +36,18 @@ def tokenize(srv, text: str) -> list[int]:
     return resp.json()["tokens"]
 
 
-def expected(srv, ref: Reference, context: str | list[int], continuation: str) -> tuple[float, bool]:
+def expected(srv, reference: Reference, context: str | list[int],
+             continuation: str) -> tuple[float, bool]:
     """(the continuation's log-likelihood after the context, whether greedy decoding gives it)."""
     ctx = tokenize(srv, context) if isinstance(context, str) else context
     cont = tokenize(srv, continuation)
-    rows = ref.rows(ctx + cont)
+    rows = reference.rows(ctx + cont)
     at = [len(ctx) + j - 1 for j in range(len(cont))]
     return (float(sum(rows[i, t] for i, t in zip(at, cont, strict=True))),
             all(int(rows[i].argmax()) == t for i, t in zip(at, cont, strict=True)))
 
 
-def check_loglikelihoods(srv, ref, samples: dict) -> list[list[float]]:
+def check_loglikelihoods(srv, reference, samples: dict) -> list[list[float]]:
     """Every (context, continuation) the harness scored agrees with the reference; the
     log-likelihoods by document, choice by choice."""
     by_doc = []
@@ -60,7 +56,7 @@ def check_loglikelihoods(srv, ref, samples: dict) -> list[list[float]]:
         for (context, continuation), resp in zip(sample["arguments"], sample["resps"],
                                                  strict=True):
             ll, greedy = resp[0]
-            want, want_greedy = expected(srv, ref, context, continuation)
+            want, want_greedy = expected(srv, reference, context, continuation)
             assert abs(ll - want) <= 1e-3, (context, continuation, ll, want)
             assert greedy == want_greedy, (context, continuation)
             lls.append(ll)
@@ -74,7 +70,7 @@ def greedy(srv, prompt: str, **limit) -> str:
         "choices"][0]["text"]
 
 
-def test_local_completions_every_output_type(srv, ref, tmp_path):
+def test_local_completions_every_output_type(srv, reference, tmp_path):
     python = require_lmeval()
     args = (f"base_url={srv.url('/v1/completions')},model=m,tokenizer_backend=remote,"
             "max_retries=1")
@@ -82,18 +78,18 @@ def test_local_completions_every_output_type(srv, ref, tmp_path):
                    ["vg_mc", "vg_ll", "vg_rolling", "vg_gen"], tmp_path)
     res, samples = out["results"], out["samples"]
     # multiple choice: scores agree, and the accuracy is what they imply
-    mc = check_loglikelihoods(srv, ref, samples["vg_mc"])
+    mc = check_loglikelihoods(srv, reference, samples["vg_mc"])
     docs = [s["doc"] for s in samples["vg_mc"]]
     assert sorted(d["question"] for d in docs) == sorted(d["question"] for d in MC)
     acc = np.mean([int(np.argmax(lls)) == d["answer"] for lls, d in zip(mc, docs, strict=True)])
     assert res["vg_mc"]["acc,none"] == pytest.approx(acc)
-    check_loglikelihoods(srv, ref, samples["vg_ll"])
+    check_loglikelihoods(srv, reference, samples["vg_ll"])
     # rolling: one window per short document, after the harness' prefix token
     prefix = tokenize(srv, "<|im_start|>")
     total, words = 0.0, 0
     for sample in samples["vg_rolling"]:
         text = sample["doc"]["text"]
-        want, _ = expected(srv, ref, prefix, text)
+        want, _ = expected(srv, reference, prefix, text)
         got = sample["resps"][0][0]
         assert abs(got - want) <= 1e-3, (text, got, want)
         total += got
@@ -108,7 +104,7 @@ def test_local_completions_every_output_type(srv, ref, tmp_path):
     assert len(samples["vg_gen"]) == len(PROMPTS)
 
 
-def test_the_gguf_model(srv, ref, tmp_path):
+def test_the_gguf_model(srv, reference, tmp_path):
     """lm-eval's ``gguf`` model: text prompts with echo and ``logprobs: 10``, the continuation
     found by ``text_offset``; and generation, which sends ``logprobs`` and no ``max_tokens``."""
     python = require_lmeval()
@@ -118,11 +114,11 @@ def test_the_gguf_model(srv, ref, tmp_path):
                 tokenize(srv, d["question"]) + tokenize(srv, choice))
     out = evaluate(python, "gguf", f"base_url={srv.base}", ["vg_mc", "vg_ll", "vg_gen"],
                    tmp_path)
-    mc = check_loglikelihoods(srv, ref, out["samples"]["vg_mc"])
+    mc = check_loglikelihoods(srv, reference, out["samples"]["vg_mc"])
     docs = [s["doc"] for s in out["samples"]["vg_mc"]]
     acc = np.mean([int(np.argmax(lls)) == d["answer"] for lls, d in zip(mc, docs, strict=True)])
     assert out["results"]["vg_mc"]["acc,none"] == pytest.approx(acc)
-    check_loglikelihoods(srv, ref, out["samples"]["vg_ll"])
+    check_loglikelihoods(srv, reference, out["samples"]["vg_ll"])
     for sample in out["samples"]["vg_gen"]:
         question = sample["doc"]["question"]
         assert sample["resps"][0][0] == greedy(srv, question).strip(), question

@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from tests.support.reference import Reference, ids
+from tests.support.reference import ids
 from tests.support.server import running_server
 
 TOL = 1e-3  # the issue's bound; on this CPU the two computations agree to ~1e-7
@@ -28,11 +28,6 @@ def srv(default_model):
     with running_server({"PARALLEL": "2", "FLASH_ATTN": "off",
                          "PROMPT_LOGPROBS_MAX_TOKENS": str(LIMIT)}) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def ref(default_model):
-    return Reference(default_model)
 
 
 def post(srv, path: str, body: dict, status: int = 200) -> dict:
@@ -59,7 +54,7 @@ def close(a: float | None, b: float | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and abs(a - b) <= TOL)
 
 
-def test_completion_with_echo_matches_an_independent_computation(srv, ref):
+def test_completion_with_echo_matches_an_independent_computation(srv, reference):
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "echo": True, "logprobs": 3,
             "return_tokens_as_token_ids": True}
     choice = post(srv, "/v1/completions", body)["choices"][0]
@@ -67,8 +62,8 @@ def test_completion_with_echo_matches_an_independent_computation(srv, ref):
     toks = ids(lp["tokens"])
     prompt = tokenize(srv, PROMPT)
     assert toks[: len(prompt)] == prompt and len(toks) == len(prompt) + 8
-    rows = ref.rows(toks, len(prompt))
-    expected = ref.token_logprobs(toks, len(prompt))
+    rows = reference.rows(toks, len(prompt))
+    expected = reference.token_logprobs(toks, len(prompt))
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     for i in range(1, len(toks)):
         assert close(lp["token_logprobs"][i], expected[i]), (i, lp["token_logprobs"][i], expected[i])
@@ -98,14 +93,14 @@ def test_text_offsets_point_into_the_echoed_text(srv):
     assert lp["tokens"][first].strip() and lp["text_offset"][first] == len(PROMPT)
 
 
-def test_a_token_prompt_scored_alone(srv, ref):
+def test_a_token_prompt_scored_alone(srv, reference):
     prompt = tokenize(srv, PROMPT)
     body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}
     got = post(srv, "/v1/completions", body)
     choice = got["choices"][0]
     assert choice["text"] == PROMPT and choice["finish_reason"] == "length"
     assert got["usage"]["completion_tokens"] == 0 and got["usage"]["prompt_tokens"] == len(prompt)
-    expected = ref.token_logprobs(prompt)
+    expected = reference.token_logprobs(prompt)
     assert len(choice["logprobs"]["token_logprobs"]) == len(prompt)
     assert all(close(a, b) for a, b in zip(choice["logprobs"]["token_logprobs"], expected,
                                            strict=True))
@@ -118,7 +113,7 @@ def test_a_token_prompt_scored_alone(srv, ref):
     assert err["param"] == "max_tokens" and "echo" in err["message"]
 
 
-def test_a_long_prompt_is_scored_in_steps_beside_a_stream(srv, ref):
+def test_a_long_prompt_is_scored_in_steps_beside_a_stream(srv, reference):
     """A 300-token prompt takes several engine steps to score (a step scores at most 85
     positions of this 49k vocabulary) while a stream runs beside it; both finish whole, and the
     scores are right at every position, a prefix cached by an earlier request included. (Scored
@@ -139,7 +134,7 @@ def test_a_long_prompt_is_scored_in_steps_beside_a_stream(srv, ref):
     assert not runner.is_alive()
     assert streamed[-1]["choices"][0]["finish_reason"] == "length"
     assert sum(1 for c in streamed if c["choices"] and c["choices"][0]["delta"].get("content")) > 1
-    expected = ref.token_logprobs(prompt)
+    expected = reference.token_logprobs(prompt)
     lps = got["choices"][0]["logprobs"]["token_logprobs"]
     assert len(lps) == len(prompt) and all(close(a, b) for a, b in zip(lps, expected, strict=True))
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # computed afresh
@@ -169,7 +164,7 @@ def test_streamed_completion_carries_what_the_answer_has(srv):
     assert merged == whole["logprobs"]
 
 
-def test_chat_logprobs_match_an_independent_computation(srv, ref):
+def test_chat_logprobs_match_an_independent_computation(srv, reference):
     messages = [{"role": "user", "content": "Name a colour."}]
     body = {"messages": messages, "max_tokens": 8, "temperature": 0, "logprobs": True,
             "top_logprobs": 2, "return_tokens_as_token_ids": True}
@@ -178,7 +173,7 @@ def test_chat_logprobs_match_an_independent_computation(srv, ref):
     assert len(content) == got["usage"]["completion_tokens"]
     prompt = post(srv, "/tokenize", {"messages": messages})["tokens"]
     toks = prompt + ids([e["token"] for e in content])
-    rows = ref.rows(toks, len(prompt))
+    rows = reference.rows(toks, len(prompt))
     for k, entry in enumerate(content):
         i = len(prompt) + k
         assert close(entry["logprob"], float(rows[i - 1, toks[i]]))
