@@ -562,6 +562,15 @@ class Settings(BaseSettings):
         le=1 << 20,
         **_env("MAX_TOKENS_LIMIT"),
     )
+    max_tokens_clamp: bool = Field(
+        False,
+        description="A request asking for more tokens than the context has left after its "
+        "prompt, or than MAX_TOKENS_LIMIT, gets as many as there are, ending with "
+        "finish_reason length, instead of a 400 (OpenAI's answer, and the default). For "
+        "clients that reserve a fixed large budget for a model they do not know (Qwen Code "
+        "asks for 32000).",
+        **_env("MAX_TOKENS_CLAMP"),
+    )
     slots_per_request: int = Field(
         0,
         description="Most slots one request may hold: its `n` choices, or a Vertex envelope's "

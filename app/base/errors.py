@@ -45,7 +45,18 @@ class BadRequest(ServiceError):
 
 
 class ContextOverflow(BadRequest):
+    """A prompt (with the tokens asked for) that cannot fit the context. The counts, when
+    known, let an API word it as its own service does (Anthropic's clients read theirs)."""
+
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 tokens: int | None = None, limit: int | None = None,
+                 requested: int | None = None):
+        super().__init__(message, param=param, code=code)
+        self.tokens = tokens  # the prompt's tokens
+        self.limit = limit  # the context's
+        self.requested = requested  # the tokens asked for beside them, when they overflowed
 
 
 class Unauthorized(ServiceError):

@@ -8,6 +8,19 @@ from typing import Any, Literal
 from app.engine.types import SamplingParams
 from app.formats.spec import Tool
 
+# An effort (OpenAI's reasoning.effort, Anthropic's output_config.effort) as a thought budget in
+# tokens (None: no budget). The services' efforts are relative; these are the token counts this
+# server ends a thought at.
+EFFORT_BUDGET: dict[str, int | None] = {
+    "none": 0,
+    "minimal": 64,
+    "low": 256,
+    "medium": 1024,
+    "high": 4096,
+    "xhigh": 16384,
+    "max": None,
+}
+
 
 @dataclass(frozen=True)
 class OutputFormat:
@@ -54,6 +67,9 @@ class ChatInput:
     # the template's cue for the assistant's turn at the end (only a tokenize request, vLLM's
     # form, may leave it out: a generation always has it)
     add_generation_prompt: bool = True
+    # the start of the answer (Anthropic's final assistant message): written after the cue, as
+    # message text, and continued; the reply holds only what follows it
+    prefill: str = ""
 
 
 @dataclass(frozen=True)

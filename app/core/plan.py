@@ -36,6 +36,7 @@ class PlanOptions:
     strict_model_name: bool  # a request naming none of the model's names is a 404
     max_tokens_default: int | None  # a request naming no limit gets it (None: the context)
     max_tokens_limit: int  # MAX_TOKENS_LIMIT (0: none)
+    max_tokens_clamp: bool  # MAX_TOKENS_CLAMP: too many asked for is a ceiling, not a 400
 
 
 @dataclass
@@ -119,10 +120,9 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     if offered:
         messages, extra = fmt.offer(messages, extra, offered, required, protect)
         think = think and fmt.native  # the generic form's grammar holds the whole reply
-    prompt = chat_template.render(
-        info.chat_template, messages, bos_token=info.bos_token, eos_token=info.eos_token,
-        add_generation_prompt=inp.add_generation_prompt, extra=extra,
-    )
+    prompt = _render(info, messages, inp.add_generation_prompt, extra)
+    if inp.prefill:  # the answer's start, as message text: the reply continues it
+        prompt += protect(inp.prefill)
     in_thought = think and THINK.opened(prompt)
     parsed = offered  # the tools a reply is read for
     if offered and (required or answer is not None or not think):
@@ -165,14 +165,69 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     return _checked(Plan(gen, spec, inp.reasoning_budget, inp.reasoning_control), opts)
 
 
+def _render(info: ModelInfo, messages: list[dict[str, Any]], add_generation_prompt: bool,
+            extra: dict[str, Any]) -> str:
+    """The chat template over ``messages``. A template that refuses a system turn anywhere but
+    first (many raise "system message must be at the beginning") gets those turns folded into
+    the next user turn (or the last one, after the conversation's end) instead of a 400: agents
+    send such turns, and the words still reach the model where they were said."""
+    def render(msgs: list[dict[str, Any]]) -> str:
+        return chat_template.render(
+            info.chat_template, msgs, bos_token=info.bos_token, eos_token=info.eos_token,
+            add_generation_prompt=add_generation_prompt, extra=extra,
+        )
+
+    try:
+        return render(messages)
+    except chat_template.TemplateError:
+        folded = fold_system_turns(messages)
+        if folded is messages:
+            raise
+        log.info("the chat template refused a system turn mid-conversation: folded into a user "
+                 "turn")
+        return render(folded)
+
+
+def fold_system_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every system turn but a leading one folded into the next user turn
+    (before its text), or into the last user turn when none follows; the same list when there
+    is none to fold."""
+    if not any(m.get("role") == "system" for m in messages[1:]):
+        return messages
+    out: list[dict[str, Any]] = [messages[0]]
+    waiting: list[str] = []
+    for m in messages[1:]:
+        if m.get("role") == "system":
+            waiting.append(str(m.get("content") or ""))
+        elif m.get("role") == "user" and waiting:
+            out.append({**m, "content": "\n\n".join([*waiting, str(m.get("content") or "")])})
+            waiting = []
+        else:
+            out.append(m)
+    if waiting:
+        last = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+        if last is None:
+            out.append({"role": "user", "content": "\n\n".join(waiting)})
+        else:
+            out[last] = {**out[last], "content": "\n\n".join([str(out[last].get("content") or ""),
+                                                                *waiting])}
+    return out
+
+
 def bounded(params: SamplingParams, opts: PlanOptions) -> SamplingParams:
     """The generation length, every API's request alike: a limit over MAX_TOKENS_LIMIT is a
-    400 naming the request's own field; a request naming none gets DEFAULT_MAX_TOKENS (else
-    MAX_TOKENS_LIMIT; neither: to the end of the context)."""
+    400 naming the request's own field (with MAX_TOKENS_CLAMP, a ceiling cut to the limit and
+    to the context); a request naming none gets DEFAULT_MAX_TOKENS (else MAX_TOKENS_LIMIT;
+    neither: to the end of the context)."""
     limit = opts.max_tokens_limit
     if params.max_tokens is None:
         default = opts.max_tokens_default
         return replace(params, max_tokens_default=default) if default else params
+    if opts.max_tokens_clamp and params.max_tokens:
+        # a ceiling: cut to the limit here, and to what the context has left by the engine (a
+        # default, unlike a request's own max_tokens, is cut there instead of refused)
+        ceiling = min(params.max_tokens, limit) if limit else params.max_tokens
+        return replace(params, max_tokens=None, max_tokens_default=ceiling)
     if limit and params.max_tokens > limit:
         field = params.max_tokens_param
         raise BadRequest(

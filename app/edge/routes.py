@@ -12,6 +12,8 @@ import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
 from app.api import base, introspect, streams
+from app.api.anthropic import models as anthropic_models
+from app.api.anthropic.stream import error_body as anthropic_error
 from app.api.base import read_body
 from app.base import reqctx
 from app.base.errors import BadRequest, ModelNotFound
@@ -43,6 +45,8 @@ def health() -> tuple[Response, int]:
     body["queue"] = engine.queue_depth()
     body["engine"] = engine.stats()
     body["sleeping"] = bool(getattr(engine, "sleeping", False))  # still 200: it wakes on demand
+    if info is not None and info.beyond_training:
+        body["warnings"] = [context_warning(info)]
     embedder = getattr(engine, "embedder", None)
     if embedder is not None:
         body["embeddings"] = embedder.stats()
@@ -65,6 +69,11 @@ def health() -> tuple[Response, int]:
             _last_stall_log[0] = now
             log.error("health answers 503: the engine looks stuck: %s", stall)
     return jsonify(body), 200 if ok else 503
+
+
+def context_warning(info) -> str:
+    return (f"the context ({info.n_ctx} tokens per slot) is longer than the model was trained "
+            f"for ({info.n_ctx_train}): replies past that length may degrade")
 
 
 def load_events(state: LoadState, model: Callable[[], str | None], poll: float = 0.25,
@@ -105,16 +114,33 @@ def _length() -> openai.Length:
     return max_tokens_bounds(current_app.extensions["vertex_gguf_settings"])
 
 
+def _anthropic() -> bool:
+    """Whether the caller speaks Anthropic's API (its SDKs send the version header)."""
+    return anthropic_models.VERSION_HEADER in request.headers
+
+
 def models() -> Response:
-    return jsonify(openai.models_list(_service().info(), _length()))
+    """OpenAI's list, or Anthropic's to a caller that sends ``anthropic-version``."""
+    info = _service().info()
+    if _anthropic():
+        return jsonify(anthropic_models.models_list(info))
+    return jsonify(openai.models_list(info, _length()))
 
 
 def model(model_id: str) -> Response:
-    """The model's card under any of its aliases (the card's id stays the id)."""
+    """The model's card under any of its aliases (OpenAI's card keeps the id as its id;
+    Anthropic's shows the name asked for)."""
     info = _service().info()
     if model_id not in info.names:
-        raise ModelNotFound(f"The model {model_id[:100]!r} does not exist: this server serves "
+        err = ModelNotFound(f"The model {model_id[:100]!r} does not exist: this server serves "
                             f"{', '.join(repr(n) for n in info.names)}")
+        if _anthropic():
+            resp = jsonify(anthropic_error(err))
+            resp.status_code = 404
+            return resp
+        raise err
+    if _anthropic():
+        return jsonify(anthropic_models.model_card(info, model_id))
     return jsonify(openai.model_card(info, _length()))
 
 

@@ -77,6 +77,7 @@ class FakeEngine:
         reply: str = "Hello from the fake engine. It speaks in short words.",
         delay: float = 0.0,
         n_ctx: int = 512,
+        n_ctx_train: int | None = None,  # the training window (default: n_ctx)
         capacity: int = 8,
         ready: bool = True,
         chat_template: str | None = None,
@@ -102,7 +103,7 @@ class FakeEngine:
             name=aliases[0],
             path="/models/fake-model.gguf",
             n_ctx=n_ctx,
-            n_ctx_train=n_ctx,
+            n_ctx_train=n_ctx if n_ctx_train is None else n_ctx_train,
             chat_template=chat_template,
             bos_token="<s>",
             eos_token="</s>",
@@ -236,7 +237,8 @@ class FakeEngine:
             channel.put(Failed(EngineFailure("scripted failure before the first token")))
             return
         if n_prompt >= self._info.n_ctx:
-            channel.put(Failed(ContextOverflow(f"prompt has {n_prompt} tokens")))
+            channel.put(Failed(ContextOverflow(f"prompt has {n_prompt} tokens", tokens=n_prompt,
+                                               limit=self._info.n_ctx)))
             return
         handle.prompt_tokens = n_prompt
         channel.put(Accepted(n_prompt))

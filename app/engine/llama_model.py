@@ -112,6 +112,10 @@ class LlamaModel:
             if not self.generates:
                 self.n_ctx = self.embedder.info.n_ctx
         self.n_vocab = self.vocab_tables.n
+        if self.n_ctx > self.n_ctx_train > 0:
+            log.warning("CTX_SIZE gives each slot %d tokens of context, past the %d the model was "
+                        "trained for: replies past that length may degrade", self.n_ctx,
+                        self.n_ctx_train)
         self.max_prompt_bytes = cfg.max_prompt_bytes or self.n_ctx * self.vocab_tables.longest_piece
         log.info(
             "loaded %s: %d slots x %d tokens of context, gpu offload=%s, gpu_layers=%d, "

@@ -40,7 +40,7 @@ class Preparer:
             raise ContextOverflow(
                 f"prompt has {len(req.prompt)} tokens, but the context holds {m.n_ctx} "
                 "tokens (and at least one must be left to generate)",
-                param="prompt",
+                param="prompt", tokens=len(req.prompt), limit=m.n_ctx,
             )
         bad = outside_vocab(req.prompt, m.n_vocab)
         if bad is not None:
@@ -61,14 +61,15 @@ class Preparer:
             raise ContextOverflow(
                 f"prompt has {n_prompt} tokens, but the context holds {m.n_ctx} tokens "
                 "(and at least one must be left to generate)",
-                param="messages",
+                param="messages", tokens=n_prompt, limit=m.n_ctx,
             )
         max_tokens = params.max_tokens
         if max_tokens is not None and n_prompt + max_tokens > m.n_ctx:
             raise ContextOverflow(
                 f"prompt ({n_prompt} tokens) plus {params.max_tokens_param} ({max_tokens}) exceeds the "
                 f"context of {m.n_ctx} tokens",
-                param=params.max_tokens_param,
+                param=params.max_tokens_param, tokens=n_prompt, limit=m.n_ctx,
+                requested=max_tokens,
             )
         if params.prompt_logprobs is not None and n_prompt > self._score_max:
             raise BadRequest(

@@ -169,6 +169,12 @@ class ModelInfo:
     system_info: str = ""
 
     @property
+    def beyond_training(self) -> bool:
+        """Whether a slot's context is longer than the model's training window (CTX_SIZE set
+        past it: served, with a warning; llama-server caps the slot instead)."""
+        return self.n_ctx > self.n_ctx_train > 0
+
+    @property
     def names(self) -> tuple[str, ...]:
         """The names this model answers to: its aliases, or its id when it has none."""
         return self.aliases or (self.name,)

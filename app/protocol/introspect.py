@@ -255,6 +255,8 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
                                                            meta.get("max_tokens_default")),
         "total_slots": total_slots,
         "n_ctx": info.n_ctx,
+        "n_ctx_train": info.n_ctx_train,
+        "context_beyond_training": info.beyond_training,
         "model_alias": info.name,
         "model_path": Path(info.path).name,  # never the directory or the bucket it came from
         "aliases": list(info.names),

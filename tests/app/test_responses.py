@@ -17,7 +17,8 @@ from pydantic import BaseModel
 
 from app.api.responses import Responses
 from app.api.responses import stream as responses_stream
-from app.api.responses.parsing import EFFORT_BUDGET, input_messages
+from app.api.responses.parsing import input_messages
+from app.core.input import EFFORT_BUDGET
 from app.engine.fake import FakeEngine
 from tests.support.app import make_client, sdk
 from tests.support.responses import check_stream, sse_events
@@ -243,9 +244,9 @@ BAD = {
     "top_logprobs over 20": ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
     "unknown include": ({"input": "x", "include": ["everything"]}, "include"),
     "metadata": ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
-    "verbosity": ({"input": "x", "text": {"verbosity": "high"}}, "text.verbosity"),
+    "verbosity": ({"input": "x", "text": {"verbosity": "loud"}}, "text.verbosity"),
     "effort": ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-    "web search tool": ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+    "unknown tool type": ({"input": "x", "tools": [{"type": "frobnicator"}]}, "tools.0.type"),
     "nested tool": ({"input": "x", "tools": [{"type": "function", "function": {"name": "f"}}]},
                     "tools.0.function"),
     "bad tool name": ({"input": "x", "tools": [{"type": "function", "name": "a b"}]}, "tools.0.name"),
@@ -508,7 +509,7 @@ def test_input_tokens_counts_the_prompt_as_a_run_would():
     used = post(client, body).get_json()["usage"]["input_tokens"]
     assert counted.get_json() == {"object": "response.input_tokens", "input_tokens": used}
     assert sdk(client).responses.input_tokens.count(model="m", input="hi").input_tokens > 0
-    bad = client.post("/v1/responses/input_tokens", json={"input": "x", "tools": [{"type": "web_search"}]})
+    bad = client.post("/v1/responses/input_tokens", json={"input": "x", "tools": [{"type": "frobnicator"}]})
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "tools.0.type"
 
 
@@ -531,7 +532,7 @@ def test_predict_serves_responses_bodies():
     one = client.post("/predict", json={"instances": [{"@requestFormat": "responses", "input": "hi",
                                                        "stream": True}]}).get_data(as_text=True)
     assert final_response(check_stream(one)).output_text == REPLY
-    bad = client.post("/predict", json={"input": "hi", "tools": [{"type": "file_search"}]})
+    bad = client.post("/predict", json={"input": "hi", "tools": [{"type": "frobnicator"}]})
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "tools.0.type"
 
 

@@ -41,6 +41,7 @@ from app.protocol.sse import event
 @dataclass(frozen=True)
 class _Req:
     model: str | None
+    omit_thinking: bool = False  # thinking.display omitted or updates
 
 
 class Messages(Api):
@@ -85,7 +86,9 @@ class Messages(Api):
 
     def parse(self, body: Any) -> tuple[ChatInput, _Req]:
         req = parse(MessagesRequest, body)
-        return chat_input(req, self.settings.max_tools), _Req(req.model)
+        display = req.thinking.display if req.thinking else None
+        return (chat_input(req, self.settings.max_tools),
+                _Req(req.model, display in ("omitted", "updates")))
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
         a, u = result.answers[0], result.usage
@@ -93,7 +96,7 @@ class Messages(Api):
             "id": run.id,
             "type": "message",
             "role": "assistant",
-            "content": content(a),
+            "content": content(a, req.omit_thinking),
             "model": run.model,
             "stop_reason": stop_reason(a.reason, a.stop_sequence),
             "stop_sequence": a.stop_sequence if a.reason == "stop" else None,
@@ -101,15 +104,15 @@ class Messages(Api):
         }
 
     def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
-        return self._frames(run)
+        return self._frames(req, run)
 
-    def _frames(self, run: Run) -> Iterator[bytes]:
+    def _frames(self, req: _Req, run: Run) -> Iterator[bytes]:
         start = {"id": run.id, "type": "message", "role": "assistant", "content": [],
                  "model": run.model, "stop_reason": None, "stop_sequence": None,
                  "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
         yield event("message_start", {"type": "message_start", "message": start})
         yield PING  # as Anthropic does
-        blocks = _Blocks()
+        blocks = _Blocks(req.omit_thinking)
         end: ChoiceEnd | None = None
         for ev in run.events(heartbeat=self.heartbeat):
             if isinstance(ev, Tick):

@@ -4,12 +4,13 @@ core's terms (chat-template messages, tools, a ChatInput)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.base.errors import BadRequest
-from app.core.input import ChatInput, OutputFormat, ToolChoice
+from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, ToolChoice
 from app.engine.types import SamplingParams
 from app.protocol import tools, validate
 from app.protocol.openai import MAX_STOP_CHARS
@@ -35,7 +36,9 @@ class Metadata(_Strict):
 class ThinkingConfig(_Strict):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=1, lt=2**31)
-    display: Literal["summarized"] | None = None
+    # omitted and updates: thinking blocks come back with no text (this server's thoughts have
+    # no progress updates apart from them)
+    display: Literal["summarized", "omitted", "updates"] | None = None
 
     @model_validator(mode="after")
     def _budget(self) -> ThinkingConfig:
@@ -67,6 +70,9 @@ class JsonFormat(_Strict):
 
 class OutputConfig(_Strict):
     format: JsonFormat | None = None
+    # a thought budget (the same table as Responses' reasoning.effort); thinking.budget_tokens,
+    # when given, wins
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class MessagesRequest(_Strict):
@@ -93,6 +99,9 @@ class MessagesRequest(_Strict):
     service_tier: Literal["auto", "standard_only"] | None = None
     anthropic_version: str | None = Field(None, max_length=64)  # Vertex's Claude bodies carry it
     cache_control: CacheControl | None = None
+    # Claude Code's: clearing old thinking and tool results server-side; this server keeps no
+    # history between requests, so there is nothing to clear
+    context_management: dict[str, Any] | None = None
 
     @field_validator("stop_sequences")
     @classmethod
@@ -123,7 +132,6 @@ class CountTokensRequest(MessagesRequest):
 _UNSUPPORTED = {
     "container": "this server runs no code execution containers",
     "mcp_servers": "this server connects to no MCP servers",
-    "context_management": "not supported",
     "inference_geo": "one server, one place",
     "speed": "not supported",
     "diagnostics": "not supported",
@@ -154,6 +162,12 @@ _ALLOWED = {
     "tool_result": ("text",),
 }
 TEXT_JOIN = "\n\n"  # text blocks of one turn, joined (clients split long prompts into blocks)
+# Roles Claude Code sends beside Anthropic's own: read as the user's turns
+USER_ROLES = frozenset({"user", "ctx", "msg"})
+# Claude Code's first system line: billing metadata with a nonce (cch=) that changes on every
+# request, which would make every prompt differ from its first line on and defeat the prefix
+# cache; nothing in it is for the model
+BILLING = re.compile(r"^x-anthropic-billing-header:[^\n]*\n?", re.MULTILINE)
 
 
 def _blocks(content: Any, where: str, allowed: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -248,11 +262,17 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
     return msg
 
 
-def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
-    """``system`` and ``messages`` as chat-template messages."""
+def _system(content: Any, where: str) -> str:
+    return BILLING.sub("", _text(_blocks(content, where, _ALLOWED["system"]), where))
+
+
+def template_messages(req: MessagesRequest) -> tuple[list[dict[str, Any]], str]:
+    """``system`` and ``messages`` as chat-template messages, and the text of a final assistant
+    message: the start of the answer, which the reply continues (a prefill)."""
     out: list[dict[str, Any]] = []
+    prefill = ""
     if req.system is not None:
-        system = _text(_blocks(req.system, "system", _ALLOWED["system"]), "system")
+        system = _system(req.system, "system")
         if system:
             out.append({"role": "system", "content": system})
     for i, m in enumerate(req.messages):
@@ -264,30 +284,40 @@ def template_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 raise BadRequest(f"{where}.{key}: this server does not support this field",
                                  param=f"{where}.{key}")
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            hint = " (put the system prompt in the top-level 'system')" if role == "system" else ""
-            raise BadRequest(f"{where}.role: must be 'user' or 'assistant'{hint}",
+        if role not in USER_ROLES and role not in ("assistant", "system"):
+            raise BadRequest(f"{where}.role: must be 'user', 'assistant' or 'system'",
                              param=f"{where}.role")
         if "content" not in m:
             raise BadRequest(f"{where}.content: field required", param=f"{where}.content")
-        blocks = _blocks(m["content"], f"{where}.content", _ALLOWED[role])
-        if role == "user":
+        if role == "system":  # a system turn in the conversation, at its place
+            out.append({"role": "system", "content": _system(m["content"], f"{where}.content")})
+            continue
+        kind = "user" if role in USER_ROLES else "assistant"
+        blocks = _blocks(m["content"], f"{where}.content", _ALLOWED[kind])
+        if kind == "user":
             out += _user(blocks, f"{where}.content")
+        elif i == len(req.messages) - 1:
+            prefill = _prefill(blocks, f"{where}.content")
         else:
-            if i == len(req.messages) - 1:
-                raise BadRequest(
-                    f"{where}: the last message must be the user's: prefilling the answer "
-                    "(a final assistant message) is not supported",
-                    param=where,
-                )
             out.append(_assistant(blocks, f"{where}.content"))
-    return out
+    return out, prefill
+
+
+def _prefill(blocks: list[dict[str, Any]], where: str) -> str:
+    """A final assistant message's text, which the answer continues; a call or a thought there
+    cannot be continued."""
+    for j, b in enumerate(blocks):
+        if b["type"] != "text":
+            raise BadRequest(f"{where}.{j}.type: a final assistant message is the start of the "
+                             f"answer, so it holds text only, not {b['type']!r}",
+                             param=f"{where}.{j}.type")
+    return "".join(_string(b, "text", f"{where}.{j}") for j, b in enumerate(blocks))
 
 
 # Keys a tool definition may carry. Only client tools: server tools (web search, code
 # execution, ...) have a versioned ``type`` and are refused.
 _TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict",
-              "eager_input_streaming", "input_examples", "allowed_callers"}
+              "eager_input_streaming", "input_examples", "allowed_callers", "defer_loading"}
 
 
 def offered_tools(raw: list[Any] | None, max_tools: int) -> tuple[tools.Tool, ...]:
@@ -336,14 +366,20 @@ def chat_input(req: MessagesRequest, max_tools: int) -> ChatInput:
     if thinking is not None and thinking.type == "disabled":
         kwargs["enable_thinking"] = False  # what Qwen 3's and similar templates read
     fmt = req.output_config.format if req.output_config else None
+    effort = req.output_config.effort if req.output_config else None
+    budget = thinking.budget_tokens if thinking is not None else None
+    if budget is None and effort is not None:
+        budget = EFFORT_BUDGET[effort]
+    messages, prefill = template_messages(req)
     return ChatInput(
-        messages=template_messages(req),
+        messages=messages,
+        prefill=prefill,
         params=req.sampling(),
         tools=offered_tools(req.tools, max_tools),
         tool_choice=choice,
         parallel_tool_calls=parallel,
         output=OutputFormat("json_schema", fmt.schema_, "output_config.format.schema") if fmt else None,
         template_kwargs=kwargs,
-        reasoning_budget=thinking.budget_tokens if thinking is not None else None,
+        reasoning_budget=budget,
         model=req.model,
     )

@@ -7,7 +7,7 @@ import json
 import secrets
 from typing import Any
 
-from app.base.errors import ServiceError
+from app.base.errors import ContextOverflow, ServiceError
 from app.core.events import (
     Answer,
     CallArgs,
@@ -57,12 +57,14 @@ def tool_use_block(call_id: str, name: str, arguments: str) -> dict[str, Any]:
             "input": args if isinstance(args, dict) else {}}
 
 
-def content(a: Answer) -> list[dict[str, Any]]:
+def content(a: Answer, omit_thinking: bool = False) -> list[dict[str, Any]]:
     """The blocks of one answer: its thought, its text, its calls (empty ones left out, as a
-    stream leaves them out)."""
+    stream leaves them out). ``omit_thinking`` (thinking.display ``omitted`` or ``updates``):
+    the thinking block is there with an empty ``thinking``, as Anthropic sends it."""
     out: list[dict[str, Any]] = []
     if a.reasoning:
-        out.append({"type": "thinking", "thinking": a.reasoning, "signature": ""})
+        out.append({"type": "thinking", "thinking": "" if omit_thinking else a.reasoning,
+                    "signature": ""})
     if a.text:
         out.append({"type": "text", "text": a.text})
     out += [tool_use_block(c.id, c.name, c.arguments) for c in a.calls]
@@ -86,7 +88,19 @@ ERROR_TYPES = {
 def error_body(err: ServiceError) -> dict[str, Any]:
     status = status_of(err)
     kind = ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    return {"type": "error", "error": {"type": kind, "message": message(err)}}
+
+
+def message(err: ServiceError) -> str:
+    """The error's message; a context overflow worded as Anthropic words it, since clients act
+    on those words (Claude Code compacts its history on ``prompt is too long``)."""
+    if not isinstance(err, ContextOverflow) or err.tokens is None or err.limit is None:
+        return err.message
+    if err.requested is not None:
+        return (f"input length and `max_tokens` exceed context limit: {err.tokens} + "
+                f"{err.requested} > {err.limit}, decrease input length or `max_tokens` and try "
+                "again")
+    return f"prompt is too long: {err.tokens} tokens > {err.limit} maximum"
 
 
 PING = event("ping", {"type": "ping"})
@@ -96,10 +110,11 @@ class _Blocks:
     """The content blocks of a stream: each started when its first piece comes, stopped
     before the next one starts; indices 0, 1, 2... in the order of the final ``content``."""
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
         self.index = -1
         self.kind: str | None = None
         self.call: int | None = None
+        self.omit_thinking = omit_thinking  # thinking blocks open and close, with no text
 
     def _start(self, kind: str, block: dict[str, Any], call: int | None = None) -> list[bytes]:
         out = self.stop()
@@ -138,6 +153,8 @@ class _Blocks:
         block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
             "type": "text", "text": ""}
         out = [] if self.kind == kind else self._start(kind, block)
+        if kind == "thinking" and self.omit_thinking:
+            return out
         delta = ({"type": "thinking_delta", "thinking": ev.text} if kind == "thinking"
                  else {"type": "text_delta", "text": ev.text})
         out.append(self._delta(delta))

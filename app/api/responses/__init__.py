@@ -18,14 +18,13 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
 from app.api.base import Api, LargeAnswer, read_body
 from app.api.responses.parsing import (
-    EFFORT_BUDGET,
     input_messages,
     output_format,
     parse_request,
@@ -43,10 +42,11 @@ from app.api.responses.stream import (
     usage,
     wants_message,
 )
+from app.api.responses.tools import Wire
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError
 from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking, Tick, Usage, fold
-from app.core.input import ChatInput
+from app.core.input import EFFORT_BUDGET, ChatInput
 from app.core.service import Run
 from app.protocol import openai
 from app.protocol.logprobs import chat_list
@@ -66,6 +66,8 @@ class ResponsesReq:
     reasoning_tokens: int = 0  # completion tokens when the thought's last piece came
     scope: str = ""  # the API key's scope, taken at parsing: the store keeps it with the answer
     logprobs: bool = False  # the output text carries the tokens' logprobs
+    # how calls to namespaced and custom tools go back (app.api.responses.tools), by flat name
+    wires: dict[str, Wire] = field(default_factory=dict)
 
 
 class Responses(Api):
@@ -115,7 +117,7 @@ class Responses(Api):
             messages.insert(0, {"role": "system", "content": req.instructions})
         if not messages:
             raise BadRequest("input: is empty", param="input")
-        offered, tools_echo = parse_tools(req.tools or [], self.settings.max_tools)
+        offered, tools_echo, wires = parse_tools(req.tools or [], self.settings.max_tools)
         choice = tool_choice(req.tool_choice, bool(offered))
         fmt, fmt_echo = output_format(req.text.format if req.text else None)
         effort = req.reasoning.effort if req.reasoning else None
@@ -155,7 +157,7 @@ class Responses(Api):
         if req.top_logprobs is not None:
             echo["top_logprobs"] = req.top_logprobs
         return inp, ResponsesReq(echo, history, store, scope=reqctx.cache_scope(),
-                                 logprobs=req.logprobs)
+                                 logprobs=req.logprobs, wires=wires)
 
     # ---- the response object --------------------------------------------------------------
     def response(self, req: ResponsesReq, run: Run, status: str, output: list[dict[str, Any]],
@@ -211,7 +213,8 @@ class Responses(Api):
             items.append(message_item(item_id("msg"), a.text,
                                       "incomplete" if last else "completed", scores))
         for c in a.calls:
-            items.append(call_item(item_id("fc"), c.id, c.name, c.arguments, "completed"))
+            items.append(call_item(item_id("fc"), c.id, c.name, c.arguments, "completed",
+                                   req.wires.get(c.name)))
         u = result.usage
         resp = self.response(
             req, run, "incomplete" if length else "completed", items,
@@ -228,7 +231,7 @@ class Responses(Api):
 
     def _frames(self, req: ResponsesReq, run: Run) -> Iterator[bytes]:
         w = EventWriter(lambda status, output, use=None, error=None:
-                        self.response(req, run, status, output, use, error))
+                        self.response(req, run, status, output, use, error), req.wires)
         yield from w.start()
         end: ChoiceEnd | None = None
         for ev in run.events(heartbeat=self.heartbeat):

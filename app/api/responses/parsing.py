@@ -3,28 +3,18 @@ in the core's terms (chat-template messages, tools, output format, reasoning bud
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.api.responses.tools import Wire, call_name, flatten
 from app.base.errors import BadRequest
 from app.core.input import OutputFormat, ToolChoice
 from app.engine.types import SamplingParams
 from app.formats.spec import NAME_RE
 from app.protocol import openai, tools
 from app.protocol.logprobs import MAX_TOP
-
-# reasoning.effort as a thought budget in tokens (None: no budget). OpenAI's efforts are
-# relative; these are the token counts this server ends a thought at.
-EFFORT_BUDGET: dict[str, int | None] = {
-    "none": 0,
-    "minimal": 64,
-    "low": 256,
-    "medium": 1024,
-    "high": 4096,
-    "xhigh": 16384,
-    "max": None,
-}
 
 LOGPROBS = "message.output_text.logprobs"  # the include value that asks for logprobs
 
@@ -46,8 +36,6 @@ INCLUDE_ACCEPTED = frozenset({
 UNSUPPORTED = {
     "conversation": "use previous_response_id (conversations are not stored)",
     "prompt": "stored prompt templates are not supported: send input and instructions",
-    "context_management": "not supported",
-    "prompt_cache_retention": "not supported",
     "prompt_cache_options": "not supported",
     "messages": "this is the Responses API: send 'input' (or use /v1/chat/completions)",
     "max_tokens": "use max_output_tokens",
@@ -78,8 +66,8 @@ class ReasoningConfig(_Strict):
 
 class TextConfig(_Strict):
     format: dict[str, Any] | None = None
-    # only the default: this server does not steer the length of the answer
-    verbosity: Literal["medium"] | None = None
+    # accepted and echoed; the answer's length is not steered by it (Codex sends low)
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class StreamOptions(_Strict):
@@ -117,6 +105,12 @@ class ResponsesRequest(_Strict):
     service_tier: Literal["auto", "default"] | None = None
     prompt_cache_key: str | None = Field(None, max_length=256)
     safety_identifier: str | None = Field(None, max_length=256)
+    # Codex CLI's per-turn metadata (session and turn ids): informational
+    client_metadata: dict[str, Any] | None = None
+    # server-side compaction of a stored conversation: nothing is stored here between turns
+    # but previous_response_id's store, so there is nothing to compact; accepted
+    context_management: list[Any] | dict[str, Any] | None = None
+    prompt_cache_retention: str | None = Field(None, max_length=32)  # every prefix is cached
     # vertex-gguf's extension: the thought may be ended on request (POST
     # /v1/chat/completions/control with this response's id)
     reasoning_control: bool = False
@@ -241,15 +235,23 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
             text = _parts_text(content, f"{where}.content", _USER_PARTS)
             flush()
             out.append({"role": "system" if role == "developer" else role, "content": text})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            # a namespaced call (Codex's MCP tools) by the flat name the model knows it as; a
+            # custom tool's input as the one argument it was offered with
+            name = call_name(item.get("namespace"), _text(item.get("name"), f"{where}.name"),
+                             where)
+            if kind == "function_call":
+                arguments = _text(item.get("arguments"), f"{where}.arguments")
+            else:
+                arguments = json.dumps({"input": _text(item.get("input"), f"{where}.input")},
+                                       ensure_ascii=False)
             call = {
                 "id": _text(item.get("call_id"), f"{where}.call_id"),
                 "type": "function",
-                "function": {"name": _text(item.get("name"), f"{where}.name"),
-                             "arguments": _text(item.get("arguments"), f"{where}.arguments")},
+                "function": {"name": name, "arguments": arguments},
             }
             assistant().setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _text(item.get("call_id"), f"{where}.call_id")
             output = _parts_text(item.get("output"), f"{where}.output", _USER_PARTS)
             flush()
@@ -275,27 +277,26 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
 
 # ---- tools, tool_choice, text.format --------------------------------------------------------
 
-_TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+# keys of a function tool; defer_loading (load the tool's definition on demand) changes nothing
+# here: every tool offered is in the prompt
+_TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict", "defer_loading"})
 
 
-def parse_tools(specs: list[Any], max_tools: int) -> tuple[tuple[tools.Tool, ...], list[dict]]:
-    """Flat function tools ``{type: function, name, description, parameters, strict}``: the
-    core's tools, and the tools as the response echoes them."""
+def parse_tools(specs: list[Any], max_tools: int
+                ) -> tuple[tuple[tools.Tool, ...], list[dict], dict[str, Wire]]:
+    """The core's tools: function tools ``{type: function, name, description, parameters,
+    strict}``, and those inside namespace tools and custom tools, flattened (app.api.responses
+    .tools); the tools as the response echoes them; and how calls to the flattened ones go
+    back on the wire."""
     if len(specs) > max_tools:
         raise BadRequest(f"tools: at most {max_tools} tools (MAX_TOOLS)", param="tools")
+    flat, wires = flatten(specs)
+    if len(flat) > max_tools:
+        raise BadRequest(f"tools: at most {max_tools} tools (MAX_TOOLS), namespaces' included",
+                         param="tools")
     out: list[tools.Tool] = []
-    echo: list[dict[str, Any]] = []
-    for i, spec in enumerate(specs):
-        where = f"tools.{i}"
-        if not isinstance(spec, dict):
-            raise BadRequest(f"{where}: a tool must be an object", param=where)
-        kind = spec.get("type")
-        if kind != "function":
-            raise BadRequest(
-                f"{where}.type: tools of type {str(kind)[:60]!r} are not supported (only "
-                "'function' tools; this server has no built-in tools)",
-                param=f"{where}.type",
-            )
+    shown: dict[str, dict[str, Any]] = {}  # a function tool as echoed, by its place
+    for where, spec in flat:
         extra = sorted(k for k in spec if k not in _TOOL_KEYS and spec[k] is not None)
         if extra:
             raise BadRequest(f"{where}.{extra[0]}: this server does not support this field",
@@ -310,10 +311,12 @@ def parse_tools(specs: list[Any], max_tools: int) -> tuple[tuple[tools.Tool, ...
         tool = tools.make_tool(spec.get("name"), description, spec.get("parameters"), where,
                                f"{where}.name", f"{where}.parameters")
         out.append(tool)
-        echo.append({"type": "function", "name": tool.name, "description": description,
-                     "parameters": spec.get("parameters") or tool.parameters,
-                     "strict": True if strict is None else strict})
-    return tools.check_tools(out, max_tools), echo
+        shown[where] = {"type": "function", "name": tool.name, "description": description,
+                        "parameters": spec.get("parameters") or tool.parameters,
+                        "strict": True if strict is None else strict}
+    # function tools as read, the others (namespaces, custom and hosted tools) as sent
+    echo = [shown.get(f"tools.{i}", spec) for i, spec in enumerate(specs)]
+    return tools.check_tools(out, max_tools), echo, wires
 
 
 def tool_choice(value: Any, has_tools: bool) -> ToolChoice:

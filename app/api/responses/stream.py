@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.api.responses.tools import Wire
 from app.base.errors import as_service_error
 from app.core.events import (
     CallArgs,
@@ -51,9 +53,28 @@ def message_item(mid: str, text: str, status: str,
             "content": [output_text(text, logprobs)]}
 
 
-def call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": fid, "type": "function_call", "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
+def call_item(fid: str, call_id: str, name: str, arguments: str, status: str,
+              wire: Wire | None = None) -> dict[str, Any]:
+    """A call as an output item: a ``function_call``, with its tool's own ``name`` and its
+    ``namespace`` when the tool was declared in one, or a ``custom_tool_call`` with the
+    ``input`` text for a custom tool (app.api.responses.tools)."""
+    if wire is not None and wire.custom:
+        return {"id": fid, "type": "custom_tool_call", "call_id": call_id, "name": wire.name,
+                "input": custom_input(arguments), "status": status}
+    item = {"id": fid, "type": "function_call", "call_id": call_id,
+            "name": wire.name if wire else name, "arguments": arguments, "status": status}
+    if wire is not None and wire.namespace is not None:
+        item["namespace"] = wire.namespace
+    return item
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's input: the one string its call's arguments hold ("" until whole)."""
+    try:
+        value = json.loads(arguments).get("input", "") if arguments else ""
+    except (json.JSONDecodeError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def wants_message(text: str, calls: int, reason: str) -> bool:
@@ -101,6 +122,7 @@ class _Item:
     status: str = "in_progress"
     closed: bool = False
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # a message's, when asked
+    wire: Wire | None = None  # a call's tool when it is namespaced or custom
 
     def added(self) -> dict[str, Any]:
         """The item as ``response.output_item.added`` shows it: empty, in progress."""
@@ -110,14 +132,14 @@ class _Item:
         if self.kind == "message":
             return {"id": self.id, "type": "message", "role": "assistant",
                     "status": "in_progress", "content": []}
-        return call_item(self.id, self.call_id, self.name, "", "in_progress")
+        return call_item(self.id, self.call_id, self.name, "", "in_progress", self.wire)
 
     def whole(self) -> dict[str, Any]:
         if self.kind == "reasoning":
             return reasoning_item(self.id, self.text, self.status)
         if self.kind == "message":
             return message_item(self.id, self.text, self.status, self.logprobs)
-        return call_item(self.id, self.call_id, self.name, self.text, self.status)
+        return call_item(self.id, self.call_id, self.name, self.text, self.status, self.wire)
 
 
 Build = Callable[..., dict[str, Any]]
@@ -135,8 +157,9 @@ class EventWriter:
     that come once the message is closed (a call after it) are not sent.
     """
 
-    def __init__(self, build: Build):
+    def __init__(self, build: Build, wires: dict[str, Wire] | None = None):
         self.build = build
+        self.wires = wires or {}  # how calls to namespaced and custom tools go back
         self.pending: list[dict[str, Any]] = []  # scores not sent yet
         self.seq = 0
         self.items: list[_Item] = []
@@ -195,9 +218,13 @@ class EventWriter:
                                  text=item.text))
             out.append(self.send("response.content_part.done", **at, content_index=0,
                                  part={"type": "reasoning_text", "text": item.text}))
+        elif item.wire is not None and item.wire.custom:
+            out.append(self.send("response.custom_tool_call_input.done", **at,
+                                 input=custom_input(item.text)))
         else:
             out.append(self.send("response.function_call_arguments.done", **at,
-                                 name=item.name, arguments=item.text))
+                                 name=item.wire.name if item.wire else item.name,
+                                 arguments=item.text))
         out.append(self.send("response.output_item.done", output_index=item.index,
                              item=item.whole()))
         return out
@@ -225,7 +252,8 @@ class EventWriter:
             else:
                 out.append(self.send("response.reasoning_text.delta", **at, delta=ev.text))
         elif isinstance(ev, CallStarted):
-            out += self._open("function_call", "fc", call=ev.call, call_id=ev.id, name=ev.name)
+            out += self._open("function_call", "fc", call=ev.call, call_id=ev.id, name=ev.name,
+                              wire=self.wires.get(ev.name))
             assert self.open is not None
             self.calls[ev.call] = self.open
         elif isinstance(ev, CallArgs):
@@ -233,7 +261,8 @@ class EventWriter:
             if item is None or not ev.text:
                 return out
             item.text += ev.text
-            if not item.closed:  # a call's arguments come before the next item opens
+            custom = item.wire is not None and item.wire.custom  # its input comes whole, at done
+            if not item.closed and not custom:  # arguments come before the next item opens
                 out.append(self.send("response.function_call_arguments.delta", item_id=item.id,
                                      output_index=item.index, delta=ev.text))
         return out
