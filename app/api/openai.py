@@ -28,7 +28,7 @@ from app.core.events import (
     Tick,
     Usage,
 )
-from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
+from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, TextInput, ToolChoice
 from app.core.service import Run
 from app.engine.types import TokenScore
 from app.protocol import logprobs, openai, tools
@@ -189,7 +189,9 @@ class ChatCompletions(_OpenAI):
             parallel_tool_calls=req.parallel_tool_calls,
             output=output_format(req.response_format),
             template_kwargs=dict(req.chat_template_kwargs or {}),
-            reasoning_budget=req.reasoning_budget,
+            reasoning_budget=(req.reasoning_budget if req.reasoning_budget is not None
+                              else EFFORT_BUDGET[req.reasoning_effort] if req.reasoning_effort
+                              else None),
             reasoning_control=req.reasoning_control,
             n=req.n,
             cache_prompt=req.cache_prompt,

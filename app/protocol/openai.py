@@ -162,6 +162,8 @@ class ChatRequest(_Sampling):
     # llama.cpp's reasoning control: end a thought on request, or after this many tokens
     reasoning_control: bool = False
     reasoning_budget: int | None = Field(None, ge=0)
+    # OpenAI's: a thought budget from the effort table (reasoning_budget, when given, wins)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     # extra variables for the chat template (vLLM's and llama.cpp's; e.g. enable_thinking)
@@ -287,24 +289,34 @@ class CompletionRequest(_Sampling):
         return only if isinstance(only, str) else tuple(only)
 
 
-# Fields some clients send that this server does not do, with what to use instead.
-_UNSUPPORTED = {
+# Fields some clients send that this server does not do, with what to use instead (OpenAI's
+# own first: each is a 400, since ignoring it would change what the client gets back).
+UNSUPPORTED = {
     "functions": "use 'tools'",
     "function_call": "use 'tool_choice'",
-    "reasoning_effort": "use 'reasoning_budget' (a token count)",
     "audio": "this server generates text only",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "this server has no web search",
-    "verbosity": "not supported",
     "typical_p": "not supported",
     "mirostat": "not supported",
     "n_probs": "use logprobs (and top_logprobs on chat)",
 }
 
+# Fields OpenAI's API defines that are accepted and change nothing here, with why (listed in
+# docs/api.md, Request fields).
+IGNORED = {
+    "moderation": "no moderation runs here",
+    "prompt_cache_options": "every prompt prefix is cached without being asked",
+    "prompt_cache_retention": "every prompt prefix is cached without being asked",
+    "verbosity": "the answer's length is not steered",
+}
 
-def parse(model: type[BaseModel], body: Any) -> Any:
+
+def parse(model: type[BaseModel], body: Any, unsupported: dict[str, str] | None = None,
+          ignored: dict[str, str] | None = None) -> Any:
     """Validate an OpenAI request body (see app.protocol.validate)."""
-    return validate.parse(model, body, _UNSUPPORTED)
+    return validate.parse(model, body, UNSUPPORTED if unsupported is None else unsupported,
+                          ignored=IGNORED if ignored is None else ignored)
 
 
 wants_stream = validate.wants_stream

@@ -2,7 +2,9 @@
 
 An unknown field set to null is dropped (it asks for nothing); any other unknown field is
 refused with a hint (each API passes its own table of fields clients send that it does not do),
-never silently ignored.
+never silently ignored. Only the fields an API names as ignored on purpose (fields its official
+API defines whose effect a client cannot miss here: another service's moderation, billing or
+workspace) are dropped whatever their value; each is listed in that API's docs.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from app.base.errors import BadRequest
 
 
 def parse(model: type[BaseModel], body: Any, unsupported: Mapping[str, str] | None = None,
-          hint: str = "see docs/api.md, Request fields") -> Any:
-    """Validate a request body; the 400 names the first offending field."""
+          hint: str = "see docs/api.md, Request fields",
+          ignored: Mapping[str, str] | None = None) -> Any:
+    """Validate a request body; the 400 names the first offending field. ``ignored``: fields
+    accepted and dropped, with why."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     known = model.model_fields
+    if ignored and any(k in ignored and k not in known for k in body):
+        body = {k: v for k, v in body.items() if k in known or k not in ignored}
     unknown = [k for k in body if k not in known]
     if unknown:
         body = {k: v for k, v in body.items() if k in known or v is not None}

@@ -147,7 +147,7 @@ def test_informational_fields_are_accepted_and_nulls_dropped(client):
 
 @pytest.mark.parametrize("field,value,hint", [
     ("functions", [], "tools"),
-    ("reasoning_effort", "low", "reasoning_budget"),
+    ("web_search_options", {}, "web search"),
     ("mirostat", 2, "not supported"),
     ("some_vendor_field", 1, "docs/api.md, Request fields"),
     ("store", True, ""),

@@ -128,20 +128,35 @@ class CountTokensRequest(MessagesRequest):
     max_tokens: int | None = Field(None, ge=1, lt=2**31)  # type: ignore[assignment]
 
 
-# Fields some clients send that this server does not do, with why.
-_UNSUPPORTED = {
+# Fields some clients send that this server does not do, with why: a 400, since ignoring them
+# would change what the client gets back.
+UNSUPPORTED = {
     "container": "this server runs no code execution containers",
     "mcp_servers": "this server connects to no MCP servers",
-    "inference_geo": "one server, one place",
-    "speed": "not supported",
-    "diagnostics": "not supported",
+    "compaction": "a compaction request expects a summary block this server does not write",
+    "thread": "no conversation is held here between requests: send the whole conversation",
     "n": "Messages has one answer per request",
+}
+
+# Fields Anthropic's API (and its beta) defines that are accepted and change nothing here, with
+# why (listed in docs/anthropic.md).
+IGNORED = {
+    "inference_geo": "one server, one place",
+    "speed": "the server runs at one speed",
+    "diagnostics": "no prompt-cache diagnostics are reported",
+    "user_profile_id": "no one is billed",
+    "workspace_id": "no workspaces here",
+    "betas": "the fields a beta adds are read where this server has them",
+    "billing_policy": "no one is billed",
+    "fallbacks": "one model, which does not decline for policy reasons",
+    "fallback_credit_token": "no one is billed",
 }
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
     """Validate a Messages request body (see app.protocol.validate)."""
-    return validate.parse(model, body, _UNSUPPORTED, "see docs/anthropic.md, API coverage")
+    return validate.parse(model, body, UNSUPPORTED, "see docs/anthropic.md, API coverage",
+                          ignored=IGNORED)
 
 
 # ---- content blocks -------------------------------------------------------------------------

@@ -36,7 +36,6 @@ INCLUDE_ACCEPTED = frozenset({
 UNSUPPORTED = {
     "conversation": "use previous_response_id (conversations are not stored)",
     "prompt": "stored prompt templates are not supported: send input and instructions",
-    "prompt_cache_options": "not supported",
     "messages": "this is the Responses API: send 'input' (or use /v1/chat/completions)",
     "max_tokens": "use max_output_tokens",
     "response_format": "use text.format",
@@ -45,6 +44,16 @@ UNSUPPORTED = {
     "n": "one answer per request",
     "stop": "not supported by the Responses API",
     "seed": "not supported by the Responses API",
+}
+
+# Fields the Responses API defines that are accepted and change nothing here, with why (listed
+# in docs/responses.md).
+IGNORED = {
+    "moderation": "no moderation runs here",
+    "prompt_cache_options": "every prompt prefix is cached without being asked",
+    "access_programs": "no access programs here",
+    "background_options": "options of background mode, which is refused",
+    "image": "options of image output; this server writes text",
 }
 
 MAX_METADATA = 16
@@ -157,7 +166,7 @@ def parse_request(body: Any) -> ResponsesRequest:
             if body.get(key) is not None:
                 raise BadRequest(f"{key}: this server does not support this field ({hint})",
                                  param=key)
-    return openai.parse(ResponsesRequest, body)
+    return openai.parse(ResponsesRequest, body, ignored=IGNORED)
 
 
 # ---- input items as chat-template messages --------------------------------------------------
