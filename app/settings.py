@@ -562,6 +562,36 @@ class Settings(BaseSettings):
         le=1 << 20,
         **_env("MAX_TOKENS_LIMIT"),
     )
+    default_temperature: float = Field(
+        1.0,
+        description="Temperature of a request that names none (OpenAI's and Anthropic's default "
+        "is 1.0; a model card's recommended sampling goes here, as with llama-server's --temp). "
+        "0: greedy.",
+        ge=0,
+        le=2,
+        **_env("DEFAULT_TEMPERATURE"),
+    )
+    default_top_p: float = Field(
+        1.0,
+        description="top_p of a request that names none (1.0: off).",
+        gt=0,
+        le=1,
+        **_env("DEFAULT_TOP_P"),
+    )
+    default_top_k: int = Field(
+        0,
+        description="top_k of a request that names none (0: off).",
+        ge=0,
+        le=1 << 20,
+        **_env("DEFAULT_TOP_K"),
+    )
+    default_min_p: float = Field(
+        0.0,
+        description="min_p of a request that names none (0: off).",
+        ge=0,
+        le=1,
+        **_env("DEFAULT_MIN_P"),
+    )
     max_tokens_clamp: bool = Field(
         False,
         description="A request asking for more tokens than the context has left after its "

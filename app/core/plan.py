@@ -37,6 +37,10 @@ class PlanOptions:
     max_tokens_default: int | None  # a request naming no limit gets it (None: the context)
     max_tokens_limit: int  # MAX_TOKENS_LIMIT (0: none)
     max_tokens_clamp: bool  # MAX_TOKENS_CLAMP: too many asked for is a ceiling, not a 400
+    default_temperature: float  # DEFAULT_TEMPERATURE and the like: for a request naming none
+    default_top_p: float
+    default_top_k: int
+    default_min_p: float
 
 
 @dataclass
@@ -238,6 +242,14 @@ def bounded(params: SamplingParams, opts: PlanOptions) -> SamplingParams:
     return params
 
 
+def sampling(params: SamplingParams, opts: PlanOptions) -> SamplingParams:
+    """The server's sampling defaults in place of what the request left unset (None)."""
+    unset = {name: getattr(opts, f"default_{name}")
+             for name in ("temperature", "top_p", "top_k", "min_p")
+             if getattr(params, name) is None}
+    return replace(params, **unset) if unset else params
+
+
 def _checked(plan: Plan, opts: PlanOptions) -> Plan:
     """Every request: n within SLOTS_PER_REQUEST, its length within the server's bounds, and
     its grammar through the gate."""
@@ -247,7 +259,7 @@ def _checked(plan: Plan, opts: PlanOptions) -> Plan:
             "of the server's slots (SLOTS_PER_REQUEST), so others are served too",
             param="n",
         )
-    params = bounded(plan.generation.params, opts)
+    params = sampling(bounded(plan.generation.params, opts), opts)
     if params is not plan.generation.params:
         plan.generation = replace(plan.generation, params=params)
     if params.grammar is not None:

@@ -30,10 +30,12 @@ class SamplingParams:
     # unlike max_tokens, cut to what the context has left
     max_tokens_default: int | None = None
     max_tokens_param: str = "max_tokens"  # the request field max_tokens came from (for errors)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+    # None: the server's default (DEFAULT_TEMPERATURE and the like), filled in by the planner
+    # before a request reaches the engine
+    temperature: float | None = 1.0
+    top_p: float | None = 1.0
+    top_k: int | None = 0
+    min_p: float | None = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     presence_penalty: float = 0.0

@@ -218,11 +218,12 @@ def build_info() -> str:
     return f"vertex-gguf {ours}" + (f", llama-cpp-python {llama}" if llama else "")
 
 
-def generation_defaults(n_ctx: int, model: str, max_tokens: int | None = None) -> dict[str, Any]:
+def generation_defaults(n_ctx: int, model: str, max_tokens: int | None = None,
+                        sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """llama-server's default_generation_settings: what a request that sets nothing gets
-    (SamplingParams' defaults; ``max_tokens``: the server's default length, -1 for none, as
-    llama.cpp writes it)."""
-    p = asdict(SamplingParams())
+    (SamplingParams' defaults, with ``sampling``: the server's DEFAULT_TEMPERATURE and the
+    like; ``max_tokens``: the server's default length, -1 for none, as llama.cpp writes it)."""
+    p = {**asdict(SamplingParams()), **(sampling or {})}
     n_predict = -1 if max_tokens is None else max_tokens
     return {
         "n_ctx": n_ctx,
@@ -251,8 +252,11 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
     """GET /props: llama-server's fields, the model's names and metadata, the settings, what
     llama.cpp was built with and let use, and (``boot``) earlier workers' deaths and safe mode."""
     return {
-        "default_generation_settings": generation_defaults(info.n_ctx, info.name,
-                                                           meta.get("max_tokens_default")),
+        "default_generation_settings": generation_defaults(
+            info.n_ctx, info.name, meta.get("max_tokens_default"),
+            {name: getattr(settings, f"default_{name}", None)
+             for name in ("temperature", "top_p", "top_k", "min_p")
+             if getattr(settings, f"default_{name}", None) is not None}),
         "total_slots": total_slots,
         "n_ctx": info.n_ctx,
         "n_ctx_train": info.n_ctx_train,

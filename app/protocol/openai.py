@@ -129,10 +129,10 @@ class _Sampling(BaseModel):
         return SamplingParams(
             max_tokens=self.limit(),
             max_tokens_param=self.limit_param(),
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
+            temperature=self.temperature,  # None: the server's default
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
             seed=self.seed,
             stop=tuple(s for s in stop if s),
             presence_penalty=self.presence_penalty or 0.0,

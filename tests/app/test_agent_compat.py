@@ -276,3 +276,36 @@ def test_a_context_past_the_training_window_is_flagged():
     fine = make_client(FakeEngine())
     assert "warnings" not in fine.get("/health").get_json()
     assert fine.get("/props").get_json()["context_beyond_training"] is False
+
+
+# ---- the server's sampling defaults (agents send none) -----------------------------------------
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", MSG),
+])
+def test_sampling_defaults_fill_what_a_request_leaves_unset(path, body):
+    engine = FakeEngine()
+    client = make_client(engine, default_temperature=0.2, default_top_p=0.9, default_top_k=20,
+                         default_min_p=0.05)
+    assert client.post(path, json=body).status_code == 200
+    p = engine.requests[-1].params
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.2, 0.9, 20, 0.05)
+    assert client.post(path, json={**body, "temperature": 0.7, "top_p": 0.5}).status_code == 200
+    p = engine.requests[-1].params
+    assert (p.temperature, p.top_p) == (0.7, 0.5)
+
+
+def test_sampling_defaults_show():
+    client = make_client(FakeEngine(), default_temperature=0.0, default_top_k=40)
+    params = client.get("/props").get_json()["default_generation_settings"]["params"]
+    assert (params["temperature"], params["top_k"], params["top_p"]) == (0.0, 40, 1.0)
+    echoed = client.post("/v1/responses", json={"input": "hi"}).get_json()
+    assert echoed["temperature"] == 0.0
+    plain = make_client(FakeEngine())
+    engine_params = plain.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert engine_params.status_code == 200

@@ -146,11 +146,13 @@ class Responses(Api):
             "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": effort, "summary": summary},
             "store": store,
-            "temperature": inp.params.temperature,
+            "temperature": (self.settings.default_temperature if inp.params.temperature is None
+                            else inp.params.temperature),
             "text": text_echo,
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
             "tools": tools_echo,
-            "top_p": inp.params.top_p,
+            "top_p": (self.settings.default_top_p if inp.params.top_p is None
+                      else inp.params.top_p),
             "truncation": "disabled",
             "user": req.user,
         }

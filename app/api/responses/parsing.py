@@ -154,8 +154,10 @@ class ResponsesRequest(_Strict):
         return SamplingParams(
             max_tokens=self.max_output_tokens,
             max_tokens_param="max_output_tokens",
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
+            temperature=self.temperature,  # None: the server's default
+            top_p=self.top_p,
+            top_k=None,  # not in the Responses API: the server's default
+            min_p=None,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
         )
 
