@@ -127,3 +127,35 @@ def test_error_mid_stream_raises_in_the_sdk(server_factory):
     assert exc.value.status_code == 200  # raised from the stream's error event, not an HTTP error
     assert exc.value.body["type"] == "error" and exc.value.body["error"]["type"] == "timeout_error"
     assert requests.get(srv2.url("/health"), timeout=5).status_code == 200
+
+
+def test_a_prefill_is_continued(sdk):
+    """A final assistant message is the answer's start (opencode sends one): the reply
+    continues it, and holds only what follows; the same as the prompt written out."""
+    start = "The capital of France is"
+    msg = sdk.messages.create(model="m", max_tokens=4, extra_body=GREEDY,
+                              messages=[*ASK, {"role": "assistant", "content": start}])
+    text = msg.content[0].text
+    assert text and not text.startswith(start)
+    count = sdk.messages.count_tokens(model="m", messages=[*ASK, {"role": "assistant",
+                                                                  "content": start}])
+    plain = sdk.messages.count_tokens(model="m", messages=ASK)
+    assert count.input_tokens > plain.input_tokens  # the prefill is in the prompt
+
+
+def test_models_in_anthropics_shape(sdk):
+    page = sdk.models.list()
+    assert page.data and page.data[0].type == "model"
+    assert sdk.models.retrieve(page.data[0].id).id == page.data[0].id
+    with pytest.raises(anthropic.NotFoundError):
+        sdk.models.retrieve("claude-no-such-model")
+
+
+def test_an_overflow_is_worded_as_anthropic_words_it(server_factory):
+    srv = server_factory({"CTX_SIZE": "512"})
+    srv.wait_ready()
+    client = anthropic.Anthropic(base_url=srv.url(""), api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="m", max_tokens=8,
+                               messages=[{"role": "user", "content": "word " * 700}])
+    assert "prompt is too long:" in str(err.value) and "> 512 maximum" in str(err.value)
