@@ -13,6 +13,7 @@ from flask import Flask
 from app.api.anthropic import Messages
 from app.api.base import Api
 from app.api.embeddings import OpenAIEmbeddings, VertexEmbeddings
+from app.api.ollama import OllamaChat, OllamaEmbed, OllamaGenerate
 from app.api.openai import ChatCompletions, Completions
 from app.api.responses import Responses
 from app.api.vertex import Predict
@@ -20,7 +21,8 @@ from app.core.service import Service
 from app.settings import Settings, slots_per_request
 
 APIS: list[type[Api]] = [
-    Messages, OpenAIEmbeddings, Responses, ChatCompletions, Completions, VertexEmbeddings,
+    Messages, OpenAIEmbeddings, OllamaChat, OllamaGenerate, Responses, ChatCompletions,
+    Completions, VertexEmbeddings, OllamaEmbed,
 ]
 
 

@@ -130,6 +130,7 @@ class Api:
     id_prefix: ClassVar[str] = "req"
     answers_many: ClassVar[bool] = False  # a predict envelope's instances go in one call
     keepalive: ClassVar[bytes] = comment()  # what its streams send when quiet
+    stream_headers: ClassVar[dict[str, str]] = HEADERS  # a stream's (SSE unless overridden)
 
     def __init__(self, settings: Settings, service: Service):
         self.settings = settings
@@ -241,7 +242,7 @@ class Api:
             return json_off_hub(result)
         if isinstance(result, dict):
             return jsonify(result)
-        return Response(result, headers=HEADERS, direct_passthrough=True)
+        return Response(result, headers=self.stream_headers, direct_passthrough=True)
 
     def view(self) -> Response:
         return self.respond(self.serve(read_body(), gone_probe(), request.headers))

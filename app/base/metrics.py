@@ -52,6 +52,9 @@ API_LABELS = {
     "responses": "responses",
     "embeddings_openai": "embeddings",
     "embeddings": "embeddings",
+    "ollama_chat": "ollama",
+    "ollama_generate": "ollama",
+    "ollama_embed": "embeddings",
 }
 PREDICT = "predict"
 

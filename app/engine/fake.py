@@ -114,6 +114,8 @@ class FakeEngine:
             n_params=134_515_008,
             size=85_000_000,
             vocab_type="bpe",
+            architecture="llama",
+            quantization="Q4_1",
             aliases=aliases,
             tags=tags,
         )

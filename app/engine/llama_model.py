@@ -142,6 +142,9 @@ class LlamaModel:
             n_params=ll.llama_model_n_params(self.model),
             size=ll.llama_model_size(self.model),
             vocab_type=vocab_type_name(ll.llama_vocab_type(self.vocab)),
+            architecture=self._meta("general.architecture") or "",
+            quantization=self._quantization(),
+            gpu_offload=self.gpu_layers != 0,
             path=path,
             n_ctx=self.n_ctx,
             n_ctx_train=self.n_ctx_train,
@@ -199,6 +202,14 @@ class LlamaModel:
         self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
                            self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over,
                            tables=self.vocab_tables)
+
+    def _quantization(self) -> str:
+        """The file type as llama.cpp names it: the last word of its model description
+        ("llama 8B Q4_K_M")."""
+        buf = ctypes.create_string_buffer(256)
+        self.ll.llama_model_desc(self.model, buf, 256)
+        words = buf.value.decode("utf-8", "replace").split()
+        return words[-1] if words else ""
 
     def _meta(self, key: str) -> str | None:
         """A GGUF metadata value, as text."""

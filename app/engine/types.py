@@ -162,6 +162,9 @@ class ModelInfo:
     n_params: int = 0
     size: int = 0  # bytes of the model's tensors
     vocab_type: str = ""  # a VOCAB_TYPES name
+    architecture: str = ""  # the GGUF's general.architecture (llama, qwen3, gemma3, ...)
+    quantization: str = ""  # its file type as llama.cpp names it (Q4_K_M, F16, ...)
+    gpu_offload: bool = False  # some of its layers are on a GPU
     # every name a request may use for the model (the id first); tags are informational
     aliases: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()

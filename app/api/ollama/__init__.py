@@ -1,0 +1,272 @@
+"""Ollama's API (``/api/chat``, ``/api/generate``, ``/api/embed`` and ``/api/embeddings``, with
+``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``), for the clients written against
+Ollama: its own Python and JavaScript libraries, LangChain's ChatOllama, LiteLLM's
+``ollama_chat``, Open WebUI, Continue, and Google's Cloud Run images for open models.
+
+A chat or generate request becomes the core's ChatInput (``raw`` generate: a TextInput); the
+answer streams as NDJSON by default, as Ollama's does (app.api.ollama.stream). Errors are
+Ollama's ``{"error": "..."}`` with the status. Model management (``pull``, ``push``,
+``create``, ``copy``, ``delete``, blobs) answers a clear error: this server serves the one model
+it was started with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from flask import Blueprint, Response, jsonify
+
+from app.api.base import Api, json_off_hub
+from app.api.embeddings import OFFLOAD_FLOATS, EmbeddingApi
+from app.api.ollama import models
+from app.api.ollama.parsing import (
+    ChatRequest,
+    GenerateRequest,
+    _Request,
+    chat_messages,
+    parse,
+)
+from app.api.ollama.stream import NDJSON, Clock, Lines, line, whole
+from app.base.errors import BadRequest, ServiceError, as_service_error
+from app.core.embed import EmbedInput, EmbedResult, Vector
+from app.core.events import (
+    CallStarted,
+    ChoiceEnd,
+    Event,
+    Failure,
+    Result,
+    Text,
+    Thinking,
+    Tick,
+    Usage,
+    fold,
+)
+from app.core.input import ChatInput, TextInput
+from app.core.service import Run
+from app.engine.types import SamplingParams
+from app.protocol import tools
+
+
+def error_body(err: ServiceError) -> dict[str, Any]:
+    """Ollama's error: one message."""
+    return {"error": err.message}
+
+
+def model_of(name: str) -> str:
+    """The model a request names, as the core knows it: Ollama's default tag ``:latest``
+    dropped (a client that listed ``smol:latest`` in /api/tags sends that)."""
+    return name.removesuffix(":latest")
+
+
+@dataclass
+class OllamaReq:
+    model: str  # the name the request gave: Ollama echoes it
+    chat: bool
+    clock: Clock
+
+
+class _Ollama(Api):
+    """What chat and generate share: streaming by default, NDJSON, Ollama's error shape."""
+
+    chat: ClassVar[bool]
+    keepalive = b""  # NDJSON has no comments: a quiet stream sends nothing
+    stream_headers = NDJSON
+
+    def wants_stream(self, body: Any) -> bool:
+        if not isinstance(body, dict):
+            return False
+        value = body.get("stream", True)
+        if not isinstance(value, bool):
+            raise BadRequest("stream: must be true or false", param="stream")
+        return value
+
+    def error_body(self, err: ServiceError) -> dict[str, Any]:
+        return error_body(err)
+
+    def _sampling(self, req: _Request) -> SamplingParams:
+        """``options`` as sampling; ``num_ctx`` may ask for the context a slot has, or less
+        (a larger one is a 400: it would not be given)."""
+        params, num_ctx = req.sampling()
+        info = self.service.info()
+        if num_ctx is not None and not 0 < num_ctx <= info.n_ctx:
+            raise BadRequest(f"options.num_ctx: this server's context is {info.n_ctx} tokens "
+                             "per request (CTX_SIZE); ask for that or less",
+                             param="options.num_ctx")
+        return params
+
+    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+        req, run = self.start(body)
+        result = fold(self._timed(run.events(gone=gone), req.clock), run.n)
+        return self.render(req, run, result)
+
+    @staticmethod
+    def _timed(events: Iterator[Event], clock: Clock) -> Iterator[Event]:
+        for ev in events:
+            if isinstance(ev, Thinking | Text | CallStarted):
+                clock.token()
+            yield ev
+
+    def render(self, req: OllamaReq, run: Run, result: Result) -> dict[str, Any]:
+        return whole(req.model, req.clock, req.chat, result.answers[0], result.usage)
+
+    def render_stream(self, req: OllamaReq, run: Run,
+                      headers: Mapping[str, str]) -> Iterator[bytes]:
+        return self._lines(req, run)
+
+    def _lines(self, req: OllamaReq, run: Run) -> Iterator[bytes]:
+        out = Lines(req.model, req.clock, req.chat)
+        end: ChoiceEnd | None = None
+        for ev in run.events(heartbeat=None):
+            if isinstance(ev, ChoiceEnd):
+                end = ev
+            elif isinstance(ev, Usage):
+                assert end is not None
+                yield from out.end(end.reason, ev, end.cut_calls)
+            elif isinstance(ev, Failure):
+                yield line(error_body(as_service_error(ev.error)))
+                return
+            elif not isinstance(ev, Tick):
+                yield from out.feed(ev)
+
+
+class OllamaChat(_Ollama):
+    name = "ollama_chat"
+    paths = ("/api/chat",)
+    request_formats = ("ollama_chat", "ollama", "/api/chat")
+    id_prefix = "ollama"
+    chat = True
+
+    def looks_like(self, body: dict[str, Any]) -> bool:
+        """A raw body is Ollama's chat when its sampling comes in ``options`` (or it names a
+        ``format``, ``think`` or ``keep_alive``) beside ``messages``."""
+        return "messages" in body and any(k in body for k in ("options", "keep_alive", "think",
+                                                                "format"))
+
+    def parse(self, body: Any) -> tuple[ChatInput, OllamaReq]:
+        req: ChatRequest = parse(ChatRequest, body)
+        params = self._sampling(req)
+        kwargs, budget = req.thinking()
+        inp = ChatInput(
+            messages=chat_messages(req.messages),
+            params=params,
+            tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
+            output=req.output(),
+            template_kwargs=kwargs,
+            reasoning_budget=budget,
+            model=model_of(req.model),
+        )
+        return inp, OllamaReq(req.model, True, Clock())
+
+    def blueprint(self, bp: Blueprint) -> None:
+        models.register(bp, self)
+
+
+class OllamaGenerate(_Ollama):
+    name = "ollama_generate"
+    paths = ("/api/generate",)
+    request_formats = ("ollama_generate", "/api/generate")
+    id_prefix = "ollama"
+    chat = False
+
+    def looks_like(self, body: dict[str, Any]) -> bool:
+        return "prompt" in body and any(k in body for k in ("options", "keep_alive", "raw",
+                                                              "system", "think", "context"))
+
+    def parse(self, body: Any) -> tuple[ChatInput | TextInput, OllamaReq]:
+        req: GenerateRequest = parse(GenerateRequest, body)
+        if req.context:
+            raise BadRequest("context: the tokens of an earlier generation are not taken "
+                             "back; send the conversation to /api/chat", param="context")
+        if not req.prompt:
+            raise BadRequest("prompt: is empty (this server's model is always loaded: there "
+                             "is nothing to load)", param="prompt")
+        params = self._sampling(req)
+        reply = OllamaReq(req.model, False, Clock())
+        if req.raw:  # the prompt as written, no template
+            if req.system:
+                raise BadRequest("system: a raw prompt has no template to put it in",
+                                 param="system")
+            if req.format or req.think:
+                raise BadRequest("raw: a raw prompt takes no format or think",
+                                 param="raw")
+            return TextInput(req.prompt, params, model=model_of(req.model)), reply
+        messages = ([{"role": "system", "content": req.system}] if req.system else [])
+        kwargs, budget = req.thinking()
+        inp = ChatInput(messages=[*messages, {"role": "user", "content": req.prompt}],
+                        params=params, output=req.output(), template_kwargs=kwargs,
+                        reasoning_budget=budget, model=model_of(req.model))
+        return inp, reply
+
+
+# ---- embeddings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _EmbedReq:
+    model: str
+    legacy: bool  # /api/embeddings: {"prompt"} -> {"embedding"}
+    clock: Clock
+
+
+class OllamaEmbed(EmbeddingApi):
+    """``/api/embed`` (``input``: a string or several) and the older ``/api/embeddings``
+    (``prompt``: one string), over the same core as the other embedding routes."""
+
+    name = "ollama_embed"
+    paths = ("/api/embed", "/api/embeddings")
+    request_formats = ("ollama_embed", "/api/embed")
+
+    def error_body(self, err: ServiceError) -> dict[str, Any]:
+        return error_body(err)
+
+    def parse(self, body: Any) -> tuple[EmbedInput, _EmbedReq]:
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        keys = {"model", "input", "prompt", "truncate", "options", "keep_alive", "dimensions"}
+        for key, value in body.items():
+            if key not in keys and value is not None:
+                raise BadRequest(f"{key}: this server does not support this field", param=key)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("model: field required", param="model")
+        legacy = "prompt" in body and "input" not in body
+        raw = body.get("prompt") if legacy else body.get("input")
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, list) or not items or not all(
+                isinstance(x, str) and x for x in items):
+            field = "prompt" if legacy else "input"
+            raise BadRequest(f"{field}: a non-empty string (or, for input, a list of them)",
+                             param=field)
+        truncate = body.get("truncate", True)
+        dims = body.get("dimensions")
+        if not isinstance(truncate, bool):
+            raise BadRequest("truncate: must be true or false", param="truncate")
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)):
+            raise BadRequest("dimensions: must be a whole number", param="dimensions")
+        inp = EmbedInput(tuple(items), model=model_of(model), dimensions=dims, truncate=truncate)
+        return inp, _EmbedReq(model, legacy, Clock())
+
+    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+        inp, req = self.service.offload(lambda: self.parse(body))
+        result = self.embeddings.run(inp, gone, self.label)
+        err = result.first_error()
+        if err is not None:
+            raise err
+        return self.render(req, result)
+
+    def render(self, req: _EmbedReq, result: EmbedResult) -> dict[str, Any]:  # type: ignore[override]
+        vectors = [v.values.tolist() for v in result.items if isinstance(v, Vector)]
+        if req.legacy:
+            return {"embedding": vectors[0]}
+        took = req.clock.counters(Usage(result.tokens, 0), "stop")
+        return {"model": req.model, "embeddings": vectors,
+                "total_duration": took["total_duration"], "load_duration": 0,
+                "prompt_eval_count": result.tokens}
+
+    def respond(self, result: Any) -> Response:
+        vectors = [result["embedding"]] if "embedding" in result else result["embeddings"]
+        if sum(len(v) for v in vectors) <= OFFLOAD_FLOATS:
+            return jsonify(result)
+        return json_off_hub(result)
