@@ -44,12 +44,16 @@ Answer = dict[str, Any] | Iterator[bytes]
 CONVERSATION_HEADER = "X-Conversation-Id"  # opts a stream in to resuming (app.streams)
 
 
-def read_body() -> Any:
+def read_body(lenient: bool = False) -> Any:
     """The JSON body. Only ``application/json`` (or ``+json``) is read: the content types a web
     page may send cross-site without asking (text/plain, forms, none) get a 415, so a page a user
-    visits cannot drive a server on their machine."""
+    visits cannot drive a server on their machine. ``lenient`` (Ollama's routes, whose clients
+    and documented curl lines send no JSON type) reads any type from a caller that is not a
+    browser: browsers send ``Origin`` with every cross-site POST, and such a request is still
+    held to JSON (Ollama's own server checks Origin the same way)."""
     mimetype = request.mimetype or ""
-    if mimetype != "application/json" and not mimetype.endswith("+json"):
+    json_type = mimetype == "application/json" or mimetype.endswith("+json")
+    if not json_type and not (lenient and "Origin" not in request.headers):
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, not {request.content_type or 'missing'!r}"
         )
@@ -130,6 +134,8 @@ class Api:
     id_prefix: ClassVar[str] = "req"
     answers_many: ClassVar[bool] = False  # a predict envelope's instances go in one call
     keepalive: ClassVar[bytes] = comment()  # what its streams send when quiet
+    # any Content-Type from a caller that is not a browser (see read_body)
+    lenient_content_type: ClassVar[bool] = False
     stream_headers: ClassVar[dict[str, str]] = HEADERS  # a stream's (SSE unless overridden)
 
     def __init__(self, settings: Settings, service: Service):
@@ -245,7 +251,8 @@ class Api:
         return Response(result, headers=self.stream_headers, direct_passthrough=True)
 
     def view(self) -> Response:
-        return self.respond(self.serve(read_body(), gone_probe(), request.headers))
+        return self.respond(self.serve(read_body(self.lenient_content_type), gone_probe(),
+                                       request.headers))
 
     def make_blueprint(self) -> Blueprint:
         """The API's routes, with its own error shape for everything raised in them."""

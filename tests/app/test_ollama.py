@@ -269,3 +269,22 @@ def test_vertex_envelopes_and_raw_bodies():
     raw = client.post("/predict", json={**CHAT, "options": {"num_predict": 1}})
     got = lines(raw)
     assert got[-1]["done"] and got[0]["message"]["content"] == "Hello "
+
+
+# ---- content types ------------------------------------------------------------------------------
+
+
+def test_any_content_type_from_a_non_browser_caller_but_not_from_a_page():
+    """LiteLLM's ollama_chat and Ollama's documented `curl -d` lines send no JSON type: read
+    them, unless a browser sent them (Origin), which stays held to JSON as on every route."""
+    client = make_client(FakeEngine())
+    body = json.dumps({**CHAT, "stream": False})
+    for kind in (None, "application/x-www-form-urlencoded", "text/plain"):
+        resp = client.post("/api/chat", data=body, content_type=kind)
+        assert resp.status_code == 200, (kind, resp.get_data(as_text=True))
+    page = client.post("/api/chat", data=body, content_type="text/plain",
+                       headers={"Origin": "https://elsewhere.example"})
+    assert page.status_code == 415 and "Content-Type" in page.get_json()["error"]
+    openai_route = client.post("/v1/chat/completions", data=json.dumps(
+        {"messages": CHAT["messages"]}), content_type="text/plain")
+    assert openai_route.status_code == 415  # only Ollama's routes relax it

@@ -6,6 +6,7 @@ counters measured. The in-process tier (fake engine) is tests/app/test_ollama.py
 from __future__ import annotations
 
 import json
+import os
 
 import ollama
 import pytest
@@ -108,3 +109,18 @@ def test_langchain_chat_ollama(srv):
     assert reply.content.strip()
     chunks = list(llm.stream("Say hello."))
     assert "".join(c.content for c in chunks) == reply.content
+
+
+def test_litellm_ollama_chat(srv):
+    """LiteLLM's ollama_chat provider (it sends no Content-Type: Ollama's routes read it)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its price table: no network
+    import litellm
+
+    base = {"model": "ollama_chat/smol", "api_base": srv.base, "temperature": 0,
+            "max_tokens": 12, "messages": [{"role": "user", "content": "Say hi"}]}
+    whole = litellm.completion(**base)
+    text = whole.choices[0].message.content
+    assert text.strip() and whole.usage.completion_tokens <= 12
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       litellm.completion(**base, stream=True))
+    assert streamed == text

@@ -73,6 +73,7 @@ class _Ollama(Api):
     chat: ClassVar[bool]
     keepalive = b""  # NDJSON has no comments: a quiet stream sends nothing
     stream_headers = NDJSON
+    lenient_content_type = True  # Ollama's clients (LiteLLM, curl -d) send no JSON type
 
     def wants_stream(self, body: Any) -> bool:
         if not isinstance(body, dict):
@@ -216,6 +217,7 @@ class OllamaEmbed(EmbeddingApi):
 
     name = "ollama_embed"
     paths = ("/api/embed", "/api/embeddings")
+    lenient_content_type = True
     request_formats = ("ollama_embed", "/api/embed")
 
     def error_body(self, err: ServiceError) -> dict[str, Any]:

@@ -80,7 +80,7 @@ def register(bp: Blueprint, api: Any) -> None:
         return jsonify({"models": [entry(info, name) for name in info.names]})
 
     def show() -> Response:
-        body = read_body()
+        body = read_body(lenient=True)
         name = named(body)
         info = service.info()
         arch = info.architecture or "llama"
