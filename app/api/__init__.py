@@ -13,6 +13,7 @@ from flask import Flask
 from app.api.anthropic import Messages
 from app.api.base import Api
 from app.api.embeddings import OpenAIEmbeddings, VertexEmbeddings
+from app.api.gemini import Gemini, GeminiEmbed
 from app.api.ollama import OllamaChat, OllamaEmbed, OllamaGenerate
 from app.api.openai import ChatCompletions, Completions
 from app.api.responses import Responses
@@ -21,8 +22,8 @@ from app.core.service import Service
 from app.settings import Settings, slots_per_request
 
 APIS: list[type[Api]] = [
-    Messages, OpenAIEmbeddings, OllamaChat, OllamaGenerate, Responses, ChatCompletions,
-    Completions, VertexEmbeddings, OllamaEmbed,
+    Messages, OpenAIEmbeddings, Gemini, OllamaChat, OllamaGenerate, Responses, ChatCompletions,
+    Completions, VertexEmbeddings, OllamaEmbed, GeminiEmbed,
 ]
 
 

@@ -55,6 +55,8 @@ API_LABELS = {
     "ollama_chat": "ollama",
     "ollama_generate": "ollama",
     "ollama_embed": "embeddings",
+    "gemini": "gemini",
+    "gemini_embed": "embeddings",
 }
 PREDICT = "predict"
 

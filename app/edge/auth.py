@@ -3,7 +3,8 @@ route but the health routes (and /metrics with METRICS_PUBLIC, and the playgroun
 static files with WEBUI=on).
 
 A request passes when any key it presents (``Authorization: Bearer <key>`` as the openai SDK
-sends it, ``x-api-key: <key>`` as the anthropic SDK does) equals a configured key. Keys are
+sends it, ``x-api-key: <key>`` as the anthropic SDK does, ``x-goog-api-key: <key>`` as the
+Google Gen AI SDK does; never a query string) equals a configured key. Keys are
 compared as SHA-256 digests with ``hmac.compare_digest``, against every key, so neither the
 time taken nor an early exit tells how much of a guess was right. The check runs in a Flask
 ``before_request``, so a 401 is rendered by the error handler of the API the path belongs to
@@ -72,9 +73,10 @@ class KeyCheck:
         scheme, _, value = auth.strip().partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             out.append(value.strip())
-        api_key = request.headers.get("x-api-key", "").strip()
-        if api_key:
-            out.append(api_key)
+        for header in ("x-api-key", "x-goog-api-key"):  # Anthropic's SDK, Google's Gen AI SDK
+            api_key = request.headers.get(header, "").strip()
+            if api_key:
+                out.append(api_key)
         return out
 
     def match(self, given: str) -> str | None:
@@ -93,7 +95,8 @@ class KeyCheck:
         given = self.presented()
         if not given:
             raise Unauthorized(
-                "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                "Missing API key: send it as 'Authorization: Bearer <key>', 'x-api-key: <key>' "
+                "or 'x-goog-api-key: <key>'"
             )
         for key in given:
             scope = self.match(key)

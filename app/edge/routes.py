@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
-from app.api import base, introspect, streams
+from app.api import base, gemini, introspect, streams
 from app.api.anthropic import models as anthropic_models
 from app.api.anthropic.stream import error_body as anthropic_error
 from app.api.base import read_body
+from app.api.gemini.stream import error_body as gemini_error
 from app.base import reqctx
 from app.base.errors import BadRequest, ModelNotFound
 from app.base.state import LoadState
@@ -120,27 +121,34 @@ def _anthropic() -> bool:
 
 
 def models() -> Response:
-    """OpenAI's list, or Anthropic's to a caller that sends ``anthropic-version``."""
+    """OpenAI's list; Anthropic's to a caller that sends ``anthropic-version``, Gemini's to
+    Google's Gen AI SDK (which asks for ``/v1/models`` beside a custom base URL)."""
     info = _service().info()
     if _anthropic():
         return jsonify(anthropic_models.models_list(info))
+    if gemini.speaks_gemini(request.headers):
+        return jsonify(gemini.models_list(info))
     return jsonify(openai.models_list(info, _length()))
 
 
 def model(model_id: str) -> Response:
     """The model's card under any of its aliases (OpenAI's card keeps the id as its id;
-    Anthropic's shows the name asked for)."""
+    Anthropic's and Gemini's show the name asked for), in the caller's API's shape."""
     info = _service().info()
-    if model_id not in info.names:
-        err = ModelNotFound(f"The model {model_id[:100]!r} does not exist: this server serves "
+    google = gemini.speaks_gemini(request.headers)
+    name = gemini.model_of(model_id) if google else model_id
+    if name not in info.names:
+        err = ModelNotFound(f"The model {name[:100]!r} does not exist: this server serves "
                             f"{', '.join(repr(n) for n in info.names)}")
-        if _anthropic():
-            resp = jsonify(anthropic_error(err))
+        if _anthropic() or google:
+            resp = jsonify(anthropic_error(err) if _anthropic() else gemini_error(err))
             resp.status_code = 404
             return resp
         raise err
     if _anthropic():
-        return jsonify(anthropic_models.model_card(info, model_id))
+        return jsonify(anthropic_models.model_card(info, name))
+    if google:
+        return jsonify(gemini.card(info, name))
     return jsonify(openai.model_card(info, _length()))
 
 
