@@ -1,5 +1,6 @@
 """Every request field the installed official SDKs define (openai-python's Chat Completions,
-Completions and Responses parameters; anthropic-python's Messages parameters, its beta's too) is
+Completions and Responses parameters; anthropic-python's Messages parameters, its beta's too;
+google-genai's generation config) is
 accounted for: implemented (a field of the request model), ignored on purpose (the API's
 IGNORED table: accepted, changes nothing here), or refused on purpose (its UNSUPPORTED table: a
 400 saying why). Each ignored or refused field is named in that API's docs. Bumping an SDK that
@@ -55,6 +56,21 @@ def test_every_sdk_field_is_placed(api):
         "as ignored (IGNORED) or refused (UNSUPPORTED)")
     both = sorted(set(ignored) & set(refused))
     assert not both, f"{api}: {both} both ignored and refused"
+
+
+def test_every_gemini_generation_config_field_is_placed():
+    """google-genai's GenerationConfig, the wire's generationConfig (in camelCase)."""
+    from google.genai import types as gemini_types
+
+    from app.api.gemini import parsing as gemini
+
+    fields = {gemini.camel(f) for f in gemini_types.GenerationConfig.model_fields}
+    placed = gemini.CONFIG_FIELDS | set(gemini.CONFIG_IGNORED) | set(gemini.CONFIG_UNSUPPORTED)
+    assert len(fields) > 10 and not fields - placed, sorted(fields - placed)
+    text = (DOCS / "gemini.md").read_text()
+    missing = sorted(f for f in (*gemini.CONFIG_IGNORED, *gemini.CONFIG_UNSUPPORTED,
+                                 *gemini.IGNORED, *gemini.UNSUPPORTED) if f"`{f}`" not in text)
+    assert not missing, f"docs/gemini.md does not name {missing}"
 
 
 @pytest.mark.parametrize("api", sorted(CASES))

@@ -133,14 +133,21 @@ class Gemini(Api):
 
     def _chunks(self, req: GeminiReq, run: Run) -> Iterator[bytes]:
         out = Chunks(req.model, run.id, req.thoughts, req.sse)
+        last: ChoiceEnd | None = None
+        ended = 0
         for ev in self._watch(run.events(heartbeat=self.heartbeat if req.sse else None), run,
                               req):
             if isinstance(ev, Tick):
                 yield b": ping\n\n"
             elif isinstance(ev, ChoiceEnd):
-                yield from out.finish(ev.index, ev.reason, ev.cut_calls)
-            elif isinstance(ev, Usage):
-                yield from out.usage(ev, req.thought_tokens)
+                ended += 1
+                if ended < run.n:
+                    yield from out.finish(ev.index, ev.reason, ev.cut_calls)
+                else:
+                    last = ev  # the last candidate's end goes out with the usage
+            elif isinstance(ev, Usage) and last is not None:
+                yield from out.finish(last.index, last.reason, last.cut_calls, ev,
+                                      req.thought_tokens)
             elif isinstance(ev, Failure):
                 yield from out.error(ev.error)
                 return

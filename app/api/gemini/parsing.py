@@ -52,6 +52,7 @@ CONFIG_UNSUPPORTED = {
     "translationConfig": "not supported",
     "audioTranscriptionConfig": "this server takes text only",
     "imageConfig": "this server writes text only",
+    "responseFormat": "use responseMimeType with responseJsonSchema",
 }
 EFFORTS = {"LOW": 256, "MEDIUM": 1024, "HIGH": 4096, "MINIMAL": 64}
 
@@ -365,7 +366,8 @@ def _int(d: dict[str, Any], name: str, low: int) -> int | None:
     value = get(d, name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < low:  # the SDK sends topK as 40.0
         raise BadRequest(f"generationConfig.{name}: a whole number of at least {low}",
                          param=f"generationConfig.{name}")
-    return value
+    return int(value)

@@ -108,16 +108,18 @@ class Chunks:
                 call[2] += ev.text
         return []
 
-    def finish(self, index: int, reason: str, cut: frozenset[int]) -> list[bytes]:
-        """A candidate's end: its calls, with its finish reason."""
+    def finish(self, index: int, reason: str, cut: frozenset[int], use: Usage | None = None,
+               thought_tokens: int = 0) -> list[bytes]:
+        """A candidate's end: its calls, with its finish reason; the last candidate's carries
+        the usage (``use``), and ends the array when not SSE."""
         calls = self.calls.pop(index, {})
         parts = [function_call(*calls[k]) for k in sorted(calls) if k not in cut]
-        return [self._out({"candidates": [candidate(index, parts, finish_reason(reason))]})]
-
-    def usage(self, use: Usage, thought_tokens: int) -> list[bytes]:
-        out = [self._out({"candidates": [], "usageMetadata": usage(use, thought_tokens)})]
+        obj: dict[str, Any] = {"candidates": [candidate(index, parts, finish_reason(reason))]}
+        if use is None:
+            return [self._out(obj)]
+        out = [self._out({**obj, "usageMetadata": usage(use, thought_tokens)})]
         if not self.sse:
-            out.append(b"]" if not self.first else b"[]")
+            out.append(b"]")
         return out
 
     def error(self, err: ServiceError) -> list[bytes]:
