@@ -30,7 +30,7 @@ from app.base.errors import (
     as_service_error,
 )
 from app.base.metrics import API_LABELS
-from app.core.events import Result, fold
+from app.core.events import Event, Result, fold
 from app.core.input import ChatInput, TextInput
 from app.core.service import Run, Service
 from app.protocol import jsonbody, validate
@@ -206,9 +206,14 @@ class Api:
         """The whole answer. ``gone`` tells whether the client hung up (then it is cancelled)."""
         req, run = self.start(body)
         try:
-            return self.render(req, run, fold(run.events(gone=gone), run.n))
+            return self.render(req, run, fold(self.watch(run.events(gone=gone), run, req), run.n))
         finally:
             note_run(run)
+
+    def watch(self, events: Iterator[Event], run: Run, req: Any) -> Iterator[Event]:
+        """The events on their way to the fold: an API that notes something as they pass
+        (when the thought ended, when the first token came) overrides this."""
+        return events
 
     def stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
         """The stream's bytes. With ``X-Conversation-Id`` the generation is produced into a

@@ -24,7 +24,7 @@ from app.api.gemini import parsing
 from app.api.gemini.stream import Chunks, error_body, whole
 from app.base.errors import BadRequest, ModelNotFound, ServiceError
 from app.core.embed import EmbedInput, Vector
-from app.core.events import ChoiceEnd, Failure, Result, Thinking, Tick, Usage, fold
+from app.core.events import ChoiceEnd, Failure, Result, Thinking, Tick, Usage
 from app.core.input import ChatInput
 from app.core.service import Run
 from app.engine.types import ModelInfo
@@ -111,13 +111,8 @@ class Gemini(Api):
                               bool(body.get("_sse")), n)
 
     # ---- answers --------------------------------------------------------------------------
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        req, run = self.start(body)
-        result = fold(self._watch(run.events(gone=gone), run, req), run.n)
-        return self.render(req, run, result)
-
-    @staticmethod
-    def _watch(events: Iterator[Any], run: Run, req: GeminiReq) -> Iterator[Any]:
+    def watch(self, events: Iterator[Any], run: Run, req: GeminiReq) -> Iterator[Any]:
+        """The tokens the thought took (the completion tokens when its last piece came)."""
         for ev in events:
             if isinstance(ev, Thinking) and ev.index == 0:
                 req.thought_tokens = run.tokens[0]
@@ -135,8 +130,8 @@ class Gemini(Api):
         out = Chunks(req.model, run.id, req.thoughts, req.sse)
         last: ChoiceEnd | None = None
         ended = 0
-        for ev in self._watch(run.events(heartbeat=self.heartbeat if req.sse else None), run,
-                              req):
+        for ev in self.watch(run.events(heartbeat=self.heartbeat if req.sse else None), run,
+                             req):
             if isinstance(ev, Tick):
                 yield b": ping\n\n"
             elif isinstance(ev, ChoiceEnd):

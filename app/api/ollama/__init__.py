@@ -41,7 +41,6 @@ from app.core.events import (
     Thinking,
     Tick,
     Usage,
-    fold,
 )
 from app.core.input import ChatInput, TextInput
 from app.core.service import Run
@@ -97,16 +96,11 @@ class _Ollama(Api):
                              param="options.num_ctx")
         return params
 
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        req, run = self.start(body)
-        result = fold(self._timed(run.events(gone=gone), req.clock), run.n)
-        return self.render(req, run, result)
-
-    @staticmethod
-    def _timed(events: Iterator[Event], clock: Clock) -> Iterator[Event]:
+    def watch(self, events: Iterator[Event], run: Run, req: OllamaReq) -> Iterator[Event]:
+        """The first token's time, for the counters."""
         for ev in events:
             if isinstance(ev, Thinking | Text | CallStarted):
-                clock.token()
+                req.clock.token()
             yield ev
 
     def render(self, req: OllamaReq, run: Run, result: Result) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ from app.api.responses.stream import (
 from app.api.responses.tools import Wire
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError
-from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking, Tick, Usage, fold
+from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking, Tick, Usage
 from app.core.input import EFFORT_BUDGET, ChatInput
 from app.core.service import Run
 from app.protocol import openai
@@ -187,13 +187,7 @@ class Responses(Api):
             self.store.put(req.scope, resp["id"], resp, [*req.history, turn])
 
     # ---- whole answers --------------------------------------------------------------------
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        req, run = self.start(body)
-        result = fold(self._watch(run.events(gone=gone), run, req), run.n)
-        return self.render(req, run, result)
-
-    @staticmethod
-    def _watch(events: Iterator[Event], run: Run, req: ResponsesReq) -> Iterator[Event]:
+    def watch(self, events: Iterator[Event], run: Run, req: ResponsesReq) -> Iterator[Event]:
         """The events, noting how many tokens the thought took (the completion tokens when its
         last piece came)."""
         for ev in events:
