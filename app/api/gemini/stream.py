@@ -92,7 +92,7 @@ class Chunks:
         if self.sse:
             return frame(obj)
         head, self.first = (b"[" if self.first else b",\r\n"), False
-        return head + json.dumps(obj, ensure_ascii=False).encode()
+        return head + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
     def feed(self, ev: Event) -> list[bytes]:
         if isinstance(ev, Text) and ev.text:

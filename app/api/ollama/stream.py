@@ -22,6 +22,11 @@ NDJSON = {"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache",
           "X-Accel-Buffering": "no"}
 
 
+def now_ns() -> int:
+    """Monotonic nanoseconds (one place, so a test can fix the clock)."""
+    return time.monotonic_ns()
+
+
 def timestamp() -> str:
     """Now as Ollama writes it: RFC 3339 in UTC."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -44,15 +49,15 @@ def arguments(text: str) -> dict[str, Any]:
 class Clock:
     """The request's times, in monotonic nanoseconds."""
 
-    start: int = field(default_factory=time.monotonic_ns)
+    start: int = field(default_factory=lambda: now_ns())
     first: int | None = None  # the first token's arrival
 
     def token(self) -> None:
         if self.first is None:
-            self.first = time.monotonic_ns()
+            self.first = now_ns()
 
     def counters(self, use: Usage, reason: str) -> dict[str, Any]:
-        end = time.monotonic_ns()
+        end = now_ns()
         first = self.first if self.first is not None else end
         return {
             "done_reason": reason,
