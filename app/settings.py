@@ -326,6 +326,14 @@ class Settings(BaseSettings):
         "inside the network); off: /metrics needs a key like every other route.",
         **_env("METRICS_PUBLIC"),
     )
+    apis: str = Field(
+        "all",
+        description="The wire APIs served: all, or a comma-separated list of openai (Chat "
+        "Completions, Completions), responses, anthropic, gemini, ollama, embeddings (OpenAI's "
+        "and Vertex's). An API left out has no routes (a 404), and the predict route does not "
+        "dispatch to it.",
+        **_env("APIS"),
+    )
     webui: Literal["on", "off"] = Field(
         "on",
         description="The playground page at / (chat with streaming, thoughts, tool calls, "
@@ -806,6 +814,17 @@ class Settings(BaseSettings):
             except ValueError as exc:
                 raise ValueError(f"not valid JSON: {exc}") from None
         return value
+
+    @field_validator("apis")
+    @classmethod
+    def _known_apis(cls, value: str) -> str:
+        names = [p.strip() for p in value.split(",")]
+        known = {"all", "openai", "responses", "anthropic", "gemini", "ollama", "embeddings"}
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise ValueError(f"{unknown or value!r}: APIS takes all, or some of "
+                             f"{', '.join(sorted(known - {'all'}))}")
+        return ",".join(dict.fromkeys(names))
 
     @field_validator("served_model_name", "model_tags")
     @classmethod

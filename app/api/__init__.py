@@ -25,10 +25,24 @@ APIS: list[type[Api]] = [
     Messages, OpenAIEmbeddings, Gemini, OllamaChat, OllamaGenerate, Responses, ChatCompletions,
     Completions, VertexEmbeddings, OllamaEmbed, GeminiEmbed,
 ]
+# The APIS setting's names for them (an API's embedding route goes with its family, so
+# APIS=ollama serves /api/embed too; "embeddings" is OpenAI's and Vertex's).
+FAMILIES: dict[type[Api], str] = {
+    Messages: "anthropic", OpenAIEmbeddings: "embeddings", Gemini: "gemini",
+    OllamaChat: "ollama", OllamaGenerate: "ollama", Responses: "responses",
+    ChatCompletions: "openai", Completions: "openai", VertexEmbeddings: "embeddings",
+    OllamaEmbed: "ollama", GeminiEmbed: "gemini",
+}
+
+
+def served(settings: Settings) -> list[type[Api]]:
+    """The APIs the APIS setting asks for, in the registry's order."""
+    wanted = set(settings.apis.split(","))
+    return [cls for cls in APIS if "all" in wanted or FAMILIES[cls] in wanted]
 
 
 def register(app: Flask, settings: Settings, service: Service) -> list[Api]:
-    apis = [cls(settings, service) for cls in APIS]
+    apis = [cls(settings, service) for cls in served(settings)]
     app.extensions["vertex_gguf_apis"] = apis
     for api in apis:
         app.register_blueprint(api.make_blueprint())
