@@ -40,39 +40,51 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends \
-       python3.11 python3.11-venv python3.11-dev build-essential cmake git ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates \
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 # The Python dependencies, all from requirements/image.lock: every package pinned (==) with the
 # sha256 of its files, which pip checks (--require-hashes), so two builds of one commit install the
-# same files. llama-cpp-python comes as its pinned sdist, compiled here for the chosen backend with
-# GGML_NATIVE off so the binary runs on any host CPU: the slow layer (the CUDA compile), rebuilt
-# only when the lock file changes. Its build backend (scikit-build-core) is fetched by pip's build
-# isolation and is not in the lock. After changing pyproject.toml's dependencies, regenerate the
-# lock (runtime dependencies only, for this image's Python 3.11 on Linux x86_64; any host) with
+# same files. After changing pyproject.toml's dependencies, regenerate the lock (runtime
+# dependencies only, for this image's Python 3.11 on Linux x86_64; any host) with
 #   uv pip compile --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_35 \
 #     --output-file requirements/image.lock pyproject.toml
 # or, on Linux with Python 3.11, pip-tools:
 #   pip-compile --generate-hashes --output-file requirements/image.lock pyproject.toml
 # (tests/deploy/test_artifacts.py checks the lock against pyproject.toml).
-# llama.cpp's AMX kernels crash on CPUs that have AMX (GCP's C3, C4 and A3 hosts:
-# https://github.com/ggml-org/llama.cpp/issues/20824); GGML_NATIVE off leaves them out already,
-# and these say so, whatever ggml's defaults become (docs/crashes.md).
-ARG NO_AMX="-DGGML_AMX_TILE=off -DGGML_AMX_INT8=off -DGGML_AMX_BF16=off"
-COPY requirements/image.lock /tmp/image.lock
-RUN export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}" \
-    && if [ "$BACKEND" = "cuda" ]; then \
-        export CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS} -DGGML_NATIVE=off ${NO_AMX}"; \
+# llama-cpp-python is the exception that compiles: scripts/build-llama-wheel.sh builds its wheel
+# from the lock's hash-checked sdist for the chosen backend, with GGML_NATIVE off (the binary runs
+# on any host CPU) and without llama.cpp's AMX kernels (they crash on CPUs that have AMX: GCP's
+# C3, C4 and A3 hosts; docs/crashes.md). It is the slow layer (the CUDA compile), rebuilt only when
+# the lock or the script changes. A wheel that script made beforehand may be put into wheels/
+# (scripts/build-image.sh LLAMA_WHEEL_DIR=... does it; CI builds the wheel once for the virtualenv
+# and the image): it is used instead of compiling when its BUILT_FOR matches this build's backend.
+# The compilers are installed only to compile, and only in this stage.
+COPY requirements/image.lock scripts/build-llama-wheel.sh /tmp/build/
+COPY wheels/ /tmp/build/wheels/
+# hadolint ignore=DL3008
+RUN pip install --upgrade "pip==25.3" \
+    && want="$BACKEND" \
+    && if [ "$BACKEND" = "cuda" ]; then want="cuda ${CUDA_ARCHS}"; fi \
+    && if ls /tmp/build/wheels/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+        got="$(cat /tmp/build/wheels/BUILT_FOR 2>/dev/null || echo unknown)"; \
+        if [ "$got" != "$want" ]; then \
+            echo "wheels/ holds a llama-cpp-python wheel built for '$got', not '$want'"; exit 1; \
+        fi; \
+        echo "using the prebuilt wheel: $(sha256sum /tmp/build/wheels/llama_cpp_python-*.whl)"; \
     else \
-        export CMAKE_ARGS="-DGGML_NATIVE=off ${NO_AMX}"; \
+        apt-get update \
+        && apt-get install -y --no-install-recommends python3.11-dev build-essential cmake git \
+        && apt-get clean && rm -rf /var/lib/apt/lists/* \
+        && BUILD_JOBS="${BUILD_JOBS}" CUDA_ARCHS="${CUDA_ARCHS}" PYTHON=/opt/venv/bin/python \
+           LOCK=/tmp/build/image.lock /tmp/build/build-llama-wheel.sh "$BACKEND" /tmp/build/wheels; \
     fi \
-    && pip install --upgrade "pip==25.3" \
-    && pip install --require-hashes -r /tmp/image.lock \
-    && rm /tmp/image.lock
+    && pip install --no-deps /tmp/build/wheels/llama_cpp_python-*.whl \
+    && pip install --require-hashes -r /tmp/build/image.lock \
+    && rm -rf /tmp/build
 
 # The app itself, without its dependencies (the lock installed them); `pip check` fails the build
 # when the lock no longer satisfies pyproject.toml's requirements.
@@ -114,7 +126,7 @@ RUN apt-get update \
     && if [ -s /tmp/cuda-runtime-packages.txt ]; then \
         xargs apt-get install -y --no-install-recommends < /tmp/cuda-runtime-packages.txt; \
     fi \
-    && rm -rf /var/lib/apt/lists/* /tmp/cuda-runtime-packages.txt \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /tmp/cuda-runtime-packages.txt \
     && if getent passwd 1000 >/dev/null; then userdel --remove "$(getent passwd 1000 | cut -d: -f1)"; fi \
     && useradd --uid 1000 --create-home --shell /usr/sbin/nologin app
 

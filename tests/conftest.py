@@ -1,6 +1,7 @@
 """The suite's fixtures. Shared code lives in tests/support/; tests import it from there, never
 from here or from one another. The folder a test sits in is its tier: tests/e2e/ is marked
-``e2e`` and tests/deploy/ ``deploy`` here, and a tier marker anywhere else is an error."""
+``e2e``, tests/deploy/ ``deploy`` and tests/container/ ``container`` here, and a tier marker
+anywhere else is an error."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.support.server import (
     model_cache_dir,
 )
 
-TIERS = {"e2e": "e2e", "deploy": "deploy"}  # folder -> marker
+TIERS = {"e2e": "e2e", "deploy": "deploy", "container": "container"}  # folder -> marker
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -78,8 +78,8 @@ def test_dockerfile_structure(dockerfile):
     entry = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
     assert entry and json.loads(entry[-1]) == ["vertex-gguf"]  # exec form
     run_lines = " ".join(i["value"] for i in dockerfile.structure if i["instruction"] == "RUN")
-    assert "CMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}" in run_lines
-    assert "-DGGML_NATIVE=off" in run_lines
+    # llama.cpp compiles through scripts/build-llama-wheel.sh (its flags: test_build.py)
+    assert 'CUDA_ARCHS="${CUDA_ARCHS}"' in run_lines and "build-llama-wheel.sh \"$BACKEND\"" in run_lines
     assert "pip install --no-deps ." in run_lines  # the app as CI installs it, its dependencies from the lock
     # no compilers in the runtime stage
     final_runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
@@ -132,18 +132,22 @@ def test_image_dependencies_come_from_a_hashed_lock(dockerfile):
         name = canonicalize_name(Requirement(dep).name)
         assert name not in pins or name == "requests", f"test-only {name} in the image lock"  # requests: storage's
     assert "vertex-gguf" not in pins
-    # the Dockerfile: the lock with --require-hashes (llama-cpp-python's compile under the CMake
-    # args), then the app without dependencies, then pip check
+    # the Dockerfile: llama-cpp-python's wheel (built from the lock's sdist by the script, or
+    # given in wheels/), then the lock with --require-hashes, then the app without dependencies,
+    # then pip check
     runs = [i["value"] for i in dockerfile.structure if i["instruction"] == "RUN"]
     lock_run = next(r for r in runs if "--require-hashes" in r)
-    assert "pip install --require-hashes -r /tmp/image.lock" in lock_run
-    assert "CMAKE_ARGS=" in lock_run and "-DGGML_CUDA=on" in lock_run and "CMAKE_BUILD_PARALLEL_LEVEL" in lock_run
+    assert "LOCK=/tmp/build/image.lock /tmp/build/build-llama-wheel.sh" in lock_run
+    wheel = lock_run.index("pip install --no-deps /tmp/build/wheels/llama_cpp_python-*.whl")
+    assert wheel < lock_run.index("pip install --require-hashes -r /tmp/build/image.lock")
     app_run = next(r for r in runs if "pip install --no-deps ." in r)
     assert "pip check" in app_run
     assert runs.index(lock_run) < runs.index(app_run)
-    assert not any(re.search(r"pip install (?!--upgrade \"pip==|--require-hashes|--no-deps \.)", r) for r in runs), runs
+    allowed = r'pip install (?!--upgrade "pip==|--require-hashes|--no-deps \.|--no-deps /tmp/build/wheels/)'
+    assert not any(re.search(allowed, r) for r in runs), runs
     copies = [i["value"] for i in dockerfile.structure if i["instruction"] == "COPY"]
-    assert "requirements/image.lock /tmp/image.lock" in copies
+    assert "requirements/image.lock scripts/build-llama-wheel.sh /tmp/build/" in copies
+    assert "wheels/ /tmp/build/wheels/" in copies
     assert "LLAMA_CPP_PYTHON_VERSION" not in docker_args(dockerfile)  # one pin, in pyproject and the lock
     assert "uv pip compile --generate-hashes" in (ROOT / "Dockerfile").read_text()  # how to regenerate
 

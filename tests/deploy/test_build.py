@@ -340,7 +340,8 @@ def test_compile_jobs_are_bounded(dockerfile, cloudbuild):
     jobs = int(args["BUILD_JOBS"])
     assert 1 <= jobs <= 16
     runs = " ".join(i["value"] for i in dockerfile.structure if i["instruction"] == "RUN")
-    assert 'CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS}"' in runs
+    assert 'BUILD_JOBS="${BUILD_JOBS}"' in runs  # scripts/build-llama-wheel.sh's CMake parallelism
+    assert 'CMAKE_BUILD_PARALLEL_LEVEL="$jobs"' in (ROOT / "scripts" / "build-llama-wheel.sh").read_text()
     assert cloudbuild["substitutions"]["_BUILD_JOBS"] == str(jobs)
     build = next(s for s in cloudbuild["steps"] if s.get("id") == "build")
     assert "--build-arg=BUILD_JOBS=${_BUILD_JOBS}" in build["args"]
@@ -365,7 +366,7 @@ def test_baked_model_reaches_the_image(dockerfile):
 
 def test_gcloudignore_uploads_only_the_build_context(tmp_path):
     text = (ROOT / ".gcloudignore").read_text()
-    assert text.splitlines()[3] == "*"
+    assert text.splitlines()[4] == "*"
     gcloud = shutil.which("gcloud")
     if gcloud is None:
         pytest.skip("gcloud not installed: the listing needs its own .gcloudignore parser")
@@ -374,8 +375,11 @@ def test_gcloudignore_uploads_only_the_build_context(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "app", tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "baked-model", tmp_path / "baked-model")
+    shutil.copytree(ROOT / "wheels", tmp_path / "wheels")
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
     shutil.copytree(ROOT / "requirements", tmp_path / "requirements")
     for junk in ("requirements/dev.txt", ".venv/lib/x.py", "models/big.gguf", "baked-model/big.gguf", "tests/test_x.py",
+                 "wheels/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl",
                  "bench/RESULTS.md", "terraform/terraform.tfstate", "app/__pycache__/x.pyc"):
         (tmp_path / junk).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / junk).write_text("x")
@@ -384,7 +388,8 @@ def test_gcloudignore_uploads_only_the_build_context(tmp_path):
     assert proc.returncode == 0, proc.stderr
     listed = set(proc.stdout.split())
     expected = {"Dockerfile", ".dockerignore", "requirements/image.lock", "pyproject.toml", "README.md",
-                "baked-model/README.md", "baked-model/.gitignore"}
+                "baked-model/README.md", "baked-model/.gitignore", "wheels/README.md", "wheels/.gitignore",
+                "scripts/build-llama-wheel.sh"}
     apps = {p for p in listed if p.startswith("app/")}
     assert listed == expected | apps
     assert apps == {str(p.relative_to(tmp_path)) for p in (tmp_path / "app").rglob("*")

@@ -77,18 +77,22 @@ def test_every_install_path_builds_without_amx():
     readme = (ROOT / "README.md").read_text()
     install = re.search(r"```bash\n(python3 -m venv .venv.*?)```", readme, re.S)
     assert install and CMAKE_ARGS in install.group(1) and "pip install" in install.group(1)
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r'CMAKE_ARGS="-DCMAKE_PROJECT_INCLUDE=\$PWD/cmake/no-amx\.cmake"\s*\\?\s*'
-                     r"\n?\s*python -m pip install", ci)
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    no_amx = re.search(r'^ARG NO_AMX="([^"]*)"$', dockerfile, re.M)
+    # the image and CI: one script builds the wheel, portable and without the AMX kernels, for
+    # both backends
+    script = (ROOT / "scripts" / "build-llama-wheel.sh").read_text()
+    no_amx = re.search(r'^no_amx="([^"]*)"$', script, re.M)
     assert no_amx
     for option in ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"):
         assert f"-D{option}=off" in no_amx.group(1).split()
-    args = re.findall(r'export CMAKE_ARGS="([^"]*)"', dockerfile)
-    assert len(args) == 2  # the GPU and the CPU variant
+    args = re.findall(r'^    cmake_args="([^"]*)"$', script, re.M)
+    assert len(args) == 2  # the CPU and the GPU variant
     for value in args:
-        assert "-DGGML_NATIVE=off" in value and "${NO_AMX}" in value
+        assert "-DGGML_NATIVE=off" in value and "$no_amx" in value
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^PYTHON=python scripts/build-llama-wheel\.sh cpu (\S+)$", ci, re.M)
+    assert re.search(r"pip install --quiet \.whl/llama-cpu/llama_cpp_python-\*\.whl '\.\[test\]'", ci)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert '/tmp/build/build-llama-wheel.sh "$BACKEND" /tmp/build/wheels' in dockerfile
 
 
 AMX_BUILD = ("CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | "
