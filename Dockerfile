@@ -1,19 +1,22 @@
 # syntax=docker/dockerfile:1
 # vertex-gguf: one image for Vertex AI, Cloud Run (GPU) and `docker run`.
 #
-# GPU (default): llama.cpp built with CUDA for A100 (sm_80), L4 (sm_89) and H100 (sm_90).
-# CUDA 12.9, the last CUDA 12 release: NVIDIA deletes a CUDA image's tags six months after the
-# driver branch it shipped with reaches end of life (12.2's, R535, ended June 2026). It runs on
-# Cloud Run's L4 driver (535, CUDA 12.2) by CUDA minor-version compatibility: any 12.x
-# application runs on a driver >= 525, except PTX that driver would have to JIT-compile; the
-# image carries machine code (SASS) for every architecture in CUDA_ARCHS, so nothing is JIT-compiled.
+# GPU (default): llama.cpp built with CUDA for A100 (sm_80), L4 (sm_89), H100 and H200 (sm_90)
+# and RTX PRO 6000 (sm_120), by nvcc in NVIDIA's CUDA 12.9 devel image (PyPI's CUDA 12 wheels
+# hold no compiler: docs/deploy.md, "The CUDA build"). CUDA 12.9 is the last CUDA 12 release:
+# it runs on Cloud Run's L4 driver (R535, CUDA 12.2) by CUDA minor-version compatibility (any
+# 12.x application runs on a driver >= 525) as long as the driver has nothing to JIT-compile or
+# decompress: the image carries machine code (SASS) for every architecture in CUDA_ARCHS, and
+# uncompressed (R535 cannot load a fatbinary compressed by CUDA >= 12.4).
 # The runtime stage is the CUDA `base` image (the CUDA runtime) plus the only CUDA libraries
 # ggml-cuda links: cuBLAS (libcublas, libcublasLt) and NCCL (GGML_CUDA_NCCL is on by default
 # and the devel image has it); libcuda comes from the host's driver. A check at the end of the
-# build fails it if any other library is missing.
-# CPU variant, for a laptop without a GPU:
-#   docker build --build-arg BACKEND=cpu \
-#     --build-arg BUILD_IMAGE=ubuntu:22.04 --build-arg RUNTIME_IMAGE=ubuntu:22.04 -t vertex-gguf:cpu .
+# build fails it if any other library is missing. At start the server logs the driver, the
+# CUDA runtime and each GPU it finds, and says so when one cannot be used.
+# CPU variant (scripts/build-image.sh cpu does this, on a local Debian base where Docker Hub
+# cannot be reached):
+#   docker build --build-arg BACKEND=cpu --build-arg BUILD_IMAGE=debian:bookworm-slim \
+#     --build-arg RUNTIME_IMAGE=debian:bookworm-slim -t vertex-gguf:cpu .
 # A model baked into the image (for Cloud Run models too big to download within its startup
 # window): put the GGUF (or a split GGUF's shards) into baked-model/ before building (Cloud
 # Build's _BAKE_MODEL substitution does it from the bucket); it lands in /opt/model, which
@@ -28,9 +31,9 @@ ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-base-ubuntu22.04
 FROM ${BUILD_IMAGE} AS build
 
 ARG BACKEND=cuda
-ARG CUDA_ARCHS="80;89;90"
+ARG CUDA_ARCHS="80;89;90;120"
 ARG WITH_DEFAULT_MODEL=1
-# Parallel compile jobs. nvcc compiling llama.cpp's CUDA template instances for three
+# Parallel compile jobs. nvcc compiling llama.cpp's CUDA template instances for four
 # architectures can take several GB per job; unbounded (one job per core) a 32-core build machine
 # with 32 GB runs out of memory. 8 jobs leave about 4 GB each on E2_HIGHCPU_32.
 ARG BUILD_JOBS=8

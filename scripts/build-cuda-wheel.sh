@@ -343,7 +343,7 @@ cmake_args+=" -DCUDAToolkit_ROOT=$TK -DCMAKE_CUDA_COMPILER=$TK/bin/clang-cuda -D
 cmake_args+=" -DGGML_CUDA_COMPRESSION_MODE=$FATBIN_COMPRESS -DCMAKE_EXPORT_COMPILE_COMMANDS=ON"
 build_dir="$WORK/build"
 rm -rf "$build_dir"
-rm -f "$OUT_DIR"/llama_cpp_python-*.whl
+rm -f "$OUT_DIR"/llama_cpp_python-*.whl "$OUT_DIR/BUILT_FOR"
 start=$(date +%s)
 # --no-cache-dir: no wheel cached by an earlier (CPU) build may stand in; --no-binary: only the sdist
 # whose hash the lock pins; SKBUILD_BUILD_DIR: scikit-build-core keeps the build tree there for
@@ -417,6 +417,9 @@ want="$(for a in ${CUDA_ARCHS//;/ }; do a="${a%-*}"; echo "sm_${a%a}"; done | so
 have="$(echo "$arch_report" | sed -n 's/^ELF archs: //p' | tr ' ' '\n' | sort -u | paste -sd' ' -)"
 [ "$have" = "$want" ] || die "SASS for $have, want $want"
 
+# The line the Dockerfile compares with its own BACKEND and CUDA_ARCHS before it takes a wheel
+# from wheels/ instead of compiling (scripts/build-llama-wheel.sh writes the same).
+echo "cuda $CUDA_ARCHS" >"$OUT_DIR/BUILT_FOR"
 echo
 echo "wheel:   $wheel ($(du -m "$wheel" | cut -f1) MB)"
 echo "archs:   SASS for $have (CUDA_ARCHS=$CUDA_ARCHS)"

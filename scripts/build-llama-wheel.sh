@@ -29,8 +29,12 @@ case "$backend" in
     cmake_args="-DGGML_NATIVE=off $no_amx"
     built_for="cpu" ;;
   cuda)
+    # Uncompressed machine code: a fatbinary compressed by CUDA >= 12.4 (ggml asks for it from
+    # 12.8 on) fails on drivers older than R550 with "device kernel image is invalid", and
+    # Cloud Run's L4 hosts run R535 (docs/deploy.md, "The CUDA build").
     archs="${CUDA_ARCHS:-80;89;90;120}"
-    cmake_args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$archs -DGGML_NATIVE=off $no_amx"
+    cmake_args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$archs -DGGML_CUDA_COMPRESSION_MODE=none"
+    cmake_args="$cmake_args -DGGML_NATIVE=off $no_amx"
     built_for="cuda $archs" ;;
   *)
     echo "$0: the backend is cpu or cuda, not '$backend'" >&2

@@ -46,8 +46,11 @@ def health() -> tuple[Response, int]:
     body["queue"] = engine.queue_depth()
     body["engine"] = engine.stats()
     body["sleeping"] = bool(getattr(engine, "sleeping", False))  # still 200: it wakes on demand
-    if info is not None and info.beyond_training:
-        body["warnings"] = [context_warning(info)]
+    warnings = [context_warning(info)] if info is not None and info.beyond_training else []
+    if info is not None and info.cuda:
+        warnings += info.cuda["problems"]  # a GPU build that cannot use its GPU, said here too
+    if warnings:
+        body["warnings"] = warnings
     embedder = getattr(engine, "embedder", None)
     if embedder is not None:
         body["embeddings"] = embedder.stats()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from app.base.errors import ModelLoadError
-from app.engine import cpu_buffers, llama_log
+from app.engine import cpu_buffers, cuda_check, llama_log
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
 from app.engine.llama_batch import Batch, Job
@@ -58,6 +58,7 @@ class LlamaModel:
         self.gpu_layers = 0
         self.extra_buffers = False
         self.system_info = ""
+        self.cuda: dict | None = None  # what a CUDA build found (cuda_check), None otherwise
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None]) -> None:
@@ -83,6 +84,12 @@ class LlamaModel:
         if not extra and cfg.cpu_extra_buffers == "auto":
             log.warning("%s", why)
         mparams.use_extra_bufts = self.extra_buffers = extra
+        if "CUDA :" in self.system_info:  # a CUDA build: say what it found, and what is wrong
+            report = cuda_check.probe(self.system_info)
+            log.info("%s", report.line())
+            for problem in report.problems():
+                log.warning("%s", problem)
+            self.cuda = report.as_dict()
 
         def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
             self._stage("loading", progress=float(progress))
@@ -158,6 +165,7 @@ class LlamaModel:
             control_texts=self.vocab_tables.control_texts,
             cpu_extra_buffers=self.extra_buffers,
             system_info=self.system_info,
+            cuda=self.cuda,
         )
 
     def _split_params(self, mparams) -> None:

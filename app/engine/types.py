@@ -172,6 +172,8 @@ class ModelInfo:
     # and the CPU features the llama.cpp build was compiled with (llama_print_system_info)
     cpu_extra_buffers: bool = True
     system_info: str = ""
+    # a CUDA build's driver, runtime, GPUs and problems (app.engine.cuda_check); None on a CPU build
+    cuda: dict | None = None
 
     @property
     def beyond_training(self) -> bool:

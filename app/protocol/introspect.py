@@ -273,6 +273,7 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
         "build_info": build_info(),
         "system_info": info.system_info,
         "cpu_extra_buffers": info.cpu_extra_buffers,
+        "cuda": info.cuda,
         "settings": public_settings(settings),
         **(boot or {}),
     }

@@ -71,7 +71,7 @@ def test_dockerfile_structure(dockerfile):
     args = docker_args(dockerfile)
     assert "devel" in args["BUILD_IMAGE"] and "-base-" in args["RUNTIME_IMAGE"]  # + cuBLAS, NCCL (test_deploy_build)
     assert args["CUDA_VERSION"].startswith("12.")  # a 12.x runs on Cloud Run's 535 driver (minor-version compatibility)
-    assert args["CUDA_ARCHS"] == "80;89;90"
+    assert args["CUDA_ARCHS"] == "80;89;90;120"  # A100, L4, H100 and H200, RTX PRO 6000
     final = dockerfile.structure[dockerfile.structure.index(stages[-1]):]
     users = [i["value"] for i in final if i["instruction"] == "USER"]
     assert users and users[-1] not in {"root", "0"}

@@ -16,6 +16,7 @@ from tests.support.deploy_files import ROOT, tool
 
 WHEEL_SCRIPT = ROOT / "scripts" / "build-llama-wheel.sh"
 IMAGE_SCRIPT = ROOT / "scripts" / "build-image.sh"
+CUDA_SCRIPT = ROOT / "scripts" / "build-cuda-wheel.sh"
 WHEEL = "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
 
 
@@ -56,10 +57,41 @@ def run_wheel_script(args: list[str], python: Path, **env: str) -> subprocess.Co
 
 
 def test_shellcheck_image_scripts():
-    for script in (WHEEL_SCRIPT, IMAGE_SCRIPT, ROOT / ".ci" / "run"):
+    for script in (WHEEL_SCRIPT, IMAGE_SCRIPT, CUDA_SCRIPT, ROOT / ".ci" / "run"):
         proc = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("env", "why"), [
+    ({"CUDA_ARCHS": "sm_90"}, "CUDA_ARCHS=sm_90: want e.g. 80;89;90;120"),
+    ({"CUDA_ARCHS": "90;"}, "CUDA_ARCHS=90;: want"),
+    ({"BUILD_JOBS": "0"}, "BUILD_JOBS=0: want a positive integer"),
+    ({"FATBIN_COMPRESS": "zstd"}, "FATBIN_COMPRESS=zstd: want none"),
+])
+def test_the_cuda_wheel_script_refuses_bad_settings_before_any_work(tmp_path, env, why):
+    """Checked before the venv, the compiler download or the compile: nothing is created."""
+    proc = subprocess.run([str(CUDA_SCRIPT)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WORK": str(tmp_path / "work"), **env})
+    assert proc.returncode != 0
+    assert why in proc.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_cuda_wheel_script_builds_what_the_image_builds():
+    """The PyPI-toolchain script compiles the lock's sdist with the image's CUDA flags: the same
+    architectures, uncompressed machine code (R535), no native or AMX code, and writes the
+    BUILT_FOR line the Dockerfile checks."""
+    script = CUDA_SCRIPT.read_text()
+    assert 'CUDA_ARCHS="${CUDA_ARCHS:-80;89;90;120}"' in script
+    assert 'FATBIN_COMPRESS="${FATBIN_COMPRESS:-none}"' in script
+    assert "-DGGML_CUDA_COMPRESSION_MODE=$FATBIN_COMPRESS" in script
+    for flag in ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS}", "-DGGML_NATIVE=off",
+                 "-DGGML_AMX_TILE=off", "-DGGML_AMX_INT8=off", "-DGGML_AMX_BF16=off"):
+        assert flag in script
+    assert "--require-hashes" in script and "--no-binary llama-cpp-python" in script
+    assert 'echo "cuda $CUDA_ARCHS" >"$OUT_DIR/BUILT_FOR"' in script
+    assert 'want="cuda ${CUDA_ARCHS}"' in (ROOT / "Dockerfile").read_text()
 
 
 @pytest.mark.parametrize(("backend", "archs", "built_for"), [
@@ -84,6 +116,7 @@ def test_the_wheel_is_built_from_the_locks_hashed_sdist(tmp_path, fake_python, b
     assert {"-DGGML_AMX_TILE=off", "-DGGML_AMX_INT8=off", "-DGGML_AMX_BF16=off"} <= set(cmake)
     if backend == "cuda":
         assert "-DGGML_CUDA=on" in cmake
+        assert "-DGGML_CUDA_COMPRESSION_MODE=none" in cmake  # R535 cannot load compressed code
         assert f"-DCMAKE_CUDA_ARCHITECTURES={built_for.split()[1]}" in cmake
     else:
         assert not [a for a in cmake if "CUDA" in a]
