@@ -93,6 +93,19 @@ if [ -z "$base" ] && [ "$variant" = cpu ]; then
 fi
 if [ -n "$base" ]; then
   build_args+=(--build-arg "BUILD_IMAGE=$base" --build-arg "RUNTIME_IMAGE=$base")
+elif [ "$variant" = cuda ]; then
+  # NVIDIA's CUDA images, as the Dockerfile names them: checked before the build, so a machine
+  # that cannot reach them is told so at once rather than by a pull error inside the build.
+  cuda_version="$(sed -n 's/^ARG CUDA_VERSION=//p' "$root/Dockerfile")"
+  for image in "nvidia/cuda:$cuda_version-devel-ubuntu22.04" "nvidia/cuda:$cuda_version-base-ubuntu22.04"; do
+    if ! "$ENGINE" image inspect "$image" >/dev/null 2>&1 \
+        && ! timeout "${PULL_TIMEOUT:-60}" "$ENGINE" pull -q "$image" >/dev/null 2>&1; then
+      echo "$0: $image could not be pulled: the CUDA image is built on NVIDIA's CUDA images" \
+        "(docs/deploy.md, \"The CUDA build\"). Without them, scripts/build-cuda-wheel.sh" \
+        "compiles the CUDA wheel from PyPI's CUDA toolchain." >&2
+      exit 1
+    fi
+  done
 fi
 
 # What this build is given beyond the repository: a prebuilt wheel, the host's CA bundle.

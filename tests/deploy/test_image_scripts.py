@@ -238,3 +238,22 @@ def test_the_image_script_refuses_bad_arguments(tmp_path, fake_tools):
     assert proc.returncode == 2 and "usage" in proc.stderr
     proc = run_image_script(["cpu"], fake_tools, LLAMA_WHEEL_DIR=str(tmp_path))
     assert proc.returncode == 1 and "LLAMA_WHEEL_DIR lacks" in proc.stderr
+
+
+def test_the_cuda_image_needs_nvidias_images_and_says_so(tmp_path, fake_tools):
+    """The registry is unreachable (the fake pull fails): the script stops before building, names
+    the image, and points to the PyPI-toolchain wheel; once the images are there it builds on
+    them."""
+    proc = run_image_script(["cuda"], fake_tools, PULL_TIMEOUT="5")
+    assert proc.returncode == 1
+    assert "nvidia/cuda:12.9.1-devel-ubuntu22.04 could not be pulled" in proc.stderr
+    assert "scripts/build-cuda-wheel.sh" in proc.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert not [c for c in calls if " build " in c or c.startswith("mmdebstrap")]
+    (tmp_path / "images").write_text("nvidia/cuda:12.9.1-devel-ubuntu22.04\n"
+                                      "nvidia/cuda:12.9.1-base-ubuntu22.04\n")
+    proc = run_image_script(["cuda"], fake_tools, CUDA_ARCHS="89")
+    assert proc.returncode == 0, proc.stderr
+    build = next(c for c in (tmp_path / "calls.log").read_text().splitlines() if " build " in c)
+    assert "--build-arg BACKEND=cuda" in build and "--build-arg CUDA_ARCHS=89" in build
+    assert "BUILD_IMAGE" not in build and "-t vertex-gguf:cuda" in build  # the Dockerfile's bases
