@@ -56,11 +56,15 @@ class Result:
     errors: int = 0
     wall: float = 0.0
     health: list[float] = field(default_factory=list)
+    cpu: float = 0.0  # the server's CPU seconds (every process of its group) during the level
 
 
-def one_request(base: str, i: int, max_tokens: int, res: Result, lock: threading.Lock) -> None:
+def one_request(base: str, i: int, max_tokens: int, res: Result, lock: threading.Lock,
+                ignore_eos: bool = False) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if ignore_eos:  # every reply max_tokens long (llama-server and vertex-gguf both take it)
+        body["ignore_eos"] = True
     t0 = time.perf_counter()
     times: list[float] = []
     done = False
@@ -92,7 +96,22 @@ def one_request(base: str, i: int, max_tokens: int, res: Result, lock: threading
         res.tokens += len(times)
 
 
-def run_level(base: str, health: str, c: int, max_tokens: int) -> Result:
+def group_cpu_seconds(pgid: int) -> float:
+    """User and system CPU seconds of every live process in process group ``pgid`` (the server
+    and its workers), from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ... utime stime
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_level(base: str, health: str, c: int, max_tokens: int, pgid: int | None = None,
+              ignore_eos: bool = False) -> Result:
     res = Result()
     lock = threading.Lock()
     stop = threading.Event()
@@ -110,10 +129,12 @@ def run_level(base: str, health: str, c: int, max_tokens: int) -> Result:
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
+    cpu0 = group_cpu_seconds(pgid) if pgid else 0.0
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(c) as pool:
-        list(pool.map(lambda i: one_request(base, i, max_tokens, res, lock), range(2 * c)))
+        list(pool.map(lambda i: one_request(base, i, max_tokens, res, lock, ignore_eos), range(2 * c)))
     res.wall = time.perf_counter() - t0
+    res.cpu = group_cpu_seconds(pgid) - cpu0 if pgid else 0.0
     stop.set()
     poller.join(15)
     return res
@@ -122,14 +143,16 @@ def run_level(base: str, health: str, c: int, max_tokens: int) -> Result:
 def servers(args) -> list[tuple[str, list[str], dict, str]]:
     """(name, command with {port}, extra env, health path)."""
     n, ctx, t = args.parallel, args.ctx, args.threads
+    gpu = {} if args.ngl is None else {"GPU_LAYERS": str(args.ngl)}
     out = [("vertex-gguf", [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
             {"MODEL": args.model, "PARALLEL": str(n), "CTX_SIZE": str(ctx), "THREADS": str(t),
-             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args)},
+             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args), **gpu},
             "/health")]
     if args.llama_server:
+        ngl = [] if args.ngl is None else ["-ngl", str(args.ngl)]
         out.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
                                      "--port", "{port}", "-np", str(n), "-c", str(ctx * n), "-t", str(t),
-                                     "-tb", str(t), *llama_server_extra_buffers(args)], {},
+                                     "-tb", str(t), *ngl, *llama_server_extra_buffers(args)], {},
                         "/health"))
     if args.peer_python:
         out.append(("llama-cpp-python stock", [args.peer_python, "-m", "llama_cpp.server", "--model", args.model,
@@ -164,6 +187,10 @@ def main() -> None:
     ap.add_argument("--peer-python")
     ap.add_argument("--batched-example")
     ap.add_argument("--only", help="comma-separated server names to run")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every reply exactly --max-tokens long (random-weight models)")
+    ap.add_argument("--ngl", type=int, help="layers on the GPU, both servers (-ngl, GPU_LAYERS)")
+    ap.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
     add_extra_buffers_arg(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -185,11 +212,13 @@ def main() -> None:
         proc = subprocess.Popen(argv, env=full_env, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
+            t_start = time.perf_counter()
             wait_ready(base, health, proc)
-            run_level(base, health, 1, 8)  # warm up
+            print(f"{name}: ready in {time.perf_counter() - t_start:.1f} s", file=sys.stderr, flush=True)
+            run_level(base, health, 1, 8, ignore_eos=args.ignore_eos)  # warm up
             results[name] = {}
             for c in levels:
-                r = run_level(base, health, c, args.max_tokens)
+                r = run_level(base, health, c, args.max_tokens, proc.pid, args.ignore_eos)
                 results[name][c] = r
                 print(f"{name} c={c}: {r.tokens / r.wall:.1f} tok/s, errors {r.errors}", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001
@@ -201,19 +230,27 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
     ref = results.get("llama-server", {})
-    print(f"model {Path(args.model).name}, threads {args.threads}, {args.parallel} slots x {args.ctx} ctx, "
-          f"2 x c streaming chat requests of {args.max_tokens} tokens, temperature 0")
-    print("| server | c | tok/s | vs llama-server | TTFT p50 / p95 ms | ITL p50 / p95 ms | errors | health p99 ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines = [f"model {Path(args.model).name}, threads {args.threads}, {args.parallel} slots x {args.ctx} ctx, "
+             f"2 x c streaming chat requests of {args.max_tokens} tokens"
+             f"{' (ignore_eos)' if args.ignore_eos else ''}, temperature 0"
+             f"{'' if args.ngl is None else f', {args.ngl} layers on the GPU'}",
+             "| server | c | tok/s | vs llama-server | TTFT p50 / p95 ms | ITL p50 / p95 ms | "
+             "CPU s / 1k tok | errors | health p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, per in results.items():
         for c, r in per.items():
             tps = r.tokens / r.wall if r.wall else 0
             base_r = ref.get(c)
             ratio = f"{tps / (base_r.tokens / base_r.wall):.2f}" if base_r and base_r.tokens else "-"
-            print(f"| {name} | {c} | {tps:.1f} | {ratio} | {pct(r.ttft, .5) * 1000:.0f} / {pct(r.ttft, .95) * 1000:.0f} | "
-                  f"{pct(r.itl, .5) * 1000:.1f} / {pct(r.itl, .95) * 1000:.1f} | {r.errors} | {pct(r.health, .99):.1f} |")
-    print("(health: vertex-gguf and llama-server /health, the llama-cpp-python servers /v1/models)")
-
+            cpu = f"{r.cpu / r.tokens * 1000:.2f}" if r.tokens else "-"
+            lines.append(f"| {name} | {c} | {tps:.1f} | {ratio} | {pct(r.ttft, .5) * 1000:.0f} / {pct(r.ttft, .95) * 1000:.0f} | "
+                         f"{pct(r.itl, .5) * 1000:.1f} / {pct(r.itl, .95) * 1000:.1f} | {cpu} | {r.errors} | "
+                         f"{pct(r.health, .99):.1f} |")
+    lines.append("(health: vertex-gguf and llama-server /health, the llama-cpp-python servers /v1/models; "
+                 "CPU: every process of the server's group, from /proc)")
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,7 @@ anywhere else is an error."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,13 @@ def client(fake_engine: FakeEngine):
 
 @pytest.fixture(scope="session")
 def default_model() -> Path:
+    """The real default model, or E2E_MODEL's GGUF: bench/gpu/run.sh runs end-to-end files on
+    a GPU build with a random-weight model (and sets MODEL, which the servers read, to it)."""
+    override = os.environ.get("E2E_MODEL")
+    if override:
+        if not Path(override).is_file():
+            pytest.fail(f"E2E_MODEL={override}: no such file")
+        return Path(override)
     path = default_model_path(model_cache_dir())
     if not path.is_file():
         pytest.fail(f"default model missing at {path}: run `vertex-gguf fetch-default-model`")
