@@ -31,8 +31,9 @@
 #     embeds (clang runs a `fatbinary` program for that step: bin/fatbinary below is a small
 #     stand-in that calls the library);
 #   * the result links against the wheels' libcudart.so.12, libcublas(Lt).so.12 and libnccl.so.2.
-# The binary holds SASS only (clang puts no PTX in unless asked), so nothing is JIT-compiled and a
-# CUDA 12.x driver >= 525 runs it (minor-version compatibility), like the nvcc build. The fatbinary
+# The binary holds SASS for each architecture (and its PTX, as the nvcc build does for CMake's
+# plain architecture numbers). A driver runs the SASS of its GPU and compiles no PTX, so a CUDA
+# 12.x driver >= 525 runs it (minor-version compatibility), like the nvcc build. The fatbinary
 # is left uncompressed by default: fatbins compressed with CUDA >= 12.4's compressor need a driver
 # >= R550 ("device kernel image is invalid" on R535).
 #
