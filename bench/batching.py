@@ -38,6 +38,7 @@ from common import (
     add_extra_buffers_arg,
     extra_buffers_env,
     free_port,
+    group_cpu_seconds,
     llama_server_extra_buffers,
     wait_ready,
 )
@@ -94,20 +95,6 @@ def one_request(base: str, i: int, max_tokens: int, res: Result, lock: threading
         res.ttft.append(times[0] - t0)
         res.itl.extend(b - a for a, b in zip(times, times[1:], strict=False))
         res.tokens += len(times)
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User and system CPU seconds of every live process in process group ``pgid`` (the server
-    and its workers), from /proc."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ... utime stime
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def run_level(base: str, health: str, c: int, max_tokens: int, pgid: int | None = None,

@@ -101,3 +101,17 @@ def extra_buffers_env(args: argparse.Namespace) -> dict[str, str]:
 def llama_server_extra_buffers(args: argparse.Namespace) -> list[str]:
     """llama-server's side of ``--cpu-extra-buffers`` (it has no way to force them on)."""
     return ["--no-repack"] if args.cpu_extra_buffers == "off" else []
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User and system CPU seconds of every live process in process group ``pgid`` (a server
+    started in a session of its own: gunicorn's master and its worker), from /proc."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # after the name: state ppid pgrp ... utime (12th) stime
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")

@@ -30,23 +30,9 @@ import time
 from pathlib import Path
 
 import requests
-from common import free_port, wait_ready
+from common import free_port, group_cpu_seconds, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(group: int) -> float:
-    """CPU time of every process in process group ``group`` (gunicorn's master and worker)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group:  # pgrp
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICK
 
 
 def chat(base: str, i: int, max_tokens: int, logprobs: bool) -> int:
@@ -70,10 +56,10 @@ def chat(base: str, i: int, max_tokens: int, logprobs: bool) -> int:
 
 def level(base: str, group: int, c: int, max_tokens: int, logprobs: bool) -> tuple[float, float]:
     """(tok/s, CPU seconds per 1000 tokens) of 2 x c chats, c at a time."""
-    cpu0, t0 = cpu_seconds(group), time.perf_counter()
+    cpu0, t0 = group_cpu_seconds(group), time.perf_counter()
     with cf.ThreadPoolExecutor(c) as pool:
         counts = list(pool.map(lambda i: chat(base, i, max_tokens, logprobs), range(2 * c)))
-    wall, cpu = time.perf_counter() - t0, cpu_seconds(group) - cpu0
+    wall, cpu = time.perf_counter() - t0, group_cpu_seconds(group) - cpu0
     if min(counts) < 0:
         raise RuntimeError("a request failed")
     return sum(counts) / wall, cpu / sum(counts) * 1000

@@ -61,6 +61,24 @@ def default_model() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def model_id(default_model: Path) -> str:
+    """The name the servers give the suite's model: its file name without .gguf."""
+    return default_model.stem
+
+
+@pytest.fixture(scope="session")
+def sensible_text() -> bool:
+    """Whether the suite's model writes sense (the real default model) or noise (E2E_MODEL's
+    random weights): a test checks an answer's content only when it does."""
+    return not os.environ.get("E2E_MODEL")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_text") and os.environ.get("E2E_MODEL"):
+        pytest.skip(f"needs the default model's sensible text; E2E_MODEL={os.environ['E2E_MODEL']}")
+
+
 @pytest.fixture
 def server_factory(default_model: Path) -> Iterator:
     started: list[ServerProcess] = []

@@ -86,6 +86,7 @@ build_llama() {
     # the image's flags: machine code for this GPU, uncompressed (docs/deploy.md)
     args+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DGGML_CUDA_COMPRESSION_MODE=none)
     log "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1), sm_$arch"
+    log "nvcc: $(nvcc --version 2>&1 | tail -1); cmake: $(cmake --version | head -1)"
   fi
   if [ ! -x "$build/bin/llama-server" ] || [ ! -e "$build/bin/libllama.so" ]; then
     log "building llama.cpp ($BACKEND, $JOBS jobs)"

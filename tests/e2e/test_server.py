@@ -90,7 +90,7 @@ def test_vertex_health_route_with_ids(vertex_server):
     assert requests.get(vertex_server.url("/health"), timeout=5).status_code == 200
 
 
-def test_vertex_predict_envelope_mixed_with_failing_instance(vertex_server):
+def test_vertex_predict_envelope_mixed_with_failing_instance(vertex_server, sensible_text):
     body = {
         "instances": [
             CHAT,
@@ -107,7 +107,9 @@ def test_vertex_predict_envelope_mixed_with_failing_instance(vertex_server):
     assert preds[0]["object"] == "chat.completion"
     assert preds[0]["choices"][0]["message"]["content"].strip()
     assert preds[1]["object"] == "text_completion"
-    assert "Paris" in preds[1]["choices"][0]["text"]
+    assert preds[1]["choices"][0]["text"]
+    if sensible_text:
+        assert "Paris" in preds[1]["choices"][0]["text"]
     assert preds[2]["error"]["param"] == "top_p"
     assert preds[3]["usage"]["completion_tokens"] <= 3
 
@@ -144,10 +146,10 @@ def sdk(vertex_server):
     return openai.OpenAI(base_url=vertex_server.url("/v1"), api_key="unused", max_retries=0)
 
 
-def test_openai_sdk_chat_non_streaming_with_exact_usage(sdk):
+def test_openai_sdk_chat_non_streaming_with_exact_usage(sdk, model_id):
     resp = sdk.chat.completions.create(model="any", messages=CHAT["messages"], **GREEDY)
     assert resp.object == "chat.completion"
-    assert resp.model == "SmolLM2-135M-Instruct.Q4_1"
+    assert resp.model == model_id
     assert resp.choices[0].message.content.strip()
     assert resp.choices[0].finish_reason in {"stop", "length"}
     # exact prompt token count: the template rendered and tokenized here must agree
@@ -174,11 +176,12 @@ def test_openai_sdk_chat_streaming_equals_non_streaming(sdk):
     assert chunks[-2].choices[0].finish_reason == full.choices[0].finish_reason
 
 
-def test_openai_sdk_completions(sdk):
+def test_openai_sdk_completions(sdk, sensible_text):
     # ignore_eos: exactly 8 tokens whatever the model would choose after "Paris"
     resp = sdk.completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0,
                                   extra_body={"ignore_eos": True})
-    assert "Paris" in resp.choices[0].text
+    if sensible_text:
+        assert "Paris" in resp.choices[0].text
     tok = tokenizer()
     assert resp.usage.prompt_tokens == len(tok.tokenize(b"The capital of France is", add_bos=False, special=True))
     assert resp.usage.completion_tokens == 8 and resp.choices[0].finish_reason == "length"
@@ -187,18 +190,19 @@ def test_openai_sdk_completions(sdk):
     assert "".join(c.choices[0].text for c in stream) == resp.choices[0].text
 
 
-def test_openai_sdk_errors(sdk):
+def test_openai_sdk_errors(sdk, model_id):
     with pytest.raises(openai.BadRequestError) as exc:
         sdk.chat.completions.create(model="m", messages=CHAT["messages"], temperature=3)
     assert exc.value.body["param"] == "temperature"
     with pytest.raises(openai.NotFoundError):
         sdk.models.retrieve("nope")
-    assert [m.id for m in sdk.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert [m.id for m in sdk.models.list().data] == [model_id]
 
 
 # ---- sampling --------------------------------------------------------------------------------
 
 
+@pytest.mark.needs_text  # a random model's reply has no two-token stop string to cut
 def test_stop_string_spanning_tokens_never_leaks(sdk):
     base = sdk.completions.create(model="m", prompt="The capital of France is", max_tokens=16, temperature=0)
     text = base.choices[0].text

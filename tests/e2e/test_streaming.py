@@ -19,7 +19,6 @@ from tests.support.metrics import scrape, value
 from tests.support.server import ROOT, ServerProcess, running, running_server, wait_for
 from tests.support.stream_rules import outcomes
 
-MODEL_ID = "SmolLM2-135M-Instruct.Q4_1"
 QUESTION = "What is the capital of France?"
 
 
@@ -126,7 +125,7 @@ def test_disconnect_cancels_the_generation_and_frees_the_engine(server):
 # ---- real clients ----------------------------------------------------------------------------
 
 
-def test_langchain_chat_openai_streaming(server):
+def test_langchain_chat_openai_streaming(server, model_id):
     from langchain_openai import ChatOpenAI
 
     kw = {"base_url": server.url("/v1"), "api_key": "x", "model": "m", "temperature": 0, "max_tokens": 24,
@@ -140,7 +139,7 @@ def test_langchain_chat_openai_streaming(server):
         merged = merged + c
     assert merged.content == full.content
     assert merged.response_metadata["finish_reason"] in {"stop", "length"}
-    assert merged.response_metadata["model_name"] == MODEL_ID  # not glued together
+    assert merged.response_metadata["model_name"] == model_id  # not glued together
     assert merged.usage_metadata["output_tokens"] == full.usage_metadata["output_tokens"]
 
 
