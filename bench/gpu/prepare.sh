@@ -97,3 +97,9 @@ done) >"$kit/MANIFEST"
 total_kib="$(du -sk "$kit" | cut -f1)"
 log "kit: $kit, $((total_kib / 1024)) MiB ($(find "$kit/wheels" -name '*.whl' | wc -l) wheels)"
 [ "$total_kib" -le $((limit_mib * 1024)) ] || die "the kit is $((total_kib / 1024)) MiB, over $limit_mib MiB"
+# What a device call carries: the tracked and untracked-but-not-ignored files, and the kit.
+tree_bytes="$(cd "$root" && git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null \
+  | awk '{s += $1} END {print s + 0}')"
+travel_mib=$(( (tree_bytes + total_kib * 1024) / 1048576 ))
+log "a device call with carry [\"bench/gpu/kit\"] sends about $travel_mib MiB (limit 64)"
+[ "$travel_mib" -lt 64 ] || die "the working tree and the kit make $travel_mib MiB, over the 64 MiB a call carries"
