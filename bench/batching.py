@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import signal
@@ -211,7 +212,8 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"{name}: {exc}", file=sys.stderr)
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:

@@ -405,12 +405,17 @@ class LlamaEngine:
         sched = self._sched
         assert sched is not None  # a generative model has a context
         events: list[Event] = []
-        text = "The quick brown fox jumps over the lazy dog. " * (self.config.prefill_chunk // 4 + 1)
+        # a prompt must leave room in its slot's context for the 4 tokens it generates: a
+        # PREFILL_CHUNK larger than CTX_SIZE is a valid setting (the chunk is a step's budget
+        # across slots), and once made the warm-up itself overflow and the load fail
+        room = max(1, sched.n_ctx - 8)
+        size = min(self.config.prefill_chunk, room)
+        text = "The quick brown fox jumps over the lazy dog. " * (size // 4 + 1)
         tok = self._m.tok
-        long = tok.tokens(text, add_bos=tok.add_bos)[: self.config.prefill_chunk]
+        long = tok.tokens(text, add_bos=tok.add_bos)[:size]
         jobs = []
         for i in range(self.config.parallel):
-            prompt = tuple(long) if i == 0 else tuple(long[: 8 + i])
+            prompt = tuple(long) if i == 0 else tuple(long[: min(8 + i, room)])
             # the last slot samples under a grammar, through its slow path: the first grammar
             # request after ready then pays no first-use cost (imports, buffers) of its own
             grammar = '"zq" [a-z]*' if i == self.config.parallel - 1 else None

@@ -158,3 +158,14 @@ def test_n_choices_share_the_prompt_kv(server8):
     assert all(texts.values())
     r = requests.post(server8.url("/v1/completions"), json={"prompt": "x", "n": 9}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_a_prefill_chunk_larger_than_the_context_starts_and_serves(server_factory):
+    """PREFILL_CHUNK is a step's prompt budget across all slots, so it may exceed one slot's
+    context; the warm-up once built a prompt that long and failed the load."""
+    srv = server_factory({"PARALLEL": "4", "CTX_SIZE": "256", "PREFILL_CHUNK": "1024"})
+    srv.wait_ready()
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    r = requests.post(srv.url("/v1/chat/completions"), json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
