@@ -70,11 +70,12 @@ SHAPES = {
 }
 
 
-def copy_fields(reader: GGUFReader, writer: GGUFWriter) -> set[str]:
-    """The reader's tokenizer fields into the writer; the keys copied."""
+def copy_fields(reader: GGUFReader, writer: GGUFWriter, keep=lambda key: key.startswith(KEEP)) -> set[str]:
+    """The reader's fields that ``keep`` accepts (the tokenizer's) into the writer, with their
+    types; the keys copied."""
     copied = set()
     for key, field in reader.fields.items():
-        if not key.startswith(KEEP):
+        if not keep(key):
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
@@ -88,11 +89,7 @@ def vocab(src: Path, out: Path) -> None:
     reader = GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(out, arch)
-    for key, field in reader.fields.items():
-        if key.startswith(f"{arch}.") or key == "general.name":
-            vtype = field.types[0]
-            sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    copy_fields(reader, writer, lambda key: key.startswith(f"{arch}.") or key == "general.name")
     copy_fields(reader, writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -156,11 +156,9 @@ batched() {
   make_models
   for shape in ${MODELS//,/ }; do
     log "llama-batched-bench $shape"
-    local npl ctx
-    npl="$(tr ',' ' ' <<<"$LEVELS" | tr ' ' ',')"
-    ctx=$((PARALLEL * (MAX_TOKENS + 128)))
+    local ctx=$((PARALLEL * (MAX_TOKENS + 128)))
     timed "batched-bench $shape" "$build/bin/llama-batched-bench" -m "$(model_path "$shape")" \
-      -c "$ctx" -b 2048 -ub 512 -npp 128 -ntg "$MAX_TOKENS" -npl "$npl" -ngl "$NGL" \
+      -c "$ctx" -b 2048 -ub 512 -npp 128 -ntg "$MAX_TOKENS" -npl "$LEVELS" -ngl "$NGL" \
       -t "$THREADS" --output-format md >>"$out/batched.md" 2>>"$out/run.log" \
       || log "batched-bench $shape failed"
   done
