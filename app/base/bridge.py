@@ -26,6 +26,7 @@ original_sleep: Callable[[float], None] = get_original("time", "sleep")  # for n
 _stack_size = get_original("_thread", "stack_size")
 _stack_lock = get_original("_thread", "allocate_lock")()
 allocate_lock: Callable[[], Any] = get_original("_thread", "allocate_lock")
+_held = get_original("_thread", "_local")()  # per OS thread: the wakes held back (held_wakes)
 _POLL = 1.0  # seconds; only a safety net, the engine's callback wakes the greenlet at once
 
 
@@ -68,9 +69,14 @@ class Channel:
         self._loop = gevent.get_hub().loop
 
     def put(self, item: Any) -> None:
-        """Called from the engine thread (or any thread)."""
+        """Called from the engine thread (or any thread). Inside ``held_wakes`` the owning
+        greenlet is woken when the block ends, else at once."""
         self._items.append(item)
-        self._loop.run_callback_threadsafe(self._ready.set)
+        pending = getattr(_held, "channels", None)
+        if pending is None:
+            self._loop.run_callback_threadsafe(self._ready.set)
+        else:
+            pending.setdefault(self._loop, {})[id(self)] = self
 
     def get(self, timeout: float | None = None) -> Any:
         """Called from the owning greenlet; raises TimeoutError if nothing came in time.
@@ -89,6 +95,31 @@ class Channel:
             if wait <= 0:
                 raise TimeoutError("no event from the engine in time")
             self._ready.wait(wait)
+
+
+@contextlib.contextmanager
+def held_wakes() -> Any:
+    """Channels put to by this thread inside the block wake their greenlets together when it
+    ends: one cross-thread wake-up (a callback and a write to the hub's wake-up descriptor)
+    per hub, instead of one per item. The engine holds them over one step, which sends a token
+    to every running sequence: per token, the write and the hub's wake-up cost as much as the
+    engine's other per-token work together, and they take the second core from the decode."""
+    if getattr(_held, "channels", None) is not None:  # nested: the outer block wakes them
+        yield
+        return
+    pending: dict[Any, dict[int, Channel]] = {}
+    _held.channels = pending
+    try:
+        yield
+    finally:
+        _held.channels = None
+        for loop, channels in pending.items():
+            loop.run_callback_threadsafe(_wake_all, list(channels.values()))
+
+
+def _wake_all(channels: list[Channel]) -> None:
+    for channel in channels:
+        channel._ready.set()
 
 
 def offload(fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:

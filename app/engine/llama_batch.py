@@ -128,8 +128,8 @@ class Batch:
             self.waiting = keep
 
     def admit(self) -> None:
-        """FIFO: each waiting job, in order, takes the free slot whose cached tokens share the
-        longest prefix with its prompt, and decodes only the rest."""
+        """FIFO: each waiting job, in order, takes the free slot worth most to it (``_worth``)
+        and decodes only the part of its prompt that slot has not cached."""
         while self.waiting:
             free = [s for s in self.slots if s.job is None]
             if len(free) < 1 + len(self.waiting[0].followers):
@@ -140,12 +140,12 @@ class Batch:
             scope = job.request.cache_scope
             # KV is reused only within a scope (an API key): cached_tokens is no oracle for
             # another key's prompts
-            shared = {id(s): common_prefix(s.cached, prompt) if s.scope == scope else 0
-                      for s in free}
-            slot = max(free, key=lambda s: (shared[id(s)], -s.last_used))
+            reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
+            shared = {id(s): common_prefix(s.cached, prompt) if reuse and s.scope == scope
+                      else 0 for s in free}
+            slot = max(free, key=lambda s: (_worth(len(s.cached), shared[id(s)]), -s.last_used))
+            # (a prompt to score needs logits where a reused prefix has none: no reuse)
             n_common = min(shared[id(slot)], len(job.tokens) - 1)
-            if not job.request.cache_prompt or job.request.params.prompt_logprobs is not None:
-                n_common = 0  # (a prompt to score needs logits where a reused prefix has none)
             if n_common < len(slot.cached) and not self.ll.llama_memory_seq_rm(
                 self.mem, slot.seq_id, n_common, -1
             ):
@@ -461,6 +461,14 @@ def drop(job: Job, over: Callable[[Job], None], err: ServiceError | None = None)
         fail(job, err, over)
     for j in (job, *job.followers):
         over(j)
+
+
+def _worth(cached: int, shared: int) -> int:
+    """What taking a slot is worth to a prompt, in tokens: the prefix it need not decode, less
+    half of the cached tokens after it that the slot loses (the KV of an earlier conversation
+    that its next turn would have reused). So a chat template's few shared tokens never evict
+    a conversation while an empty slot is free, and a long shared system prompt still wins."""
+    return 2 * shared - (cached - shared)
 
 
 def common_prefix(cached: list[int], prompt: np.ndarray) -> int:

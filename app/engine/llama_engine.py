@@ -29,6 +29,7 @@ from app.base.bridge import (
     Channel,
     ThreadEvent,
     allocate_lock,
+    held_wakes,
     original_sleep,
     start_native_thread,
 )
@@ -530,17 +531,18 @@ class LlamaEngine:
         sched = self._sched
         if sched is None:  # an embedding-only model: nothing to generate
             return False
-        self._take_inbox(sched)
-        sched.reap()
-        sched.admit()
-        if not sched.busy():
-            return False
-        with self._turns.host():
-            self._step_since = time.monotonic()
-            try:
-                sched.decode_step()
-            finally:
-                self._step_since = None
+        with held_wakes():  # a step's events wake their requests' greenlets together
+            self._take_inbox(sched)
+            sched.reap()
+            sched.admit()
+            if not sched.busy():
+                return False
+            with self._turns.host():
+                self._step_since = time.monotonic()
+                try:
+                    sched.decode_step()
+                finally:
+                    self._step_since = None
         return True
 
     def _take_inbox(self, sched: Batch) -> None:
