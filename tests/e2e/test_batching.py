@@ -169,3 +169,30 @@ def test_a_prefill_chunk_larger_than_the_context_starts_and_serves(server_factor
     r = requests.post(srv.url("/v1/chat/completions"), json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_shared_prefix_is_copied_to_a_free_slot_and_the_conversation_kept(server_factory):
+    """Two slots. A second conversation with the first one's system prompt goes to the empty
+    slot with that prefix copied across KV streams (llama_memory_seq_cp), so the first
+    conversation's KV stays whole for its next turn; the copied prefix gives the reply a
+    fresh decode gives."""
+    srv = server_factory({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
+    srv.wait_ready()
+    system = {"role": "system", "content": "You are a terse assistant. Answer in one short sentence. " * 8}
+
+    def chat(messages: list[dict], **extra) -> dict:
+        body = {"messages": messages, "max_tokens": 12, "temperature": 0, **extra}
+        r = requests.post(srv.url("/v1/chat/completions"), json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    turn = [system, {"role": "user", "content": "Name a color."}]
+    first = chat(turn)
+    other = [system, {"role": "user", "content": "Name an animal."}]
+    copied = chat(other)
+    assert copied["usage"]["prompt_tokens_details"]["cached_tokens"] >= 80  # the system prompt
+    fresh = chat(other, cache_prompt=False)
+    assert copied["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+    # the first conversation's next turn finds all of its first turn still cached
+    nxt = chat([*turn, first["choices"][0]["message"], {"role": "user", "content": "Another?"}])
+    assert nxt["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"]

@@ -52,6 +52,7 @@ class Llama:
         self.b = batch
         self.rows: dict[int, np.ndarray] = {}
         self.flagged: list[list[tuple[int, int]]] = []  # per decode: (seq, pos) with logits
+        self.copies: list[tuple[int, int]] = []  # llama_memory_seq_cp: (from seq, to seq)
 
     def llama_decode(self, ctx: Any, batch: Batch_) -> int:
         self.rows = {i: row_at(batch.token[i], batch.pos[i]) for i in range(batch.n_tokens)
@@ -67,6 +68,9 @@ class Llama:
 
     def llama_memory_seq_rm(self, *args: Any) -> bool:
         return True
+
+    def llama_memory_seq_cp(self, mem: Any, src: int, dst: int, p0: int, p1: int) -> None:
+        self.copies.append((src, dst))
 
 
 class Tok:

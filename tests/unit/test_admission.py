@@ -1,7 +1,10 @@
 """Which free slot a new prompt takes (app.engine.llama_batch.Batch.admit), on the stand-in
 for llama.cpp: a slot's cached KV is another conversation's next turn, so a few shared tokens
 (a chat template's opening) must not evict it while an empty slot is free; a long shared prefix
-(a system prompt) is worth taking over; a request that reuses nothing takes what costs least."""
+(a system prompt) is copied to where the prompt goes; a request that reuses nothing takes what
+costs least.
+And the running sequences stay side by side (llama.cpp attends over every KV stream between the
+lowest and the highest id in a batch), a cached prefix in a slot away from them copied over."""
 
 from __future__ import annotations
 
@@ -14,10 +17,10 @@ TEMPLATE = [1, 2]  # the opening every rendered chat shares
 SYSTEM = list(range(3, 23))  # a long system prompt: 20 tokens
 
 
-def job(tokens: list[int], ll, cache_prompt: bool = True) -> Job:
+def job(tokens: list[int], ll, cache_prompt: bool = True, length: int = 2) -> Job:
     req = GenerationRequest(tuple(tokens), SamplingParams(), cache_prompt=cache_prompt)
-    return Job(req, sink=lambda ev: None, tokens=list(tokens), max_new=3,
-               assembler=TextAssembler(()), sampler=Sampler(ll, 2))  # type: ignore[arg-type]
+    return Job(req, sink=lambda ev: None, tokens=list(tokens), max_new=length + 1,
+               assembler=TextAssembler(()), sampler=Sampler(ll, length))  # type: ignore[arg-type]
 
 
 def served(sched, j: Job) -> Job:
@@ -44,11 +47,22 @@ def test_a_template_prefix_does_not_evict_a_conversation_while_a_slot_is_empty()
     assert turn_two.cached_tokens == len(turn_one)
 
 
-def test_a_long_shared_system_prompt_takes_the_slot_that_holds_it():
+def test_a_long_shared_system_prompt_is_copied_and_the_conversation_kept():
     sched, ll = scheduler(parallel=2)
-    served(sched, job(TEMPLATE + SYSTEM + [24, 25], ll))
+    first = TEMPLATE + SYSTEM + [24, 25]
+    served(sched, job(first, ll))
+    turn_one = list(sched.slots[holding(sched, first)[0]].cached)
     second = served(sched, job(TEMPLATE + SYSTEM + [26, 27], ll))
     assert second.cached_tokens == len(TEMPLATE + SYSTEM)
+    assert ll.copies  # the prefix came over to the empty slot ...
+    assert holding(sched, turn_one)  # ... and the first conversation is whole
+
+
+def test_a_short_shared_prefix_is_decoded_again_not_copied():
+    sched, ll = scheduler(parallel=2)
+    served(sched, job(TEMPLATE + [24, 25, 26], ll))
+    again = served(sched, job(TEMPLATE + [27, 28, 29], ll))
+    assert again.cached_tokens == 0 and not ll.copies
 
 
 def test_a_request_without_prompt_caching_leaves_cached_slots_alone():
@@ -70,3 +84,52 @@ def test_with_every_slot_full_the_least_cache_is_lost():
     served(sched, job([27, 28, 29], ll))  # shares nothing with either
     assert holding(sched, long_one)
     assert not holding(sched, short_one)
+
+
+def running(sched) -> list[int]:
+    return sorted(s.seq_id for s in sched.slots if s.job is not None)
+
+
+def start(sched, j: Job) -> int:
+    """Admit ``j`` beside whatever runs; the seq id it got."""
+    sched.waiting.append(j)
+    sched.admit()
+    sched.decode_step()
+    return next(s.seq_id for s in sched.slots if s.job is j)
+
+
+def test_running_sequences_stay_side_by_side_as_requests_come_and_go():
+    sched, ll = scheduler(parallel=8)
+    for s in sched.slots:  # the least recently used slots are far apart
+        s.last_used = -float(s.seq_id % 2)
+    jobs = [job([3 + i, 4, 5], ll, length=40) for i in range(4)]
+    for j in jobs:
+        start(sched, j)
+    ids = running(sched)
+    assert ids[-1] - ids[0] == len(ids) - 1  # side by side, not one slot in two
+    # one in the middle ends: the next request fills its place
+    middle = sched.slots[ids[1]]
+    middle.job.cancelled = True
+    sched.reap()
+    assert start(sched, job([9, 9, 9], ll, length=40)) == middle.seq_id
+    assert running(sched) == ids
+
+
+def test_a_prefix_cached_away_from_the_running_slots_is_copied_next_to_them():
+    sched, ll = scheduler(parallel=8)
+    conversation = TEMPLATE + SYSTEM + [24, 25]
+    served(sched, job(conversation, ll))
+    far = holding(sched, conversation)[0]
+    turn_one = list(sched.slots[far].cached)
+    # sequences now run at the other end
+    for s in sched.slots:
+        s.last_used = 0.0 if abs(s.seq_id - far) > 3 else 1.0
+    runner = job([27, 28], ll, length=40)
+    at = start(sched, runner)
+    assert abs(at - far) > 3
+    turn_two = job(turn_one + [10, 11], ll)
+    placed = start(sched, turn_two)
+    assert abs(placed - at) == 1  # beside the running one
+    assert (far, placed) in ll.copies  # the cached conversation came with it
+    assert turn_two.cached_tokens == len(turn_one)
+    assert holding(sched, turn_one)  # and it is still where it was, for whoever needs it
