@@ -4,6 +4,7 @@ non-streamed answer (app.core.events.fold), so the two always agree."""
 from __future__ import annotations
 
 from app.core.events import CallArgs, CallStarted, Event, Text, Thinking
+from app.formats.memo import Memo, resuming
 from app.formats.reply import Reply, parse_reply
 from app.formats.spec import ReplySpec
 
@@ -21,11 +22,13 @@ class ReplyStream:
         self._sent_content = 0
         self._sent_args: list[int] = []
         self._final: Reply | None = None  # the final parse, once asked for
+        self._scans: Memo = {}  # unfinished scans of this reply, resumed by the next parse
 
     def feed(self, piece: str) -> list[Event]:
         self.text += piece
         self._final = None
-        return self._diff(parse_reply(self.text, self.spec, self.ids))
+        with resuming(self._scans):
+            return self._diff(parse_reply(self.text, self.spec, self.ids))
 
     def finish(self) -> list[Event]:
         """The events for what was held back until the end (an empty thought included, so
@@ -40,7 +43,8 @@ class ReplyStream:
     def result(self) -> Reply:
         """The parse of the whole reply, computed once however often it is asked for."""
         if self._final is None:
-            self._final = parse_reply(self.text, self.spec, self.ids, final=True)
+            with resuming(self._scans):
+                self._final = parse_reply(self.text, self.spec, self.ids, final=True)
         return self._final
 
     def cut_calls(self) -> frozenset[int]:

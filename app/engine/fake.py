@@ -188,7 +188,8 @@ class FakeEngine:
         return rows
 
     def stats(self) -> dict[str, object]:
-        return {"running": self._running, "waiting": 0, "steps": 0, "batch_widths": {}}
+        return {"running": self._running, "waiting": 0, "steps": 0, "batch_widths": {},
+                "decode_seconds": 0.0, "step_seconds": 0.0}
 
     def stalled(self, limit: float) -> str | None:
         return self.stall

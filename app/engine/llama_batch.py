@@ -100,6 +100,10 @@ class Batch:
         self.waiting: deque[Job] = deque()  # prepared, admitted in order as slots free up
         self.steps = 0
         self.widths: Counter[int] = Counter()  # sequences sampled in one step -> steps
+        # seconds inside llama_decode, and in whole steps: the difference is this server's own
+        # work per step (scheduling, sampling, text), what bench/reply_length.py reports
+        self.decode_seconds = 0.0
+        self.step_seconds = 0.0
 
     def busy(self) -> bool:
         return any(s.job for s in self.slots)
@@ -283,7 +287,9 @@ class Batch:
         """``llama_decode`` of the batch's first ``n`` tokens; on failure every request in
         flight ends with the error (the KV cache is in an unknown state) and False."""
         self.batch.n_tokens = n
+        t0 = time.perf_counter()
         rc = self.ll.llama_decode(self.ctx, self.batch)
+        self.decode_seconds += time.perf_counter() - t0
         if rc == 0:
             return True
         err = EngineFailure(

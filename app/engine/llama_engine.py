@@ -229,6 +229,8 @@ class LlamaEngine:
             "steps": sched.steps if sched is not None else 0,
             "batch_widths": ({str(k): v for k, v in sorted(sched.widths.items())}
                              if sched is not None else {}),
+            "decode_seconds": round(sched.decode_seconds, 6) if sched is not None else 0.0,
+            "step_seconds": round(sched.step_seconds, 6) if sched is not None else 0.0,
         }
 
     def stalled(self, limit: float) -> str | None:
@@ -445,6 +447,7 @@ class LlamaEngine:
             slot.cached.clear()
         sched.steps = 0
         sched.widths.clear()
+        sched.decode_seconds = sched.step_seconds = 0.0
 
     def _stage(self, stage: str, **kw: object) -> None:
         """The load stage health reports; a reload after sleep reports none (health stays 200)."""
@@ -539,10 +542,12 @@ class LlamaEngine:
                 return False
             with self._turns.host():
                 self._step_since = time.monotonic()
+                t0 = time.perf_counter()
                 try:
                     sched.decode_step()
                 finally:
                     self._step_since = None
+                    sched.step_seconds += time.perf_counter() - t0
         return True
 
     def _take_inbox(self, sched: Batch) -> None:

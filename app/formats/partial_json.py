@@ -4,12 +4,20 @@ Every function takes the whole text so far and an offset, and either returns wha
 up to there or raises ``Incomplete`` (wait for more) or ``ValueError`` (it is not this JSON).
 What it returns only ever grows as the text does, which is what lets ``parse_reply`` be a pure
 function of the text so far (vLLM uses ``partial_json_parser`` for the same job).
+
+A stream parses its reply again after every piece: a scan of a value or a string that the text
+has not finished yet is kept where it stopped (app.formats.memo), and the next parse of the
+longer text goes on from there instead of reading the value from its start again (a 4000-token
+call argument cost 130 us per piece at its end, 10 at its start).
 """
 
 from __future__ import annotations
 
 import json
 import re
+
+from app.formats.memo import keep as _keep
+from app.formats.memo import resume as _resume
 
 
 class Incomplete(Exception):
@@ -38,13 +46,19 @@ def expect(s: str, i: int, lit: str) -> int:
 def string(s: str, i: int) -> tuple[str, int, bool]:
     """Decode a JSON string from its opening quote: (text so far, end, closed). Stops before an
     escape that is not complete yet, so the text so far only ever grows."""
-    i = ws(s, i)
-    if i >= len(s):
-        raise Incomplete
-    if s[i] != '"':
-        raise ValueError("expected a string")
-    i += 1
-    out = []
+    start = i
+    kept = _resume("string", s, start)
+    if kept is not None:
+        i, done = kept
+        out = [done]
+    else:
+        i = ws(s, i)
+        if i >= len(s):
+            raise Incomplete
+        if s[i] != '"':
+            raise ValueError("expected a string")
+        i += 1
+        out = []
     while i < len(s):
         m = _IN_STRING.match(s, i)
         if m:
@@ -75,7 +89,9 @@ def string(s: str, i: int) -> tuple[str, int, bool]:
             continue
         out.append({"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}.get(e, e))
         i += 2
-    return "".join(out), i, False
+    text = "".join(out)
+    _keep("string", s, start, i, text)
+    return text, i, False
 
 
 def _hex4(s: str, i: int) -> int | None:
@@ -90,10 +106,14 @@ def _hex4(s: str, i: int) -> int | None:
 
 def value_end(s: str, i: int) -> tuple[int, bool]:
     """Scan one JSON value from ``i``: (end so far, complete)."""
-    i = ws(s, i)
-    depth = 0
-    in_str = False
-    j = i
+    start = i
+    kept = _resume("value", s, start)
+    if kept is not None:
+        j, (depth, in_str) = kept
+    else:
+        j = ws(s, i)
+        depth = 0
+        in_str = False
     while j < len(s):
         m = (_IN_STRING if in_str else _PLAIN).match(s, j)
         if m:
@@ -120,6 +140,8 @@ def value_end(s: str, i: int) -> tuple[int, bool]:
         elif depth == 0:  # a scalar ended at a delimiter
             return j, True
         j += 1
+    if depth or in_str:  # inside the value: resumable (a bare scalar is short, and a scan
+        _keep("value", s, start, j, (depth, in_str))  # before it starts must skip spaces)
     return min(j, len(s)), False
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from app.engine.text import held_suffix
+from app.formats import memo
 from app.formats.base import MarkerFormat, rest_is
 from app.formats.gbnf import lit, until
 from app.formats.hermes import CLOSE, OPEN
@@ -82,6 +83,19 @@ def _param_json(value: str, is_string: bool) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _encode_growing(raw: str, done: tuple[str, int]) -> tuple[str, int]:
+    """The JSON escaping of ``raw`` but its last character (which trimming may still drop),
+    extending ``done`` (the escaping of its first ``done[1]`` characters): escaping is per
+    character, so each piece is escaped once, not the whole value again at every piece."""
+    text, n = done
+    stable = max(n, len(raw) - 1)
+    return text + _escaped(raw[n:stable]), stable
+
+
 def _trim_newline(value: str) -> str:
     value = value[1:] if value.startswith("\n") else value
     return value[:-1] if value.endswith("\n") else value
@@ -111,12 +125,17 @@ def _function(body: str, j: int, spec: ReplySpec) -> tuple[list[Found], int | No
             return [(name, "".join(parts), False)], None
         key = body[opened:k]
         head = (", " if n else "") + json.dumps(key, ensure_ascii=False) + ": "
-        close = body.find(END_PARAMETER, k + 1)
+        kept = memo.resume("parameter", body, k + 1)  # an open value searched up to there
+        close = body.find(END_PARAMETER, max(k + 1, kept[0] - len(END_PARAMETER) + 1)
+                          if kept else k + 1)
         if close == -1:
+            encoded = kept[1] if kept else ("", 0)
             if key in strings:  # a string value streams as it is written
                 raw = body[k + 1 :]
                 raw = _trim_newline(raw[: len(raw) - held_suffix(raw, (END_PARAMETER,))])
-                parts.append(head + '"' + json.dumps(raw, ensure_ascii=False)[1:-1])
+                encoded = _encode_growing(raw, encoded)
+                parts.append(head + '"' + encoded[0] + _escaped(raw[encoded[1]:]))
+            memo.keep("parameter", body, k + 1, len(body), encoded)
             return [(name, "".join(parts), False)], None
         parts.append(head + _param_json(_trim_newline(body[k + 1 : close]), key in strings))
         n += 1

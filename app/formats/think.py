@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.engine.text import held_suffix
+from app.formats import memo
 from app.formats.gbnf import lit, until
 
 
@@ -58,8 +59,10 @@ class ReasoningFormat:
                     return Thought(None, None, False)  # "", "  " or "<thi": wait
                 return Thought(None, text, False)
             body = stripped[len(self.open) :]
-        end = body.find(self.close)
+        kept = memo.resume("close", body, 0)  # searched before, up to there (a stream)
+        end = body.find(self.close, max(0, kept[0] - len(self.close) + 1) if kept else 0)
         if end == -1:
+            memo.keep("close", body, 0, len(body))
             keep = 0 if final else held_suffix(body, (self.close,))
             return Thought(body[: len(body) - keep], "", True)
         return Thought(body[:end], body[end + len(self.close) :], False)

@@ -188,14 +188,18 @@ def test_the_engine_reuses_kv_only_within_a_scope():
         def llama_memory_seq_rm(self, *args):
             return True
 
+        def llama_memory_seq_cp(self, *args):
+            pass
+
     sched = Batch(Memory(), ctx=None, mem=None, batch=None, vocab=None, tok=None, n_ctx=64,
                   prefill_chunk=8, parallel=2, over=lambda job: None)
-    sched.slots[0].cached, sched.slots[0].scope = [1, 2, 3, 4, 5], "a"
+    cached = list(range(1, 30))  # a prefix long enough to be worth copying to an empty slot
+    sched.slots[0].cached, sched.slots[0].scope = list(cached), "a"
     assert isinstance(sched.slots[1], Slot)
 
     def admit(scope: str) -> Job:
         job = Job(GenerationRequest("x", cache_scope=scope), sink=lambda ev: None,
-                  tokens=[1, 2, 3, 4, 9])
+                  tokens=[*cached[:24], 99])
         sched.waiting.append(job)
         sched.admit()
         return job
@@ -204,10 +208,10 @@ def test_the_engine_reuses_kv_only_within_a_scope():
     assert other.cached_tokens == 0
     for slot in sched.slots:
         slot.job = None
-    sched.slots[0].cached, sched.slots[0].scope = [1, 2, 3, 4, 5], "a"
+    sched.slots[0].cached, sched.slots[0].scope = list(cached), "a"
     sched.slots[1].cached = []
     same = admit("a")
-    assert same.cached_tokens == 4
+    assert same.cached_tokens == 24
 
     # the end of the graceful timeout: every running job gets its error, every slot is free
     from app.base.errors import ShuttingDown

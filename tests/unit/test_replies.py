@@ -35,6 +35,12 @@ CASES = [
      '<parameter=limit>\n5\n</parameter>\n<parameter=opts>\n{"deep": true}\n</parameter>\n</function>\n</tool_call>',
      "I will search.", [("search", {"query": 'what is <b>\n"x"', "limit": 5, "opts": {"deep": True}})], None),
     ("qwen3_coder", {}, "<function=now>\n</function>", "", [("now", {})], None),
+    # a string value streamed as written (escaped piece by piece): escapes, astral characters,
+    # a near-miss of the closing tag, newlines at both ends
+    ("qwen3_coder", {"string_params": {"write": frozenset({"text"})}},
+     '<tool_call>\n<function=write>\n<parameter=text>\n\nline \\ back "q" \u00e9 \U0001d11e </para not end\n\n'
+     "</parameter>\n</function>\n</tool_call>", "",
+     [("write", {"text": '\nline \\ back "q" \u00e9 \U0001d11e </para not end\n'})], None),
     ("qwen3_coder", {}, "<tool_call>\n<function=now>\n</function>\n<function=later>\n<parameter=x>\n1\n"
      "</parameter>\n</function>\n</tool_call>\nok", "ok", [("now", {}), ("later", {"x": 1})], None),
     ("llama3", {}, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
