@@ -44,6 +44,7 @@ from app.engine.types import (
     TextPiece,
     outside_vocab,
 )
+from app.formats.memo import Memo, resuming
 from app.formats.think import CLOSE, split_thought
 
 # How often a run whose reader is not streaming checks that its client is still connected.
@@ -346,6 +347,7 @@ class _ThoughtGuard:
         self.in_thought = bool(spec and spec.in_thought)
         self.budget = plan.reasoning_budget if self.watching else None
         self.text = ""
+        self._scans: Memo = {}
         self.open = self.in_thought
         self.tokens_at_open = 0
         self.ended = False
@@ -355,7 +357,8 @@ class _ThoughtGuard:
             return
         self.text += ev.text
         was_open = self.open
-        self.open = split_thought(self.text, self.in_thought).open
+        with resuming(self._scans):  # the closing tag searched for in the new text only
+            self.open = split_thought(self.text, self.in_thought).open
         if self.open and not was_open:
             self.tokens_at_open = 0 if self.in_thought else ev.completion_tokens
         over = self.budget is not None and ev.completion_tokens - self.tokens_at_open >= self.budget
