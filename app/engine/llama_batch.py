@@ -109,17 +109,19 @@ class Batch:
         return any(s.job for s in self.slots)
 
     def reap(self) -> None:
-        """Drop cancelled jobs and fail the ones past their deadline, freeing their KV."""
+        """Drop cancelled jobs and fail the ones past their deadline, freeing their slots. Their
+        KV stays for prefix reuse (between steps it holds exactly ``cached``): a client that
+        stops a reply and sends its next turn finds the conversation still there."""
         now = time.monotonic()
         for slot in self.slots:
             job = slot.job
             if job is None:
                 continue
             if job.cancelled:
-                self.release(slot)
+                self.release(slot, keep_cache=True)
             elif job.deadline is not None and now > job.deadline:
                 self.fail_job(job, timeout_error(job))
-                self.release(slot)
+                self.release(slot, keep_cache=True)
         if any(j.cancelled or (j.deadline is not None and now > j.deadline) for j in self.waiting):
             keep: deque[Job] = deque()
             for job in self.waiting:
@@ -148,7 +150,8 @@ class Batch:
             # none
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
             shared = {id(s): min(common_prefix(s.cached, prompt), len(job.tokens) - 1)
-                      if reuse and s.scope == scope else 0 for s in free}
+                      if reuse and s.scope == scope and s.follows is None else 0
+                      for s in self.slots}
             slot, source = self._place(free, shared)
             n_common = shared[id(source)]
             if source is not slot:  # the prefix is in a slot too far off: copy it over
@@ -192,11 +195,12 @@ class Batch:
         the attention of eight side by side (at 8 streams on the default model: 120 against
         227 tok/s). So the prompt goes where the running sequences' id span grows least, and
         there to the slot whose cache loses least: an empty one before another conversation's
-        KV, which its next turn would reuse. The longest cached prefix of the prompt, wherever
-        it is, comes with it: taken in place when it is there, else copied over when it saves
-        at least RELOCATE_MIN_TOKENS (a whole stream copied: a memory copy, far cheaper than
-        decoding the prefix again, and the conversation it came from stays where it was)."""
-        source = max(free, key=lambda s: (shared[id(s)], -s.last_used))
+        KV, which its next turn would reuse. The longest cached prefix of the prompt, in any
+        slot (a running one's too: between steps its KV holds exactly its ``cached`` tokens),
+        comes with it: taken in place when it is there, else copied over when it saves at
+        least RELOCATE_MIN_TOKENS (a whole stream copied: a memory copy, far cheaper than
+        decoding the prefix again, and the sequence it came from keeps its own)."""
+        source = max(self.slots, key=lambda s: (shared[id(s)], s.job is None, -s.last_used))
         narrowest = min(self._span_with(s) for s in free)
         slot = min((s for s in free if self._span_with(s) == narrowest),
                    key=lambda s: (len(s.cached) - shared[id(s)], -shared[id(s)], s.last_used))
@@ -335,7 +339,7 @@ class Batch:
                 for choice in (lead, *lead.followers):  # its other choices stop at the next
                     choice.cancelled = True             # step: nobody reads them any more
                 self.fail_job(job, err)
-                self.release(slot)
+                self.release(slot, keep_cache=True)  # its KV is whole: this token is not in it
                 continue
             if job.request.params.logprobs is not None:
                 row = logits_row(ll, self.ctx, i, self.tables.n)
@@ -443,8 +447,8 @@ class Batch:
         self.release(slot, keep_cache=True)
 
     def release(self, slot: Slot, keep_cache: bool = False) -> None:
-        """Free the slot at once. A finished job's KV stays for prefix reuse by the next
-        request; a cancelled or failed one's is dropped."""
+        """Free the slot at once; its KV stays for prefix reuse by the next request when
+        ``keep_cache`` (it holds exactly ``cached``), else it is dropped."""
         job = slot.job
         for other in self.slots:  # choices still waiting for this slot's prompt go with it
             if other.follows is slot and other.job is not None:

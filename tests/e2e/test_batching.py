@@ -196,3 +196,28 @@ def test_a_shared_prefix_is_copied_to_a_free_slot_and_the_conversation_kept(serv
     # the first conversation's next turn finds all of its first turn still cached
     nxt = chat([*turn, first["choices"][0]["message"], {"role": "user", "content": "Another?"}])
     assert nxt["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"]
+
+
+def test_a_stopped_stream_leaves_its_prompt_cached(server_factory):
+    """A client that stops a reply (closes the stream) and asks again finds its prompt still
+    in the KV cache: the cancelled request's slot keeps what it had decoded."""
+    srv = server_factory({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
+    srv.wait_ready()
+    messages = [{"role": "system", "content": "You are a storyteller. " * 10},
+                {"role": "user", "content": "Tell me a very long story about the sea."}]
+    body = {"messages": messages, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with requests.post(srv.url("/v1/chat/completions"), json=body, stream=True, timeout=120) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith(b"data: {")
+            if seen >= 5:
+                break  # the client stops the reply: the connection closes here
+
+    def idle() -> bool:
+        return requests.get(srv.url("/health"), timeout=10).json()["engine"]["running"] == 0
+
+    wait_for(idle, 60, "the stopped request to leave its slot")
+    again = requests.post(srv.url("/v1/chat/completions"), json={"messages": messages, "max_tokens": 4},
+                          timeout=120).json()
+    usage = again["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1

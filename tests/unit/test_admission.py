@@ -133,3 +133,28 @@ def test_a_prefix_cached_away_from_the_running_slots_is_copied_next_to_them():
     assert (far, placed) in ll.copies  # the cached conversation came with it
     assert turn_two.cached_tokens == len(turn_one)
     assert holding(sched, turn_one)  # and it is still where it was, for whoever needs it
+
+
+def test_a_running_sequence_lends_its_prompt_to_a_new_one():
+    sched, ll = scheduler(parallel=4, chunk=64)
+    prompt = TEMPLATE + SYSTEM + [24]
+    runner = job(prompt, ll, length=40)
+    at = start(sched, runner)
+    twin = job(TEMPLATE + SYSTEM + [25, 26], ll)
+    placed = start(sched, twin)
+    assert placed != at and (at, placed) in ll.copies
+    assert twin.cached_tokens == len(TEMPLATE + SYSTEM)
+
+
+def test_a_cancelled_reply_leaves_its_kv_for_the_next_turn():
+    sched, ll = scheduler(parallel=2, chunk=64)
+    prompt = TEMPLATE + SYSTEM + [24]
+    stopped = job(prompt, ll, length=40)
+    start(sched, stopped)
+    sched.decode_step()
+    stopped.cancelled = True
+    sched.reap()
+    kept = list(next(s.cached for s in sched.slots if s.cached))
+    assert kept[:len(prompt)] == prompt and len(kept) > len(prompt)
+    nxt = served(sched, job(kept + [27, 28], ll))
+    assert nxt.cached_tokens == len(kept)
