@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 def engine_config(settings: Settings) -> EngineConfig:
     """The engine's settings, taken by name; only the derived fields are spelled out."""
+    from app.core.plan import opening
     from app.engine.config import EngineConfig
 
     return from_settings(
@@ -37,6 +38,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         chat_template=_template_text(settings.chat_template),
         verbose=settings.log_level == "debug",
         preserved_tokens=formats.preserved_tokens(),
+        opening=opening,
     )
 
 

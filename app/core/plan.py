@@ -169,6 +169,22 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     return _checked(Plan(gen, spec, inp.reasoning_budget, inp.reasoning_control), opts)
 
 
+_MARK = "vertex-gguf opening 7f3a"
+
+
+def opening(info: ModelInfo) -> str | None:
+    """The text every chat that sends no system prompt starts with: the chat template over one
+    user turn, up to that turn's words (for SmolLM2, its default system prompt and the user
+    turn's header: 27 tokens). The engine decodes it at load, so the first requests find it in
+    the KV cache as later ones do. None when the template cannot say it."""
+    try:
+        text = _render(info, [{"role": "user", "content": _MARK}], True, {})
+    except BadRequest:
+        return None
+    cut = text.find(_MARK)
+    return text[:cut] if cut > 0 else None
+
+
 def _render(info: ModelInfo, messages: list[dict[str, Any]], add_generation_prompt: bool,
             extra: dict[str, Any]) -> str:
     """The chat template over ``messages``. A template that refuses a system turn anywhere but

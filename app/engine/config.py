@@ -6,8 +6,11 @@ and the composition root builds it (app.engine_config) without importing llama.c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from app.engine.types import ModelInfo
 
 
 @dataclass(frozen=True)
@@ -46,3 +49,6 @@ class EngineConfig:
     # markers the reply parsers read (app.formats.preserved_tokens): some models make them
     # control tokens, which llama.cpp leaves out of the text unless asked
     preserved_tokens: tuple[str, ...]
+    # the text every chat starts with, for the model's card (app.core.plan.opening): decoded
+    # at load and left in the KV cache, so the first requests reuse it as later ones do
+    opening: Callable[[ModelInfo], str | None] | None

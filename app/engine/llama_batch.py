@@ -150,7 +150,7 @@ class Batch:
             # none
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
             shared = {id(s): min(common_prefix(s.cached, prompt), len(job.tokens) - 1)
-                      if reuse and s.scope == scope and s.follows is None else 0
+                      if reuse and s.scope in (scope, PUBLIC) and s.follows is None else 0
                       for s in self.slots}
             slot, source = self._place(free, shared)
             n_common = shared[id(source)]
@@ -502,6 +502,10 @@ def drop(job: Job, over: Callable[[Job], None], err: ServiceError | None = None)
     for j in (job, *job.followers):
         over(j)
 
+
+# the scope of KV any request may reuse: the chat template's opening the engine decodes at load
+# (server text every client already sees in its own prompts, so reusing it tells nothing)
+PUBLIC = "\0public"
 
 # a cached prefix in a slot away from the running ones is copied over when it saves at least
 # this many tokens of prompt (below it, decoding them again costs about what the copy does)

@@ -221,3 +221,18 @@ def test_a_stopped_stream_leaves_its_prompt_cached(server_factory):
                           timeout=120).json()
     usage = again["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+
+
+def test_the_first_chat_after_ready_finds_the_templates_opening_cached(server_factory):
+    """The engine decodes the text every chat starts with at load (the default model's system
+    prompt and user header), so the first request reuses it as later ones do."""
+    srv = server_factory({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
+    srv.wait_ready()
+    body = {"messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 4}
+    first = requests.post(srv.url("/v1/chat/completions"), json=body, timeout=120).json()
+    cached = first["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 20 <= cached < first["usage"]["prompt_tokens"]
+    # the text completions route has no template: nothing of it is cached
+    plain = requests.post(srv.url("/v1/completions"), json={"prompt": "Water boils at", "max_tokens": 4},
+                          timeout=120).json()
+    assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

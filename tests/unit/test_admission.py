@@ -158,3 +158,20 @@ def test_a_cancelled_reply_leaves_its_kv_for_the_next_turn():
     assert kept[:len(prompt)] == prompt and len(kept) > len(prompt)
     nxt = served(sched, job(kept + [27, 28], ll))
     assert nxt.cached_tokens == len(kept)
+
+
+def test_kv_of_the_public_scope_serves_every_scope_and_a_keys_serves_its_own():
+    from app.engine.llama_batch import PUBLIC
+
+    sched, ll = scheduler(parallel=3, chunk=64)
+    opening = job(TEMPLATE + SYSTEM, ll)
+    opening.request = GenerationRequest(tuple(opening.tokens), SamplingParams(), cache_scope=PUBLIC)
+    served(sched, opening)
+    keyed = job(TEMPLATE + SYSTEM + [24], ll)
+    keyed.request = GenerationRequest(tuple(keyed.tokens), SamplingParams(), cache_scope="key-a")
+    served(sched, keyed)
+    assert keyed.cached_tokens == len(TEMPLATE + SYSTEM)
+    other = job(TEMPLATE + SYSTEM + [24, 25], ll)
+    other.request = GenerationRequest(tuple(other.tokens), SamplingParams(), cache_scope="key-b")
+    served(sched, other)
+    assert other.cached_tokens == len(TEMPLATE + SYSTEM)  # the public part only, not key-a's

@@ -57,3 +57,27 @@ def test_content_parts_are_flattened():
     with pytest.raises(BadRequest) as exc:
         flatten_content([{"type": "image_url", "image_url": {}}], "messages.0")
     assert exc.value.param == "messages.0.content.0"
+
+
+def info_with(template: str | None):
+    from app.engine.types import ModelInfo
+
+    return ModelInfo(name="m", path="m.gguf", n_ctx=512, n_ctx_train=512, chat_template=template,
+                     bos_token="<s>", eos_token="</s>", created=0)
+
+
+def test_the_opening_every_chat_starts_with():
+    from app.core.plan import opening
+
+    text = opening(info_with(SMOLLM2))
+    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                    "Hugging Face<|im_end|>\n<|im_start|>user\n")
+    assert render(SMOLLM2, [{"role": "user", "content": "Hi"}]).startswith(text)
+    assert opening(info_with(None)) == "<|im_start|>user\n"  # ChatML without a template
+
+
+def test_a_template_that_cannot_say_its_opening_gives_none():
+    from app.core.plan import opening
+
+    assert opening(info_with("{{ raise_exception('no') }}")) is None
+    assert opening(info_with("{{ messages[0]['content'] | upper }}")) is None  # words changed
