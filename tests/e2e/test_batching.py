@@ -176,8 +176,8 @@ def test_a_shared_prefix_is_copied_to_a_free_slot_and_the_conversation_kept(serv
     slot with that prefix copied across KV streams (llama_memory_seq_cp), so the first
     conversation's KV stays whole for its next turn; the copied prefix gives the reply a
     fresh decode gives."""
-    srv = server_factory({"PARALLEL": "2", "STREAM_HEARTBEAT_SECONDS": "0"})
-    srv.wait_ready()
+    srv = server_factory({"PARALLEL": "3", "STREAM_HEARTBEAT_SECONDS": "0"})  # one holds the
+    srv.wait_ready()                                                           # template's opening
     system = {"role": "system", "content": "You are a terse assistant. Answer in one short sentence. " * 8}
 
     def chat(messages: list[dict], **extra) -> dict:
