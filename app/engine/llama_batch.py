@@ -176,7 +176,8 @@ class Batch:
             for follower in job.followers:
                 # each other choice gets a slot of its own; it takes a copy of the leader's prompt
                 # KV (llama_memory_seq_cp into its own stream) once the prompt is decoded
-                fslot = min(free, key=lambda s: (self._span_with(s), len(s.cached)))
+                span = self._span()
+                fslot = min(free, key=lambda s: (span(s), len(s.cached)))
                 free.remove(fslot)
                 self.ll.llama_memory_seq_rm(self.mem, fslot.seq_id, -1, -1)
                 fslot.cached.clear()
@@ -201,18 +202,22 @@ class Batch:
         least RELOCATE_MIN_TOKENS (a whole stream copied: a memory copy, far cheaper than
         decoding the prefix again, and the sequence it came from keeps its own)."""
         source = max(self.slots, key=lambda s: (shared[id(s)], s.job is None, -s.last_used))
-        narrowest = min(self._span_with(s) for s in free)
-        slot = min((s for s in free if self._span_with(s) == narrowest),
+        span = self._span()
+        narrowest = min(span(s) for s in free)
+        slot = min((s for s in free if span(s) == narrowest),
                    key=lambda s: (len(s.cached) - shared[id(s)], -shared[id(s)], s.last_used))
         if shared[id(source)] - shared[id(slot)] >= RELOCATE_MIN_TOKENS:
             return slot, source
         return slot, slot
 
-    def _span_with(self, slot: Slot) -> int:
-        """How far apart the running sequences' ids would be with ``slot`` running too."""
+    def _span(self) -> Callable[[Slot], int]:
+        """How far apart the running sequences' ids would be with a given slot running too
+        (the running ones read once, not once per candidate slot)."""
         ids = [s.seq_id for s in self.slots if s.job is not None]
-        ids.append(slot.seq_id)
-        return max(ids) - min(ids)
+        if not ids:
+            return lambda slot: 0
+        lo, hi = min(ids), max(ids)
+        return lambda slot: max(hi, slot.seq_id) - min(lo, slot.seq_id)
 
     def decode_step(self) -> None:
         """One step: the next token of every generating sequence and the prompt chunks of those
