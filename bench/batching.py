@@ -197,8 +197,10 @@ def main() -> None:
                       "threads": args.threads},
         }))
         argv = [c.replace("{port}", str(port)).replace("{config}", str(cfg)) for c in cmd]
+        # the server's own log, kept so that a server that dies (a GPU-only failure) says why
+        log = tempfile.NamedTemporaryFile(prefix=f"bench-{name.replace(' ', '-')}-", suffix=".log", delete=False)  # noqa: SIM115 (closed in finally)
         proc = subprocess.Popen(argv, env=full_env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             t_start = time.perf_counter()
             wait_ready(base, health, proc)
@@ -210,7 +212,9 @@ def main() -> None:
                 results[name][c] = r
                 print(f"{name} c={c}: {r.tokens / r.wall:.1f} tok/s, errors {r.errors}", file=sys.stderr, flush=True)
         except Exception as exc:  # noqa: BLE001
-            print(f"{name}: {exc}", file=sys.stderr)
+            print(f"{name}: {exc}; the end of its log:", file=sys.stderr)
+            log.flush()
+            print(Path(log.name).read_text(errors="replace")[-4000:], file=sys.stderr)
         finally:
             with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -218,6 +222,8 @@ def main() -> None:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
+            Path(log.name).unlink(missing_ok=True)
     ref = results.get("llama-server", {})
     lines = [f"model {Path(args.model).name}, threads {args.threads}, {args.parallel} slots x {args.ctx} ctx, "
              f"2 x c streaming chat requests of {args.max_tokens} tokens"

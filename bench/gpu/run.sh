@@ -102,11 +102,11 @@ build_llama() {
     log "building llama.cpp ($BACKEND, $JOBS jobs)"
     local gen=()
     if command -v ninja >/dev/null; then gen=(-G Ninja); fi
-    cmake -S "$src/vendor/llama.cpp" -B "$build" "${gen[@]}" "${args[@]}" >"$out/build.log" 2>&1 \
-      || { tail -30 "$out/build.log"; die "cmake configure"; }
+    cmake -S "$src/vendor/llama.cpp" -B "$build" "${gen[@]}" "${args[@]}" >"$work/build.log" 2>&1 \
+      || { tail -30 "$work/build.log"; die "cmake configure"; }
     timed "build llama.cpp ($BACKEND)" cmake --build "$build" -j "$JOBS" \
-      --target llama mtmd llama-server llama-batched-bench >>"$out/build.log" 2>&1 \
-      || { tail -40 "$out/build.log"; die "cmake build"; }
+      --target llama mtmd llama-server llama-batched-bench >>"$work/build.log" 2>&1 \
+      || { tail -40 "$work/build.log"; die "cmake build"; }
   fi
   if [ ! -d "$pkg/llama_cpp" ]; then
     mkdir -p "$pkg"
