@@ -7,7 +7,7 @@
 #   bench/gpu/prepare.sh                          # here, once: fills bench/gpu/kit (33 MiB)
 #   bench/gpu/run.sh [STAGE...]                   # there: device run, carry ["bench/gpu/kit"]
 #
-# STAGE: build, models, bench, batched, e2e (default: all of them, in that order). Each stage
+# STAGE: build, models, bench, batched, e2e, diag (default: all of them, in that order). Each stage
 # builds what it needs and finds missing, so a command holding any one of them stands alone, and
 # a warm machine reuses what an earlier command built (WORK is inside the repository, ignored).
 #
@@ -180,6 +180,25 @@ e2e() {
   tail -3 "$out/e2e.log" | tee -a "$out/run.log"
 }
 
+# ---- diag: which step of vertex-gguf's load fails here (a GPU-only crash), with a backtrace -------
+diag() {
+  use_llama
+  MODELS=small make_models
+  local model
+  model="$(model_path small)"
+  log "diag: each load step alone"
+  GPU_LAYERS="$NGL" "$py" "$root/bench/gpu/diag_load.py" "$model" 2>&1 | tee -a "$out/diag.log"
+  local first
+  first="$(sed -n 's/^== \([a-z]*\): rc -\?[1-9].*/\1/p' "$out/diag.log" | head -1)"
+  if [ -n "$first" ] && command -v cuda-gdb >/dev/null; then
+    log "diag: cuda-gdb on $first"
+    GPU_LAYERS="$NGL" timeout 60 cuda-gdb -q -batch -ex 'set pagination off' -ex run -ex 'bt 40' \
+      -ex 'info threads' --args "$py" "$root/bench/gpu/diag_load.py" "$model" "$first" \
+      >>"$out/diag.log" 2>&1 || true
+    grep -n -A45 'received signal' "$out/diag.log" | head -80
+  fi
+}
+
 for stage in "${stages[@]}"; do
   case "$stage" in
     build) use_llama ;;
@@ -187,7 +206,8 @@ for stage in "${stages[@]}"; do
     bench) bench ;;
     batched) batched ;;
     e2e) e2e ;;
-    *) die "unknown stage $stage (build, models, bench, batched, e2e)" ;;
+    diag) diag ;;
+    *) die "unknown stage $stage (build, models, bench, batched, e2e, diag)" ;;
   esac
 done
 log "done: $out"

@@ -1,0 +1,161 @@
+"""Which step of vertex-gguf's model load fails on this machine, found by elimination: each
+variant runs in its own process (faulthandler on) and adds one of the engine's steps to a plain
+llama.cpp load. For a GPU-only crash; run by bench/gpu/run.sh diag (with cuda-gdb's backtrace
+of the first variant that dies).
+
+    python bench/gpu/diag_load.py MODEL            # every variant, one line each
+    python bench/gpu/diag_load.py MODEL VARIANT    # one, in this process
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import subprocess
+import sys
+import threading
+import time
+
+VARIANTS = ["plain", "thread", "log", "probe", "engine", "gevent", "server"]
+
+
+def plain(path: str) -> None:
+    from llama_cpp import llama_cpp as ll
+
+    ll.llama_backend_init()
+    p = ll.llama_model_default_params()
+    p.n_gpu_layers = int(os.environ.get("GPU_LAYERS", "999"))
+    model = ll.llama_model_load_from_file(path.encode(), p)
+    assert model, "load returned NULL"
+    c = ll.llama_context_default_params()
+    c.n_ctx = 512
+    ctx = ll.llama_init_from_model(model, c)
+    assert ctx, "context returned NULL"
+    tokens = (ll.llama_token * 4)(1, 2, 3, 4)
+    assert ll.llama_decode(ctx, ll.llama_batch_get_one(tokens, 4)) == 0
+    ll.llama_free(ctx)
+    ll.llama_model_free(model)
+
+
+def in_thread(fn, path: str) -> None:
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn(path)
+        except BaseException as exc:  # noqa: BLE001
+            err.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if err:
+        raise err[0]
+
+
+def engine(path: str) -> None:
+    os.environ.update(MODEL=path, PARALLEL="4", CTX_SIZE="512")
+    os.environ.setdefault("GPU_LAYERS", "999")
+    from app import engine_config
+    from app.base.state import LoadState
+    from app.engine.llama_engine import LlamaEngine
+    from app.model import source
+    from app.settings import Settings
+
+    settings = Settings()
+    state = LoadState()
+    e = LlamaEngine(engine_config(settings), state, lambda s: source.resolve(settings, s))
+    e.start()
+    for _ in range(1200):
+        if state.stage in ("ready", "failed"):
+            break
+        time.sleep(0.05)
+    assert state.stage == "ready", f"engine stage {state.stage}"
+
+
+def server(path: str) -> None:
+    """The real server (gunicorn, its worker, the crash guard) with llama.cpp's whole log."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MODEL": path, "PARALLEL": "4", "CTX_SIZE": "512", "LOG_LEVEL": "debug"}
+    env.setdefault("GPU_LAYERS", "999")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import tempfile
+
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - a pipe would fill with the debug log and stall it
+    proc = subprocess.Popen([sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    ready = False
+    for _ in range(300):
+        if proc.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                ready = r.status == 200
+        except OSError:
+            pass
+        if ready:
+            break
+        time.sleep(0.1)
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.seek(0)
+    lines = [ln for ln in log.read().splitlines() if "input tensor" not in ln]
+    print("\n".join(lines[-60:]))
+    assert ready, "the server never became ready"
+
+
+def main() -> None:
+    faulthandler.enable()
+    path = sys.argv[1]
+    if len(sys.argv) > 2:
+        v = sys.argv[2]
+        if v == "plain":
+            plain(path)
+        elif v == "thread":
+            in_thread(plain, path)
+        elif v == "log":
+            from llama_cpp import llama_cpp as ll
+
+            from app.engine import llama_log
+
+            llama_log.install(ll, False)
+            in_thread(plain, path)
+        elif v == "probe":
+            from llama_cpp import llama_cpp as ll
+
+            from app.engine import cuda_check
+
+            print(cuda_check.probe(ll.llama_print_system_info().decode()).line(), flush=True)
+            in_thread(plain, path)
+        elif v == "engine":
+            engine(path)
+        elif v == "server":
+            server(path)
+        elif v == "gevent":
+            from gevent import monkey
+
+            monkey.patch_all()
+            engine(path)
+        print(f"{v}: ok", flush=True)
+        return
+    for v in VARIANTS:
+        try:
+            r = subprocess.run([sys.executable, __file__, path, v], capture_output=True, text=True,
+                               timeout=45)
+            keep = 60 if v == "server" else 12
+            tail = [ln for ln in (r.stdout + r.stderr).strip().splitlines() if "input tensor" not in ln][-keep:]
+            print(f"== {v}: rc {r.returncode}", *("   " + line for line in tail), sep="\n", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"== {v}: timed out", flush=True)
+
+
+if __name__ == "__main__":
+    main()
