@@ -16,7 +16,33 @@ import sys
 import threading
 import time
 
-VARIANTS = ["plain", "thread", "log", "probe", "engine", "gevent", "server"]
+VARIANTS = ["plain", "thread", "log", "probe", "engine", "engine-noprobe", "engine-nolog",
+            "engine-nocb", "engine-bigstack", "engine-probe-after", "gevent", "server"]
+
+
+def without(step: str) -> None:
+    """The engine with one of its load steps taken out (engine-STEP), to find the one that
+    makes llama.cpp crash where a plain load does not."""
+    from app.engine import cuda_check, llama_engine, llama_log
+
+    if step == "noprobe":  # no ctypes calls into NVML, the runtime and the driver
+        cuda_check.probe = lambda info, libs=None: cuda_check.CudaReport()
+    elif step == "nolog":  # llama.cpp's own log sink
+        llama_log.install = lambda ll, verbose: None
+    elif step == "nocb":  # no progress callback: a NULL function pointer
+        from llama_cpp import llama_cpp as ll
+
+        null = ll.llama_progress_callback()
+        ll.llama_progress_callback = lambda fn: null
+    elif step == "bigstack":  # the engine thread on a 256 MiB stack
+        from app.base import bridge
+
+        llama_engine.start_native_thread = (
+            lambda target, stack_size=0: bridge.start_native_thread(target, stack_size or 256 << 20))
+    elif step == "probe-after":  # the probe in the main thread first, as the passing variant did
+        from llama_cpp import llama_cpp as ll
+
+        print(cuda_check.probe(ll.llama_print_system_info().decode()).line(), flush=True)
 
 
 def plain(path: str) -> None:
@@ -136,6 +162,9 @@ def main() -> None:
             print(cuda_check.probe(ll.llama_print_system_info().decode()).line(), flush=True)
             in_thread(plain, path)
         elif v == "engine":
+            engine(path)
+        elif v.startswith("engine-"):
+            without(v.split("-", 1)[1])
             engine(path)
         elif v == "server":
             server(path)
