@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-VARIANTS = ["plain", "thread", "log", "probe", "engine", "engine-noprobe", "engine-nolog",
+VARIANTS = ["plain", "thread", "log", "probe", "imports", "model", "engine", "engine-noprobe", "engine-nolog",
             "engine-nocb", "engine-bigstack", "engine-probe-after", "gevent", "server"]
 
 
@@ -138,6 +138,21 @@ def server(path: str) -> None:
     assert ready, "the server never became ready"
 
 
+def model(path: str) -> None:
+    os.environ.update(MODEL=path, PARALLEL="4", CTX_SIZE="512")
+    os.environ.setdefault("GPU_LAYERS", "999")
+    from llama_cpp import llama_cpp as ll
+
+    from app import engine_config
+    from app.engine.llama_embed import DecodeTurns
+    from app.engine.llama_model import LlamaModel
+    from app.settings import Settings
+
+    m = LlamaModel(ll, engine_config(Settings()), lambda *a, **k: None)
+    m.load(path, DecodeTurns(), lambda job: None)
+    m.free()
+
+
 def main() -> None:
     faulthandler.enable()
     path = sys.argv[1]
@@ -161,6 +176,13 @@ def main() -> None:
 
             print(cuda_check.probe(ll.llama_print_system_info().decode()).line(), flush=True)
             in_thread(plain, path)
+        elif v == "imports":  # every module the engine imports, then a plain load
+            import app.engine.llama_engine  # noqa: F401
+            import app.engine.llama_model  # noqa: F401
+
+            in_thread(plain, path)
+        elif v == "model":  # the engine's LlamaModel.load, without LlamaEngine around it
+            in_thread(model, path)
         elif v == "engine":
             engine(path)
         elif v.startswith("engine-"):

@@ -74,6 +74,8 @@ deps=(
   "flask>=3.0,<4" "gunicorn[gevent]>=23,<28" "gevent>=24.2" "google-cloud-storage>=2.16,<4"
   "pydantic>=2.7,<3" "pydantic-settings>=2.3,<3" "redis>=5.0,<8"
   "openai>=2.20" "anthropic>=2.12"
+  "diskcache>=5.6.3"  # llama-cpp-python's own (its package is copied, not installed, there)
+  "httpx-sse>=0.4"    # tests/e2e/test_streams.py
 )
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU proof in one device call of at most 10 minutes, the stages in the order of their worth,
 # each given what is left of a deadline: the CUDA build (with the models made beside it), the
+# load diagnosis (run.sh diag: about 40 s, with cuda-gdb's backtrace if a load step dies), the
 # benchmark on the 8B shape, then the small and the near-free ones, llama-batched-bench, and as
 # much of the end-to-end suite as the time left allows. GPU memory is sampled every second into
 # $OUT/gpumem.csv. Everything else is bench/gpu/run.sh's; its variables pass through.
@@ -38,7 +39,7 @@ fi
 timeout "$(left)" "$run" build || { wait "$models"; exit 1; }
 wait "$models" || exit 1
 
-for stage in bench batched; do
+for stage in diag bench batched; do
   [ "$(left)" -gt 30 ] || { echo "proof.sh: no time left for $stage" >&2; exit 1; }
   timeout "$(left)" "$run" "$stage"
 done
