@@ -44,6 +44,7 @@ def engine_config(settings: Settings) -> EngineConfig:
 
 def plan_options(settings: Settings) -> PlanOptions:
     """The planner's settings, taken by name; only the derived fields are spelled out."""
+    from app.core.media import MediaLimits
     from app.core.plan import PlanOptions
     from app.grammar import gate
 
@@ -55,6 +56,8 @@ def plan_options(settings: Settings) -> PlanOptions:
         timeout=settings.request_timeout or None,
         slots_per_request=slots_per_request(settings),
         max_tokens_default=max_tokens_default(settings),
+        media=MediaLimits(settings.images_per_request, settings.image_max_bytes,
+                          settings.image_max_pixels, settings.image_max_side),
     )
 
 

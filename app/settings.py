@@ -245,6 +245,54 @@ class Settings(BaseSettings):
         **_env("TOOL_FORMAT"),
     )
 
+    # --- vision ------------------------------------------------------------------------------
+    mmproj: str | None = Field(
+        None,
+        description="The model's vision projector (llama-server's --mmproj): a local mmproj "
+        "GGUF path or file:// URI. With it, chat requests may carry images (docs/vision.md).",
+        min_length=1,
+        **_env("MMPROJ"),
+    )
+    mmproj_offload: bool = Field(
+        True,
+        description="Run the projector on the GPU when the model's layers are there "
+        "(llama-server's --no-mmproj-offload is false here).",
+        **_env("MMPROJ_OFFLOAD"),
+    )
+    images_per_request: int = Field(
+        8,
+        description="Most images in one request; more is a 400.",
+        ge=1,
+        le=256,
+        **_env("IMAGES_PER_REQUEST"),
+    )
+    image_max_bytes: int = Field(
+        8 * 1024 * 1024,
+        description="Largest image in bytes (as sent, before base64); larger is a 413. A "
+        "request's body is bounded by MAX_BODY_BYTES first.",
+        ge=1024,
+        le=1 << 30,
+        **_env("IMAGE_MAX_BYTES"),
+    )
+    image_max_pixels: int = Field(
+        50_000_000,
+        description="Most pixels an image may declare (width x height, read from its header "
+        "before anything is decoded); more is a 400. Bounds decoding memory: a small file can "
+        "claim an enormous image.",
+        ge=1,
+        le=1 << 31,
+        **_env("IMAGE_MAX_PIXELS"),
+    )
+    image_max_side: int = Field(
+        2048,
+        description="Images are scaled down (aspect kept) until neither side is longer, "
+        "before the projector sees them: projectors work at a few hundred pixels, so a large "
+        "photo costs no more than a small one.",
+        ge=16,
+        le=16384,
+        **_env("IMAGE_MAX_SIDE"),
+    )
+
     # --- embeddings --------------------------------------------------------------------------
     embeddings: Literal["auto", "on", "off", "only"] = Field(
         "auto",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.core.media import MediaInput
 from app.engine.types import SamplingParams
 from app.formats.spec import Tool
 
@@ -70,6 +71,8 @@ class ChatInput:
     # the start of the answer (Anthropic's final assistant message): written after the cue, as
     # message text, and continued; the reply holds only what follows it
     prefill: str = ""
+    # the images, in the order their MEDIA marks stand in the messages' text
+    media: tuple[MediaInput, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ from typing import Any
 
 from app import formats
 from app.base.errors import BadRequest
+from app.core import media
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
-from app.engine.types import GenerationRequest, ModelInfo, SamplingParams
+from app.core.media import MediaLimits
+from app.engine.types import MEDIA, GenerationRequest, ModelInfo, SamplingParams
 from app.formats import THINK, chat_template
 from app.formats.spec import ReplySpec, Tool
 from app.grammar import gate, json_schema
@@ -41,6 +43,7 @@ class PlanOptions:
     default_top_p: float
     default_top_k: int
     default_min_p: float
+    media: MediaLimits  # IMAGES_PER_REQUEST, IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS, IMAGE_MAX_SIDE
 
 
 @dataclass
@@ -165,8 +168,25 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
             names=frozenset(t.name for t in parsed),
         )
     gen = GenerationRequest(prompt, params, timeout=opts.timeout, cache_prompt=inp.cache_prompt,
-                            n=inp.n)
+                            n=inp.n, media=_images(info, inp, prompt, opts.media))
     return _checked(Plan(gen, spec, inp.reasoning_budget, inp.reasoning_control), opts)
+
+
+def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits) -> tuple:
+    """The request's images, decoded (app.core.media), each at its MEDIA mark in the prompt."""
+    if not inp.media:
+        return ()
+    if not info.vision:
+        raise BadRequest("this model has no vision projector: it reads text only (serve it "
+                         "with MMPROJ to send images)", param=inp.media[0].param,
+                         code="image_input_not_supported")
+    if inp.params.prompt_logprobs is not None:
+        raise BadRequest("prompt log probabilities are not available for a prompt with images",
+                         param="prompt_logprobs")
+    if prompt.count(MEDIA) != len(inp.media):  # a template that drops or repeats a message
+        raise BadRequest("the chat template did not keep each image in its place",
+                         param=inp.media[0].param, code="invalid_image")
+    return media.decode_all(inp.media, limits)
 
 
 _MARK = "vertex-gguf opening 7f3a"

@@ -43,6 +43,8 @@ class EngineConfig:
     embedding_pooling: str
     embedding_ctx: int
     embedding_batch: int
+    mmproj: str | None
+    mmproj_offload: bool
     # derived
     chat_template: str | None  # the template's text (None: the GGUF's own)
     verbose: bool  # llama.cpp's own logging

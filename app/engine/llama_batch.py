@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from app.base.errors import EngineFailure, GenerationTimeout, ServiceError
+from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
@@ -66,6 +67,7 @@ class Job:
     scores: list[TokenScore] = field(default_factory=list)
     prompt_scores: list[TokenScore] = field(default_factory=list)
     n_chars: int = 0
+    images: list[ImageSpan] = field(default_factory=list)  # the prompt's images, in order
 
 
 @dataclass(eq=False)
@@ -104,6 +106,8 @@ class Batch:
         # work per step (scheduling, sampling, text), what bench/reply_length.py reports
         self.decode_seconds = 0.0
         self.step_seconds = 0.0
+        self.projector: Projector | None = None  # MMPROJ: decodes a prompt's images
+        self.n_batch = 0  # the batch's capacity (an image's decode is split to fit it)
 
     def busy(self) -> bool:
         return any(s.job for s in self.slots)
@@ -153,7 +157,7 @@ class Batch:
                       if reuse and s.scope in (scope, PUBLIC) and s.follows is None else 0
                       for s in self.slots}
             slot, source = self._place(free, shared)
-            n_common = shared[id(source)]
+            n_common = _before_image(job, shared[id(source)])
             if source is not slot:  # the prefix is in a slot too far off: copy it over
                 self.ll.llama_memory_seq_cp(self.mem, source.seq_id, slot.seq_id, -1, -1)
                 slot.cached = list(source.cached)
@@ -255,7 +259,14 @@ class Batch:
                 continue
             if budget <= 0:
                 continue
-            take = min(budget, len(job.tokens) - slot.n_prompt_done)
+            end = len(job.tokens)
+            if job.images:
+                if not self._decode_images(slot):
+                    return
+                end = next((s.start for s in job.images if s.start >= slot.n_prompt_done), end)
+            take = min(budget, end - slot.n_prompt_done)
+            if take <= 0:
+                continue
             self._add_chunk(slot, n, take, every=False)
             n += take
             budget -= take
@@ -276,6 +287,26 @@ class Batch:
             width += self._sample()
         self.steps += 1
         self.widths[width] += 1
+
+    def _decode_images(self, slot: Slot) -> bool:
+        """The image at the slot's next prompt position, if one is there, decoded into its
+        sequence now (a ``llama_decode`` of its own: a batch of embeddings carries no token
+        ids). False, with every request failed, if llama.cpp refused it."""
+        job = slot.job
+        assert job is not None and self.projector is not None
+        for span in job.images:
+            if span.start != slot.n_prompt_done:
+                continue
+            t0 = time.perf_counter()
+            ok = self.projector.decode(self.ctx, span, slot.n_past, slot.seq_id, self.n_batch)
+            self.decode_seconds += time.perf_counter() - t0
+            if not ok:
+                self._decode_failed(EngineFailure("llama_decode failed on an image"))
+                return False
+            slot.cached.extend([span.placeholder] * span.n)
+            slot.n_prompt_done += span.n
+            slot.n_past = slot.n_prompt_done
+        return True
 
     def _add_chunk(self, slot: Slot, n: int, take: int, every: bool) -> None:
         """The next ``take`` prompt tokens of ``slot`` into the batch from index ``n``, with
@@ -301,15 +332,18 @@ class Batch:
         self.decode_seconds += time.perf_counter() - t0
         if rc == 0:
             return True
-        err = EngineFailure(
+        self._decode_failed(EngineFailure(
             f"llama_decode failed (code {rc})"
             + (": no room left in the KV cache" if rc == 1 else "")
-        )
+        ))
+        return False
+
+    def _decode_failed(self, err: ServiceError) -> None:
+        """Every request in a slot ends with ``err``: the KV cache is in an unknown state."""
         for slot in self.slots:
             if slot.job is not None:
                 self.fail_job(slot.job, err)
                 self.release(slot, keep_cache=False)
-        return False
 
     def _sample(self) -> int:
         """After a decode: choices waiting for a prompt now decoded take a copy of its KV, then
@@ -515,6 +549,15 @@ PUBLIC = "\0public"
 # a cached prefix in a slot away from the running ones is copied over when it saves at least
 # this many tokens of prompt (below it, decoding them again costs about what the copy does)
 RELOCATE_MIN_TOKENS = 16
+
+
+def _before_image(job: Job, n_common: int) -> int:
+    """A reused prefix cut back to the start of an image it would end inside: an image's KV
+    is decoded whole."""
+    for span in job.images:
+        if span.start < n_common < span.start + span.n:
+            return span.start
+    return n_common
 
 
 def common_prefix(cached: list[int], prompt: np.ndarray) -> int:

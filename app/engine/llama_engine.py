@@ -594,6 +594,12 @@ class LlamaEngine:
         if job.sampler is not None:
             job.sampler.free()
             job.sampler = None
+        if job.images:  # the projector's chunks (the KV keeps what they were decoded into)
+            projector = self._m.projector if self._m is not None else None
+            for span in job.images:
+                if projector is not None:
+                    projector.free_span(span)
+            job.images = []
         if not job.done:
             job.done = True
             with self._count_lock:

@@ -27,6 +27,7 @@ from app.engine.llama_embed import (
     LlamaEmbedder,
     open_context,
 )
+from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.sampling import Vocab
 from app.engine.types import ModelInfo
@@ -59,6 +60,7 @@ class LlamaModel:
         self.extra_buffers = False
         self.system_info = ""
         self.cuda: dict | None = None  # what a CUDA build found (cuda_check), None otherwise
+        self.projector: Projector | None = None  # MMPROJ, when set
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None]) -> None:
@@ -114,6 +116,8 @@ class LlamaModel:
         self.generates = mode != "only"
         if self.generates:
             self._open_generation(path, job_over)
+            if cfg.mmproj:
+                self._open_projector(cfg.mmproj)
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -166,6 +170,7 @@ class LlamaModel:
             cpu_extra_buffers=self.extra_buffers,
             system_info=self.system_info,
             cuda=self.cuda,
+            vision=self.projector is not None,
         )
 
     def _split_params(self, mparams) -> None:
@@ -207,9 +212,26 @@ class LlamaModel:
         # what one sequence may hold: llama.cpp may round the total per sequence
         self.n_ctx = min(n_ctx_slot, ll.llama_n_ctx_seq(self.ctx))
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.n_batch = n_batch
         self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
                            self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over,
                            tables=self.vocab_tables)
+        self.sched.n_batch = n_batch
+
+    def _open_projector(self, source: str) -> None:
+        """MMPROJ: libmtmd over the model, on the GPU when the model's layers are there (and
+        MMPROJ_OFFLOAD allows)."""
+        path = source[len("file://"):] if source.startswith("file://") else source
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"MMPROJ {source}: file not found")
+        self._stage("loading", detail=os.path.basename(path))
+        self.projector = Projector(self.ll, self.model, path,
+                                   use_gpu=self.cfg.mmproj_offload and self.gpu_layers != 0,
+                                   n_threads=self.n_threads)
+        assert self.sched is not None
+        self.sched.projector = self.projector
+        log.info("vision projector %s loaded (on the %s)", path,
+                 "GPU" if self.cfg.mmproj_offload and self.gpu_layers != 0 else "CPU")
 
     def _quantization(self) -> str:
         """The file type as llama.cpp names it: the last word of its model description
@@ -279,6 +301,9 @@ class LlamaModel:
         ll = self.ll
         if self.embedder:
             self.embedder.close()
+        if self.projector is not None:
+            self.projector.close()
+            self.projector = None
         for slot in self.sched.slots if self.sched is not None else []:
             slot.cached.clear()
         if self.ctx:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from app.base.errors import BadRequest, ContextOverflow
 from app.engine.llama_batch import Job
+from app.engine.llama_media import ImageSpan
 from app.engine.llama_model import LlamaModel
 from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
 from app.engine.text import TextAssembler
-from app.engine.types import GenerationRequest, SamplingParams, outside_vocab
+from app.engine.types import MEDIA, GenerationRequest, SamplingParams, outside_vocab
 
 
 class Preparer:
@@ -28,13 +29,12 @@ class Preparer:
         """The prompt's tokens, refused (ContextOverflow, BadRequest) if it cannot be one."""
         m = self._m
         if isinstance(req.prompt, str):
-            size = len(req.prompt.encode("utf-8", "surrogatepass"))
-            if size > m.max_prompt_bytes:
-                raise ContextOverflow(
-                    f"prompt is {size} bytes: over {m.max_prompt_bytes} bytes it cannot fit "
-                    f"the context of {m.n_ctx} tokens",
-                    param="messages",
-                )
+            self._check_size(req)
+            if req.media:  # counted (count_tokens): the spans are not kept
+                tokens, spans = self._with_images(req)
+                for span in spans:
+                    m.projector.free_span(span)
+                return tokens
             return m.tok.prompt(req.prompt, add_bos=req.add_bos and m.tok.add_bos)
         if len(req.prompt) >= m.n_ctx:
             raise ContextOverflow(
@@ -47,13 +47,61 @@ class Preparer:
             raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
         return list(req.prompt)
 
+    def _check_size(self, req: GenerationRequest) -> None:
+        """A text prompt too long in bytes to fit the context is refused before tokenizing."""
+        m = self._m
+        assert isinstance(req.prompt, str)
+        size = len(req.prompt.encode("utf-8", "surrogatepass"))
+        if size > m.max_prompt_bytes:
+            raise ContextOverflow(
+                f"prompt is {size} bytes: over {m.max_prompt_bytes} bytes it cannot fit "
+                f"the context of {m.n_ctx} tokens",
+                param="messages",
+            )
+
+    def _with_images(self, req: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
+        """A prompt with images: the text between MEDIA marks tokenized as any prompt is, each
+        image's tokens from the projector (encoded here, off the engine thread)."""
+        m = self._m
+        if m.projector is None:
+            raise BadRequest("this model has no vision projector: it reads text only (serve it "
+                             "with MMPROJ to send images)", code="image_input_not_supported")
+        assert isinstance(req.prompt, str)
+        pieces = req.prompt.split(MEDIA)
+        if len(pieces) != len(req.media) + 1:
+            raise BadRequest("the prompt does not hold each image in its place",
+                             code="invalid_image")
+        tokens: list[int] = []
+        spans: list[ImageSpan] = []
+        try:
+            for i, piece in enumerate(pieces):
+                if piece:
+                    tokens += m.tok.prompt(piece, add_bos=i == 0 and req.add_bos and m.tok.add_bos)
+                if i < len(req.media):
+                    toks, new = m.projector.image_tokens(req.media[i], len(tokens))
+                    tokens += toks
+                    spans += new
+        except BaseException:
+            for span in spans:
+                m.projector.free_span(span)
+            raise
+        if not tokens or tokens[-1] < 0:  # the first reply token is sampled from a text token
+            for span in spans:
+                m.projector.free_span(span)
+            raise BadRequest("a prompt cannot end with an image", code="invalid_image")
+        return tokens, spans
+
     def prepare(self, job: Job, warming: bool = False) -> None:
         """Tokenize, check against the context, build every choice's sampler. ``warming``: the
         engine's own warm-up, whose tiny grammar has no step limit (it must not fail a load)."""
         m = self._m
         req = job.request
         params = req.params
-        job.tokens = self.prompt_tokens(req)
+        if req.media:
+            self._check_size(req)
+            job.tokens, job.images = self._with_images(req)
+        else:
+            job.tokens = self.prompt_tokens(req)
         n_prompt = len(job.tokens)
         if n_prompt == 0:
             raise BadRequest("prompt is empty", param="prompt")

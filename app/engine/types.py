@@ -19,6 +19,20 @@ from app.base.state import LoadState
 # control tokens are parsed.
 PROTECT_OPEN = "\ufdd0"
 PROTECT_CLOSE = "\ufdd1"
+# One image's place in a text prompt (a third noncharacter, which clients cannot send either:
+# the adapters replace it in their text): the i-th MEDIA is GenerationRequest.media[i].
+MEDIA = "\ufdd2"
+
+
+@dataclass(frozen=True, eq=False)
+class Image:
+    """A decoded image: RGB pixels, row by row, three bytes each. ``digest`` names its content
+    (a repeated image reuses its KV; it is also the id libmtmd gives its chunk)."""
+
+    rgb: bytes
+    width: int
+    height: int
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,7 @@ class GenerationRequest:
     # who may reuse this prompt's KV: only a request of the same scope (its API key's digest;
     # "" without keys), so cached_tokens tells nobody about another key's prompts
     cache_scope: str = ""
+    media: tuple[Image, ...] = ()  # the images at the prompt's MEDIA marks, in order
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,7 @@ class ModelInfo:
     system_info: str = ""
     # a CUDA build's driver, runtime, GPUs and problems (app.engine.cuda_check); None on a CPU build
     cuda: dict | None = None
+    vision: bool = False  # a projector (MMPROJ) is loaded that reads images
 
     @property
     def beyond_training(self) -> bool:

@@ -17,7 +17,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.base.errors import BadRequest
-from app.engine.types import PROTECT_CLOSE, PROTECT_OPEN
+from app.engine.types import MEDIA, PROTECT_CLOSE, PROTECT_OPEN
 
 # What llama.cpp falls back to when a GGUF carries no template.
 CHATML = (
@@ -58,23 +58,38 @@ def _compile(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def flatten_content(content: Any, where: str) -> str:
-    """OpenAI content (a string or a list of parts) as the plain text templates expect."""
+def clean(text: str) -> str:
+    """Client text with the engine's image mark (MEDIA) replaced: only an image part makes one."""
+    return text.replace(MEDIA, "\ufffd") if MEDIA in text else text
+
+
+def flatten_content(content: Any, where: str,
+                    image: Callable[[dict[str, Any], str], Any] | None = None) -> str:
+    """OpenAI content (a string or a list of parts) as the plain text templates expect. An
+    image part becomes a MEDIA mark, and ``image(part, param)`` takes the image (without it,
+    an image part is refused)."""
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return clean(content)
     texts: list[str] = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            texts.append(str(part.get("text", "")))
+            texts.append(clean(str(part.get("text", ""))))
+        elif kind in IMAGE_PARTS and image is not None:
+            image(part, f"{where}.content.{i}")
+            texts.append(MEDIA)
         else:
             raise BadRequest(
-                f"content part of type {kind!r} is not supported by this model (text only)",
+                f"content part of type {kind!r} is not supported by this server",
                 param=f"{where}.content.{i}",
             )
     return "".join(texts)
+
+
+# the image parts of OpenAI's Chat Completions (image_url) and Responses (input_image)
+IMAGE_PARTS = frozenset({"image_url", "input_image"})
 
 
 def render(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -214,11 +215,14 @@ class ChatRequest(_Sampling):
             return "max_completion_tokens"
         return super().limit_param()
 
-    def template_messages(self) -> list[dict[str, Any]]:
+    def template_messages(self, image: Callable[[dict[str, Any], str], Any] | None = None
+                          ) -> list[dict[str, Any]]:
+        """The messages as templates take them; ``image`` takes each image part (see
+        flatten_content)."""
         out = []
         for i, m in enumerate(self.messages):
             msg = m.model_dump(exclude_none=True)
-            msg["content"] = flatten_content(m.content, f"messages.{i}")
+            msg["content"] = flatten_content(m.content, f"messages.{i}", image)
             if msg["role"] == "developer":
                 msg["role"] = "system"
             out.append(msg)

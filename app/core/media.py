@@ -1,0 +1,148 @@
+"""Images from requests, decoded here and nowhere else.
+
+Every API hands over an image's bytes (a ``data:`` URL's, base64 decoded). This module checks
+them before any pixel is decoded, in this order: the byte count, the format by its magic bytes
+(PNG, JPEG, WebP, GIF: a content type that lies does not matter, the bytes decide), then the
+dimensions the header declares (a 100-byte PNG can claim 50000 x 50000: refused before it
+inflates). Only then does Pillow decode it (a GIF's first frame), and an image larger than the
+projector needs is scaled down, as llama-server does, so a large photo costs no more than a
+small one. libmtmd gets RGB pixels: its own decoders, and the ffmpeg it falls back to for bytes
+they cannot read, never see client bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import re
+import warnings
+from dataclasses import dataclass
+
+from app.base.errors import BadRequest, PayloadTooLarge
+from app.engine.types import Image
+
+# magic bytes -> format (Pillow's name)
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+)
+_DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?(;[\w-]+=[\w.+-]+)*;base64,", re.ASCII)
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """IMAGES_PER_REQUEST, IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS and IMAGE_MAX_SIDE."""
+
+    per_request: int
+    max_bytes: int
+    max_pixels: int
+    max_side: int
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """An image as a request sent it: its bytes and the field it came in (for errors)."""
+
+    data: bytes
+    param: str
+
+
+def from_url(url: str, param: str, max_bytes: int) -> MediaInput:
+    """An image part's URL: a base64 ``data:`` URL (or bare base64, as llama-server takes).
+    This server fetches nothing on a client's behalf: http(s) URLs are refused."""
+    if url.startswith(("http://", "https://")):
+        raise BadRequest(
+            "image URLs are not fetched by this server: send the image inline as a data: URL "
+            "(data:image/png;base64,...)", param=param, code="image_url_not_allowed")
+    if url.startswith("gs://"):
+        raise BadRequest("gs:// image URLs are not supported yet: send the image inline as a "
+                         "data: URL", param=param, code="image_url_not_allowed")
+    m = _DATA_URL.match(url)
+    if url.startswith("data:") and m is None:
+        raise BadRequest("an image data: URL must be base64: data:image/png;base64,...",
+                         param=param, code="invalid_image")
+    payload = url[m.end():] if m else url
+    # base64 is 4 characters per 3 bytes: a body past the limit is refused before decoding
+    if len(payload) > (max_bytes + 2) // 3 * 4 + 4:
+        raise PayloadTooLarge(f"image is over {max_bytes} bytes (IMAGE_MAX_BYTES)", param=param)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("image is not valid base64", param=param, code="invalid_image") from None
+    return MediaInput(data, param)
+
+
+def image_part(part: dict, param: str, max_bytes: int) -> MediaInput:
+    """An OpenAI image part: Chat Completions' ``{"type": "image_url", "image_url": {"url"}}``
+    (a bare string URL too) or Responses' ``{"type": "input_image", "image_url": "..."}``."""
+    url = part.get("image_url")
+    if isinstance(url, dict):
+        url, param = url.get("url"), f"{param}.image_url.url"
+    else:
+        param = f"{param}.image_url"
+    if not isinstance(url, str) or not url:
+        raise BadRequest("an image part needs its image as a URL string (a data: URL)",
+                         param=param, code="invalid_image")
+    return from_url(url, param, max_bytes)
+
+
+def sniff(data: bytes) -> str | None:
+    """The image format the bytes start with, or None."""
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return None
+
+
+def decode(item: MediaInput, limits: MediaLimits) -> Image:
+    """The image's RGB pixels, scaled down to ``max_side``; BadRequest for anything else."""
+    from PIL import Image as PILImage  # imported on first use: most servers see no image
+
+    data, param = item.data, item.param
+    if not data:
+        raise BadRequest("image is empty", param=param, code="invalid_image")
+    if len(data) > limits.max_bytes:
+        raise PayloadTooLarge(
+            f"image is {len(data)} bytes, over {limits.max_bytes} (IMAGE_MAX_BYTES)", param=param)
+    fmt = sniff(data)
+    if fmt is None:
+        raise BadRequest("image is not a PNG, JPEG, WebP or GIF (judged by its bytes)",
+                         param=param, code="invalid_image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
+            img = PILImage.open(io.BytesIO(data), formats=[fmt])  # reads the header only
+            width, height = img.size
+            if width < 1 or height < 1 or width * height > limits.max_pixels:
+                raise BadRequest(
+                    f"image is {width}x{height} pixels, over {limits.max_pixels} "
+                    "(IMAGE_MAX_PIXELS)", param=param, code="image_too_large")
+            img.seek(0)  # an animation's first frame
+            img.draft("RGB", (limits.max_side, limits.max_side))  # JPEG: decode at a lower scale
+            rgb = img.convert("RGB")
+            if max(rgb.size) > limits.max_side:
+                rgb.thumbnail((limits.max_side, limits.max_side), PILImage.Resampling.BICUBIC)
+            pixels = rgb.tobytes()
+    except BadRequest:
+        raise
+    except (OSError, ValueError, SyntaxError, EOFError, PILImage.DecompressionBombError,
+            PILImage.DecompressionBombWarning, MemoryError) as exc:
+        raise BadRequest(f"image cannot be decoded ({fmt}): {type(exc).__name__}",
+                         param=param, code="invalid_image") from None
+    w, h = rgb.size
+    digest = hashlib.sha256(b"%dx%d:" % (w, h) + pixels).hexdigest()
+    return Image(pixels, w, h, digest)
+
+
+def decode_all(items: tuple[MediaInput, ...], limits: MediaLimits) -> tuple[Image, ...]:
+    if len(items) > limits.per_request:
+        raise BadRequest(f"{len(items)} images in one request: at most {limits.per_request} "
+                         "(IMAGES_PER_REQUEST)", param=items[limits.per_request].param,
+                         code="too_many_images")
+    return tuple(decode(item, limits) for item in items)

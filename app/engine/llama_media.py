@@ -1,0 +1,157 @@
+"""The vision projector (MMPROJ) through libmtmd: opened beside the model, it turns a decoded
+image into the tokens that stand for it in a prompt, and those tokens' embeddings into a
+slot's KV cache.
+
+The work is split so that no image holds up the engine's other sequences for longer than one
+decode of its tokens:
+- ``image_tokens`` runs on a prep thread. libmtmd tokenizes the image alone (the model's own
+  image wrapper tokens, if any, come back as text chunks around it) and encodes it with the
+  vision tower, the expensive part. The embeddings are copied out, so the chunk can wait in
+  the queue without holding libmtmd's one output buffer (encodes take turns on a lock).
+- ``decode`` runs on the engine thread, inside a step: one ``llama_decode`` of the image's
+  embeddings into the slot's sequence (libmtmd's helper, which also handles models that attend
+  to an image both ways).
+
+A prompt keeps one placeholder id per image token, negative (never a vocabulary id) and
+derived from the image's digest: the prefix cache compares prompts as token lists, so a
+repeated image matches its cached KV and a different image does not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.base.errors import BadRequest, ModelLoadError
+from app.engine.types import Image
+
+log = logging.getLogger(__name__)
+
+_TEXT, _IMAGE = 0, 1  # mtmd_input_chunk_type
+
+
+@dataclass(eq=False)
+class ImageSpan:
+    """An image's tokens in a prompt: from ``start``, ``n`` placeholders; ``embd`` the
+    projector's output for them (n x n_embd floats); ``chunk`` libmtmd's chunk (its own copy,
+    freed with the job)."""
+
+    start: int
+    n: int
+    embd: np.ndarray
+    chunk: Any
+    placeholder: int
+
+
+def placeholder(image: Image) -> int:
+    """The id an image's tokens take in a prompt's token list: negative, from its digest."""
+    return -1 - int(image.digest[:7], 16)
+
+
+class Projector:
+    """An open mmproj (libmtmd context) over a loaded model."""
+
+    def __init__(self, ll: Any, model: Any, path: str, use_gpu: bool, n_threads: int):
+        from llama_cpp import mtmd_cpp as mt  # only a server with MMPROJ loads it
+
+        self.mt, self.ll = mt, ll
+        params = mt.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.print_timings = False
+        params.n_threads = n_threads
+        params.warmup = True
+        self.ctx = mt.mtmd_init_from_file(path.encode(), model, params)
+        if not self.ctx:
+            raise ModelLoadError(
+                f"MMPROJ {path}: libmtmd could not load it (not an mmproj GGUF, or made for "
+                "another model: its output width must be the model's embedding width)")
+        self.vision = bool(mt.mtmd_support_vision(self.ctx))
+        if not self.vision:
+            self.close()
+            raise ModelLoadError(f"MMPROJ {path}: the projector reads no images (audio only is "
+                                 "not supported yet)")
+        if mt.mtmd_decode_use_mrope(self.ctx):
+            self.close()
+            raise ModelLoadError(
+                f"MMPROJ {path}: this projector places image tokens in 2-D (M-RoPE, the "
+                "Qwen2-VL family), which this server does not support yet")
+        self.n_embd = ll.llama_model_n_embd(model)
+        self._lock = threading.Lock()  # one encode at a time: libmtmd has one output buffer
+        self._marker = mt.mtmd_default_marker()
+
+    def image_tokens(self, image: Image, start: int) -> tuple[list[int], list[ImageSpan]]:
+        """The tokens an image stands for, from prompt position ``start``: text tokens (the
+        model's image wrappers) and ImageSpans. Prep thread."""
+        mt = self.mt
+        buf = (ctypes.c_ubyte * len(image.rgb)).from_buffer_copy(image.rgb)
+        bitmap = mt.mtmd_bitmap_init(image.width, image.height, buf)
+        chunks = mt.mtmd_input_chunks_init()
+        try:
+            mt.mtmd_bitmap_set_id(bitmap, image.digest.encode())
+            text = mt.mtmd_input_text()
+            text.text = self._marker
+            text.text_len = len(self._marker)
+            text.add_special = False
+            text.parse_special = True
+            bitmaps = (ctypes.c_void_p * 1)(bitmap)
+            with self._lock:  # mtmd_tokenize is thread-safe; encode is not: both under it
+                rc = mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), bitmaps, 1)
+                if rc != 0:
+                    raise BadRequest(f"the projector could not read the image (error {rc})",
+                                     code="invalid_image")
+                return self._collect(chunks, image, start)
+        finally:
+            mt.mtmd_input_chunks_free(chunks)
+            mt.mtmd_bitmap_free(bitmap)
+
+    def _collect(self, chunks: Any, image: Image, start: int) -> tuple[list[int], list[ImageSpan]]:
+        mt = self.mt
+        tokens: list[int] = []
+        spans: list[ImageSpan] = []
+        pid = placeholder(image)
+        for i in range(mt.mtmd_input_chunks_size(chunks)):
+            chunk = mt.mtmd_input_chunks_get(chunks, i)
+            kind = mt.mtmd_input_chunk_get_type(chunk)
+            if kind == _TEXT:
+                n = ctypes.c_size_t(0)
+                ids = mt.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                tokens.extend(ids[k] for k in range(n.value))
+                continue
+            if kind != _IMAGE:
+                raise BadRequest("the projector made a chunk this server cannot decode",
+                                 code="invalid_image")
+            n_tok = mt.mtmd_input_chunk_get_n_tokens(chunk)
+            if mt.mtmd_encode_chunk(self.ctx, chunk) != 0:
+                raise BadRequest("the projector could not encode the image", code="invalid_image")
+            out = mt.mtmd_get_output_embd(self.ctx)
+            embd = np.ctypeslib.as_array(out, shape=(n_tok * self.n_embd,)).copy()
+            spans.append(ImageSpan(start + len(tokens), n_tok, embd,
+                                   mt.mtmd_input_chunk_copy(chunk), pid))
+            tokens.extend([pid] * n_tok)
+        return tokens, spans
+
+    def decode(self, lctx: Any, span: ImageSpan, n_past: int, seq_id: int, n_batch: int) -> bool:
+        """The image's embeddings into ``seq_id``'s KV from position ``n_past``. Engine
+        thread; False if llama.cpp refused the decode."""
+        mt = self.mt
+        new_n_past = ctypes.c_int32(0)
+        rc = mt.mtmd_helper_decode_image_chunk(
+            self.ctx, lctx, span.chunk, span.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            n_past, seq_id, n_batch, ctypes.byref(new_n_past),
+            mt.mtmd_helper_post_decode_callback(), None)
+        return rc == 0
+
+    def free_span(self, span: ImageSpan) -> None:
+        if span.chunk:
+            self.mt.mtmd_input_chunk_free(span.chunk)
+            span.chunk = None
+
+    def close(self) -> None:
+        if self.ctx:
+            self.mt.mtmd_free(self.ctx)
+            self.ctx = None
