@@ -69,9 +69,9 @@ def test_claude_codes_request_is_served():
 
 def test_effort_and_budget():
     req = parse(MessagesRequest, CLAUDE_CODE)
-    assert chat_input(req, 128).reasoning_budget == 4096  # high
+    assert chat_input(req, 128, 1 << 20).reasoning_budget == 4096  # high
     both = {**CLAUDE_CODE, "thinking": {"type": "enabled", "budget_tokens": 99}}
-    assert chat_input(parse(MessagesRequest, both), 128).reasoning_budget == 99
+    assert chat_input(parse(MessagesRequest, both), 128, 1 << 20).reasoning_budget == 99
 
 
 def test_omitted_thinking_keeps_the_block_and_drops_its_text():

@@ -152,7 +152,10 @@ def test_stop_sequence_is_reported(client):
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}]},
-     "messages.0.content.0.type: content block type 'image' is not supported"),
+     "messages.0.content.0.source.data: field required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url",
+                                                                           "url": "https://x/y.png"}}]}]},
+     "image URLs are not fetched by this server"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "'document'"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "add", "input": {}}]}]},
      "is not allowed here"),
@@ -160,7 +163,7 @@ def test_stop_sequence_is_reported(client):
      "messages.0.content.0.bogus"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
                                                   "content": [{"type": "image", "source": {}}]}]}]},
-     "messages.0.content.0.content.0.type"),
+     "messages.0.content.0.content.0.source.type: must be 'base64'"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "tool_use_id: field required"),
     ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "add", "input": [1]}]}, {"role": "user", "content": "x"}]},
@@ -378,7 +381,7 @@ def test_tool_result_error_and_blocks_reach_the_tool_message():
     ({"type": "none"}, "none", None, True),
 ])
 def test_tool_choice_maps_to_the_core(choice, mode, name, parallel):
-    inp = chat_input(parse(MessagesRequest, {**MSG, "tools": [ADD], "tool_choice": choice}), 128)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "tools": [ADD], "tool_choice": choice}), 128, 1 << 20)
     assert (inp.tool_choice.mode, inp.tool_choice.name, inp.parallel_tool_calls) == (mode, name, parallel)
     assert inp.tools[0].parameters == ADD["input_schema"]
 
@@ -408,11 +411,11 @@ def test_tool_ids_are_toolu():
 
 
 def test_thinking_config_maps_to_budget_and_template_kwargs():
-    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "enabled", "budget_tokens": 16}}), 8)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "enabled", "budget_tokens": 16}}), 8, 1 << 20)
     assert inp.reasoning_budget == 16 and inp.template_kwargs == {}
-    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "disabled"}}), 8)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "disabled"}}), 8, 1 << 20)
     assert inp.reasoning_budget is None and inp.template_kwargs == {"enable_thinking": False}
-    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "adaptive"}}), 8)
+    inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "adaptive"}}), 8, 1 << 20)
     assert inp.reasoning_budget is None and inp.template_kwargs == {}
 
 
@@ -449,7 +452,7 @@ def test_count_tokens_matches_the_prompt(client):
 def test_count_tokens_validates_like_messages(client):
     assert_error(client.post("/v1/messages/count_tokens", json={"model": "m"}), 400, "invalid_request_error", "messages")
     bad = {"model": "m", "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}
-    assert_error(client.post("/v1/messages/count_tokens", json=bad), 400, "invalid_request_error", "image")
+    assert_error(client.post("/v1/messages/count_tokens", json=bad), 400, "invalid_request_error", "base64")
 
 
 # ---- Vertex predict --------------------------------------------------------------------------

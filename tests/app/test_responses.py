@@ -37,6 +37,10 @@ CALL_REPLY = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Par
 THINK_REPLY = "<think>Two and two. Four.</think>The answer is 4."
 
 
+# a 1x1 PNG
+PNG_B64 = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC")
+
+
 def api_of(client) -> Responses:
     view = client.application.view_functions["responses.responses:/v1/responses"]
     return view.__self__
@@ -263,7 +267,7 @@ BAD = {
     "format name": ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a b",
                                                        "schema": {}}}}, "text.format.name"),
     "image part": ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-                   "input.0.content.0"),
+                   "input.0.content.0.image_url"),
     "file item": ({"input": [{"type": "input_file", "file_id": "f"}]}, "input.0"),
     "item_reference": ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
     "tool role": ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
@@ -283,9 +287,14 @@ def test_bad_requests_are_400s_naming_the_field(case):
     assert err["message"]
 
 
-def test_images_are_refused_as_not_supported():
-    body = {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}
-    assert "not supported" in post(make_client(FakeEngine()), body).get_json()["error"]["message"]
+def test_an_image_to_a_model_without_a_projector_is_a_400_naming_the_part():
+    body = {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": "data:image/png;base64," + PNG_B64}]}]}
+    resp = post(make_client(FakeEngine()), body)
+    err = resp.get_json()["error"]
+    assert resp.status_code == 400 and "no vision projector" in err["message"]
+    assert err["param"] == "input.0.content.1.image_url"
 
 
 def test_null_unknown_fields_are_dropped_and_known_extras_accepted():

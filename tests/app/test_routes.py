@@ -126,7 +126,7 @@ def test_invalid_json_is_400(client):
         ({**CHAT, "logprobs": 1}, "logprobs"),  # chat's is a boolean (completions' a count)
         ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({**CHAT, "stop": ["a"] * 17}, "stop"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0.image_url"),
     ],
 )
 def test_validation_errors_name_the_field(client, body, param):

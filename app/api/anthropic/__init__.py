@@ -87,7 +87,7 @@ class Messages(Api):
     def parse(self, body: Any) -> tuple[ChatInput, _Req]:
         req = parse(MessagesRequest, body)
         display = req.thinking.display if req.thinking else None
-        return (chat_input(req, self.settings.max_tools),
+        return (chat_input(req, self.settings.max_tools, self.settings.image_max_bytes),
                 _Req(req.model, display in ("omitted", "updates")))
 
     def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
@@ -141,7 +141,8 @@ class Messages(Api):
     def count_tokens(self, body: Any) -> dict[str, int]:
         """``{"input_tokens": N}``: the prompt this body would be, tokenized as it would be."""
         def build() -> ChatInput:
-            return chat_input(parse(CountTokensRequest, body), self.settings.max_tools)
+            return chat_input(parse(CountTokensRequest, body), self.settings.max_tools,
+                              self.settings.image_max_bytes)
 
         return {"input_tokens": self.service.count_tokens(build)}
 

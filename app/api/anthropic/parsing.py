@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.base.errors import BadRequest
+from app.core import media
 from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, ToolChoice
-from app.engine.types import SamplingParams
+from app.engine.types import MEDIA, SamplingParams
+from app.formats.chat_template import clean
 from app.protocol import tools, validate
 from app.protocol.openai import MAX_STOP_CHARS
 
@@ -170,13 +173,16 @@ _BLOCK_KEYS = {
     "tool_result": {"tool_use_id", "content", "is_error", "cache_control", "toolset_name"},
     "thinking": {"thinking", "signature"},
     "redacted_thinking": {"data"},
+    "image": {"source", "cache_control"},
 }
 _ALLOWED = {
-    "user": ("text", "tool_result"),
+    "user": ("text", "tool_result", "image"),
     "assistant": ("text", "thinking", "redacted_thinking", "tool_use"),
     "system": ("text",),
-    "tool_result": ("text",),
+    "tool_result": ("text", "image"),
 }
+# an image block's place in its turn's text; ``Images`` reads the block
+ImageReader = Callable[[dict[str, Any], str], str]
 TEXT_JOIN = "\n\n"  # text blocks of one turn, joined (clients split long prompts into blocks)
 # Roles Claude Code sends beside Anthropic's own: read as the user's turns
 USER_ROLES = frozenset({"user", "ctx", "msg"})
@@ -201,7 +207,7 @@ def _blocks(content: Any, where: str, allowed: tuple[str, ...]) -> list[dict[str
         if kind not in allowed:
             known = kind in _BLOCK_KEYS
             why = ("is not allowed here" if known
-                   else "is not supported by this server (text only: no images or documents)")
+                   else "is not supported by this server (no documents)")
             raise BadRequest(f"{at}.type: content block type {kind!r} {why} (allowed: "
                              f"{', '.join(allowed)})", param=f"{at}.type")
         for key, value in block.items():
@@ -220,14 +226,40 @@ def _string(block: dict[str, Any], key: str, at: str, default: str | None = None
     return value
 
 
-def _text(blocks: list[dict[str, Any]], where: str) -> str:
-    return TEXT_JOIN.join(_string(b, "text", f"{where}.{i}") for i, b in enumerate(blocks))
+def _text(blocks: list[dict[str, Any]], where: str, image: ImageReader | None = None) -> str:
+    return TEXT_JOIN.join(image(b, f"{where}.{i}") if b["type"] == "image" and image
+                          else _string(b, "text", f"{where}.{i}") for i, b in enumerate(blocks))
 
 
-def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
+class Images:
+    """Collects a request's image blocks (``{"type": "image", "source": {"type": "base64",
+    "media_type", "data"}}``), each leaving a MEDIA mark in its turn's text."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.items: list[media.MediaInput] = []
+
+    def __call__(self, block: dict[str, Any], at: str) -> str:
+        source = block.get("source")
+        if not isinstance(source, dict):
+            raise BadRequest(f"{at}.source: field required (an object)", param=f"{at}.source")
+        kind = source.get("type")
+        if kind == "url":
+            raise BadRequest("image URLs are not fetched by this server: send the image as a "
+                             "base64 source", param=f"{at}.source.url",
+                             code="image_url_not_allowed")
+        if kind != "base64":
+            raise BadRequest(f"{at}.source.type: must be 'base64' (or 'url', which this server "
+                             "refuses)", param=f"{at}.source.type")
+        data = _string(source, "data", f"{at}.source")
+        self.items.append(media.from_url(data, f"{at}.source.data", self.max_bytes))
+        return MEDIA
+
+
+def _tool_result(block: dict[str, Any], at: str, image: ImageReader | None = None) -> dict[str, Any]:
     content = block.get("content")
     text = "" if content is None else _text(
-        _blocks(content, f"{at}.content", _ALLOWED["tool_result"]), f"{at}.content")
+        _blocks(content, f"{at}.content", _ALLOWED["tool_result"]), f"{at}.content", image)
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise BadRequest(f"{at}.is_error: must be true or false", param=f"{at}.is_error")
@@ -236,20 +268,24 @@ def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": _string(block, "tool_use_id", at), "content": text}
 
 
-def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """A user turn: its tool results become tool messages and its text user messages, in the
-    order they came."""
+def _user(blocks: list[dict[str, Any]], where: str, image: ImageReader | None
+          ) -> list[dict[str, Any]]:
+    """A user turn: its tool results become tool messages and its text (and images) user
+    messages, in the order they came."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     for j, b in enumerate(blocks):
         at = f"{where}.{j}"
         if b["type"] == "text":
-            texts.append(_string(b, "text", at))
+            texts.append(clean(_string(b, "text", at)))
+            continue
+        if b["type"] == "image":
+            texts.append(image(b, at) if image else _no_images(at))
             continue
         if texts:
             out.append({"role": "user", "content": TEXT_JOIN.join(texts)})
             texts = []
-        out.append(_tool_result(b, at))
+        out.append(_tool_result(b, at, image))
     if texts or not out:
         out.append({"role": "user", "content": TEXT_JOIN.join(texts)})
     return out
@@ -282,9 +318,15 @@ def _system(content: Any, where: str) -> str:
     return BILLING.sub("", _text(_blocks(content, where, _ALLOWED["system"]), where))
 
 
-def template_messages(req: MessagesRequest) -> tuple[list[dict[str, Any]], str]:
+def _no_images(at: str) -> str:
+    raise BadRequest(f"{at}: images are not taken here", param=at)
+
+
+def template_messages(req: MessagesRequest, image: ImageReader | None = None
+                      ) -> tuple[list[dict[str, Any]], str]:
     """``system`` and ``messages`` as chat-template messages, and the text of a final assistant
-    message: the start of the answer, which the reply continues (a prefill)."""
+    message: the start of the answer, which the reply continues (a prefill). ``image`` reads
+    each image block (Images)."""
     out: list[dict[str, Any]] = []
     prefill = ""
     if req.system is not None:
@@ -311,7 +353,7 @@ def template_messages(req: MessagesRequest) -> tuple[list[dict[str, Any]], str]:
         kind = "user" if role in USER_ROLES else "assistant"
         blocks = _blocks(m["content"], f"{where}.content", _ALLOWED[kind])
         if kind == "user":
-            out += _user(blocks, f"{where}.content")
+            out += _user(blocks, f"{where}.content", image)
         elif i == len(req.messages) - 1:
             prefill = _prefill(blocks, f"{where}.content")
         else:
@@ -375,7 +417,7 @@ def tool_choice(choice: ToolChoiceConfig | None) -> tuple[ToolChoice, bool]:
     return ToolChoice({"any": "required"}.get(choice.type, choice.type)), parallel  # type: ignore[arg-type]
 
 
-def chat_input(req: MessagesRequest, max_tools: int) -> ChatInput:
+def chat_input(req: MessagesRequest, max_tools: int, max_image_bytes: int) -> ChatInput:
     choice, parallel = tool_choice(req.tool_choice)
     kwargs: dict[str, Any] = {}
     thinking = req.thinking
@@ -386,9 +428,11 @@ def chat_input(req: MessagesRequest, max_tools: int) -> ChatInput:
     budget = thinking.budget_tokens if thinking is not None else None
     if budget is None and effort is not None:
         budget = EFFORT_BUDGET[effort]
-    messages, prefill = template_messages(req)
+    images = Images(max_image_bytes)
+    messages, prefill = template_messages(req, images)
     return ChatInput(
         messages=messages,
+        media=tuple(images.items),
         prefill=prefill,
         params=req.sampling(),
         tools=offered_tools(req.tools, max_tools),

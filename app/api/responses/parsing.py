@@ -4,6 +4,7 @@ in the core's terms (chat-template messages, tools, output format, reasoning bud
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -11,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.api.responses.tools import Wire, call_name, flatten
 from app.base.errors import BadRequest
 from app.core.input import OutputFormat, ToolChoice
-from app.engine.types import SamplingParams
+from app.engine.types import MEDIA, SamplingParams
+from app.formats.chat_template import clean
 from app.formats.spec import NAME_RE
 from app.protocol import openai, tools
 from app.protocol.logprobs import MAX_TOP
@@ -180,24 +182,31 @@ def _text(value: Any, param: str) -> str:
     return value
 
 
-def _parts_text(content: Any, where: str, allowed: frozenset[str]) -> str:
-    """A message's content (a string, or a list of text parts) as one string."""
+def _parts_text(content: Any, where: str, allowed: frozenset[str],
+                image: Callable[[dict[str, Any], str], Any] | None = None) -> str:
+    """A message's content (a string, or a list of text parts) as one string; with ``image``,
+    an ``input_image`` part becomes a MEDIA mark and ``image(part, param)`` takes it."""
     if isinstance(content, str):
-        return content
+        return clean(content)
     if not isinstance(content, list):
         raise BadRequest(f"{where}: must be a string or a list of content parts", param=where)
     texts: list[str] = []
     for j, part in enumerate(content):
         at = f"{where}.{j}"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and image is not None and "input_text" in allowed:
+            image(part, at)
+            texts.append(MEDIA)
+            continue
         if kind in UNSUPPORTED_PARTS:
-            raise BadRequest(f"{at}: content of type {kind!r} is not supported (this server "
-                             "takes text only: no images, files or audio)", param=at)
+            raise BadRequest(f"{at}: content of type {kind!r} is not supported here (images "
+                             "come in a user turn's input_image parts; no files or audio)",
+                             param=at)
         if kind not in allowed:
             raise BadRequest(f"{at}: content part of type {kind!r} is not supported here "
                              f"(use {', '.join(sorted(allowed))})", param=at)
         key = "refusal" if kind == "refusal" else "text"
-        texts.append(_text(part.get(key), f"{at}.{key}"))
+        texts.append(clean(_text(part.get(key), f"{at}.{key}")))
     return "".join(texts)
 
 
@@ -206,12 +215,26 @@ _ASSISTANT_PARTS = frozenset({"output_text", "refusal", "input_text"})
 _REASONING_PARTS = frozenset({"reasoning_text"})
 
 
-def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
+def forget_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stored conversation's messages, its images' marks turned into words: the stored
+    response keeps the text of its turns, not the images' bytes, so a turn that follows it
+    no longer shows the model those images (send them again to have them seen)."""
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and MEDIA in content:
+            m["content"] = content.replace(MEDIA, "[an image from an earlier turn]")
+    return messages
+
+
+def input_messages(items: str | list[Any],
+                   image: Callable[[dict[str, Any], str], Any] | None = None
+                   ) -> list[dict[str, Any]]:
     """The ``input`` as chat-template messages. Consecutive assistant-side items (assistant
     messages, function calls, reasoning) merge into one assistant message; a reasoning item's
-    text becomes the ``reasoning_content`` of that message."""
+    text becomes the ``reasoning_content`` of that message. ``image`` takes each
+    ``input_image`` part of a user turn (see _parts_text)."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+        return [{"role": "user", "content": clean(items)}]
     out: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None  # the assistant message being merged
 
@@ -243,7 +266,7 @@ def input_messages(items: str | list[Any]) -> list[dict[str, Any]]:
             if role not in ("user", "system", "developer"):
                 raise BadRequest(f"{where}.role: must be user, system, developer or assistant",
                                  param=f"{where}.role")
-            text = _parts_text(content, f"{where}.content", _USER_PARTS)
+            text = _parts_text(content, f"{where}.content", _USER_PARTS, image)
             flush()
             out.append({"role": "system" if role == "developer" else role, "content": text})
         elif kind in ("function_call", "custom_tool_call"):
