@@ -17,7 +17,6 @@ import binascii
 import hashlib
 import io
 import re
-import warnings
 from dataclasses import dataclass
 
 from app.base.errors import BadRequest, PayloadTooLarge
@@ -104,6 +103,10 @@ def decode(item: MediaInput, limits: MediaLimits) -> Image:
     """The image's RGB pixels, scaled down to ``max_side``; BadRequest for anything else."""
     from PIL import Image as PILImage  # imported on first use: most servers see no image
 
+    # the size check below (IMAGE_MAX_PIXELS, from the header) replaces Pillow's own, which
+    # would refuse a large image with a less useful message
+    PILImage.MAX_IMAGE_PIXELS = None
+
     data, param = item.data, item.param
     if not data:
         raise BadRequest("image is empty", param=param, code="invalid_image")
@@ -115,24 +118,21 @@ def decode(item: MediaInput, limits: MediaLimits) -> Image:
         raise BadRequest("image is not a PNG, JPEG, WebP or GIF (judged by its bytes)",
                          param=param, code="invalid_image")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
-            img = PILImage.open(io.BytesIO(data), formats=[fmt])  # reads the header only
-            width, height = img.size
-            if width < 1 or height < 1 or width * height > limits.max_pixels:
-                raise BadRequest(
-                    f"image is {width}x{height} pixels, over {limits.max_pixels} "
-                    "(IMAGE_MAX_PIXELS)", param=param, code="image_too_large")
-            img.seek(0)  # an animation's first frame
-            img.draft("RGB", (limits.max_side, limits.max_side))  # JPEG: decode at a lower scale
-            rgb = img.convert("RGB")
-            if max(rgb.size) > limits.max_side:
-                rgb.thumbnail((limits.max_side, limits.max_side), PILImage.Resampling.BICUBIC)
-            pixels = rgb.tobytes()
+        img = PILImage.open(io.BytesIO(data), formats=[fmt])  # reads the header only
+        width, height = img.size
+        if width < 1 or height < 1 or width * height > limits.max_pixels:
+            raise BadRequest(
+                f"image is {width}x{height} pixels, over {limits.max_pixels} "
+                "(IMAGE_MAX_PIXELS)", param=param, code="image_too_large")
+        img.seek(0)  # an animation's first frame
+        img.draft("RGB", (limits.max_side, limits.max_side))  # JPEG: decode at a lower scale
+        rgb = img.convert("RGB")
+        if max(rgb.size) > limits.max_side:
+            rgb.thumbnail((limits.max_side, limits.max_side), PILImage.Resampling.BICUBIC)
+        pixels = rgb.tobytes()
     except BadRequest:
         raise
-    except (OSError, ValueError, SyntaxError, EOFError, PILImage.DecompressionBombError,
-            PILImage.DecompressionBombWarning, MemoryError) as exc:
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as exc:
         raise BadRequest(f"image cannot be decoded ({fmt}): {type(exc).__name__}",
                          param=param, code="invalid_image") from None
     w, h = rgb.size

@@ -1,0 +1,210 @@
+"""End to end: images through a real projector. The suite's model with a random-weight mlp
+projector built by the test (tests/support/tiny_mmproj.py) behind a real server, driven by the
+official openai and anthropic SDKs and a Vertex predict envelope. The projector's weights
+are noise, so the tests check the pipeline, not what the model says: an image's tokens are
+counted, two images give two answers at temperature 0 and the same image the same one, a
+repeated image comes from the cache, and every bad image is a clear 4xx while the server
+stays up."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+import requests
+from gguf import GGUFReader
+
+from tests.support.images import data_url, encoded, png_bomb
+from tests.support.server import VERTEX_PREDICT, ServerProcess, free_port, running_server
+from tests.support.tiny_mmproj import N_TOKENS, build_tiny_mmproj
+
+ASK = "Describe this image."
+GREEDY = {"temperature": 0, "max_tokens": 12}
+
+
+def n_embd(model: Path) -> int:
+    reader = GGUFReader(str(model))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    return int(reader.fields[f"{arch}.embedding_length"].parts[-1][0])
+
+
+@pytest.fixture(scope="module")
+def mmproj(default_model, tmp_path_factory) -> Path:
+    return build_tiny_mmproj(tmp_path_factory.mktemp("vision") / "mmproj.gguf", n_embd(default_model))
+
+
+@pytest.fixture(scope="module")
+def server(mmproj) -> ServerProcess:
+    port = free_port()
+    env = {"MMPROJ": str(mmproj), "PARALLEL": "3", "IMAGES_PER_REQUEST": "3",
+           "IMAGE_MAX_BYTES": "200000", "AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port),
+           "AIP_PREDICT_ROUTE": VERTEX_PREDICT}
+    with running_server(env) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0, timeout=120)
+
+
+def image_message(url: str, text: str = ASK) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": text},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def chat(client, url: str, **kw):
+    return client.chat.completions.create(model="m", messages=image_message(url), **GREEDY, **kw)
+
+
+def test_props_say_the_model_sees(server):
+    props = requests.get(server.url("/props"), timeout=10).json()
+    assert props["modalities"] == {"vision": True, "audio": False}
+
+
+def test_an_image_is_counted_as_its_tokens(client):
+    with_image = chat(client, data_url(encoded("red")))
+    text_only = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": [{"type": "text", "text": ASK}]}], **GREEDY)
+    assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + N_TOKENS
+
+
+def test_different_images_differ_and_a_repeat_is_the_same_and_cached(client):
+    red = data_url(encoded("red"))
+    first = chat(client, red)
+    blue = chat(client, data_url(encoded("blue")))
+    again = chat(client, red)
+    assert first.choices[0].message.content != blue.choices[0].message.content
+    assert again.choices[0].message.content == first.choices[0].message.content
+    # the whole prompt but its last token came from the cache, the image's KV with it
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    # blue after red: the text before the image was reused, nothing of the image
+    cached = blue.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached <= blue.usage.prompt_tokens - N_TOKENS - 1
+
+
+def test_the_same_pixels_in_another_format_hit_the_same_cache(client):
+    png = chat(client, data_url(encoded("green", fmt="PNG")))
+    gif = chat(client, data_url(encoded("green", fmt="GIF"), "image/gif"))
+    assert gif.choices[0].message.content == png.choices[0].message.content
+    assert gif.usage.prompt_tokens_details.cached_tokens == gif.usage.prompt_tokens - 1
+
+
+def test_two_images_in_one_turn_in_their_order(client):
+    red, blue = data_url(encoded("red")), data_url(encoded("blue"))
+
+    def both(a, b):
+        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": a}}, {"type": "text", "text": "and"},
+            {"type": "image_url", "image_url": {"url": b}}]}], **GREEDY)
+
+    rb, br = both(red, blue), both(blue, red)
+    assert rb.usage.prompt_tokens == br.usage.prompt_tokens
+    assert rb.choices[0].message.content != br.choices[0].message.content
+
+
+def test_images_stream_like_text(client):
+    chunks = list(chat(client, data_url(encoded("red")), stream=True,
+                       stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == chat(client, data_url(encoded("red"))).choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens > N_TOKENS
+
+
+def test_anthropic_sdk_sends_a_base64_image(server, client):
+    ac = anthropic.Anthropic(base_url=server.url(""), api_key="x", max_retries=0, timeout=120)
+    raw = encoded("red")
+    msg = ac.messages.create(model="m", max_tokens=12, messages=[
+        {"role": "user", "content": [
+            {"type": "text", "text": ASK},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(raw).decode()}}]}])
+    count = ac.messages.count_tokens(model="m", messages=[{"role": "user", "content": [
+        {"type": "text", "text": ASK},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": base64.b64encode(raw).decode()}}]}])
+    # Anthropic's input_tokens leaves out what was read from the cache
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == count.input_tokens
+    # the same image and words as a Chat Completions turn (there a text block and an image
+    # join with no blank line between them)
+    assert count.input_tokens >= chat(client, data_url(raw)).usage.prompt_tokens > N_TOKENS
+
+
+def test_responses_input_image(client):
+    url = data_url(encoded("red"))
+    resp = client.responses.create(model="m", temperature=0, max_output_tokens=12, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": ASK},
+                                     {"type": "input_image", "image_url": url}]}])
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.usage.input_tokens == chat(client, url).usage.prompt_tokens
+
+
+def test_vertex_predict_envelope_carries_images(server, client):
+    url = data_url(encoded("red"))
+    body = {"instances": [{"messages": image_message(url), **GREEDY},
+                          {"messages": image_message("https://example.com/x.png"), **GREEDY}]}
+    r = requests.post(server.url(VERTEX_PREDICT), json=body, timeout=120)
+    assert r.status_code == 200
+    ok, bad = r.json()["predictions"]
+    assert ok["choices"][0]["message"]["content"] == chat(client, url).choices[0].message.content
+    assert "not fetched" in bad["error"]["message"]
+
+
+@pytest.mark.parametrize("url, status, code", [
+    (data_url(png_bomb()), 400, "image_too_large"),
+    (data_url(b"GIF89a but not really a gif at all"), 400, "invalid_image"),
+    (data_url(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64, "video/mp4"), 400, "invalid_image"),
+    (data_url(encoded("red", (40, 40), "BMP")), 400, "invalid_image"),
+    ("data:image/png;base64," + "A" * 300_000, 413, "payload_too_large"),
+    ("https://example.com/cat.png", 400, "image_url_not_allowed"),
+    ("file:///etc/passwd", 400, "invalid_image"),
+])
+def test_bad_images_are_clear_errors_and_the_server_stays_up(server, client, url, status, code):
+    with pytest.raises(openai.APIStatusError) as err:
+        chat(client, url)
+    assert err.value.status_code == status
+    assert err.value.body["code"] == code and err.value.body["param"] == "messages.0.content.1.image_url.url"
+    assert requests.get(server.url("/health"), timeout=10).status_code == 200
+
+
+def test_too_many_images(client):
+    part = {"type": "image_url", "image_url": {"url": data_url(encoded("red", (8, 8)))}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": [part] * 4}],
+                                       **GREEDY)
+    assert err.value.body["code"] == "too_many_images"
+    assert err.value.body["param"] == "messages.0.content.3.image_url.url"
+
+
+def test_a_forged_image_mark_in_text_is_only_text(client):
+    forged = client.chat.completions.create(model="m", messages=[
+        {"role": "user", "content": "look: \ufdd2 here"}], **GREEDY)
+    assert forged.choices[0].finish_reason  # answered as text, no image expected or read
+
+
+def test_image_requests_beside_text_streams_all_finish(client):
+    """Three streams at once, two with images: each gets its whole answer."""
+    def text_stream() -> int:
+        s = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Count."}],
+                                           stream=True, temperature=0, max_tokens=24)
+        return sum(1 for c in s if c.choices and c.choices[0].delta.content)
+
+    with cf.ThreadPoolExecutor(3) as pool:
+        streams = pool.submit(text_stream)
+        images = [pool.submit(chat, client, data_url(encoded(c))) for c in ("red", "blue")]
+        assert streams.result(timeout=120) > 0
+        assert all(f.result(timeout=120).choices[0].finish_reason for f in images)
+
+
+def test_a_model_without_a_projector_refuses_images(default_model):
+    with running_server({"PARALLEL": "1"}) as srv:
+        c = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(c, data_url(encoded("red")))
+        assert "no vision projector" in err.value.body["message"]
+        assert err.value.body["code"] == "image_input_not_supported"
+        assert requests.get(srv.url("/props"), timeout=10).json()["modalities"]["vision"] is False

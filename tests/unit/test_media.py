@@ -1,0 +1,115 @@
+"""Images are checked before they are decoded (app.core.media): bytes, format by magic,
+declared size; then decoded, first frame, scaled down, RGB."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from app.base.errors import BadRequest, PayloadTooLarge
+from app.core.media import MediaInput, MediaLimits, decode, decode_all, from_url, image_part, sniff
+from tests.support.images import data_url, encoded, gif_two_frames, png_bomb
+
+LIMITS = MediaLimits(per_request=2, max_bytes=1 << 20, max_pixels=4_000_000, max_side=256)
+
+
+def img(raw: bytes, limits: MediaLimits = LIMITS):
+    return decode(MediaInput(raw, "messages.0.content.1"), limits)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF"])
+def test_each_format_decodes_to_rgb(fmt):
+    out = img(encoded((200, 10, 10), (40, 30), fmt))
+    assert (out.width, out.height) == (40, 30)
+    assert len(out.rgb) == 40 * 30 * 3
+    r, g, b = out.rgb[:3]
+    assert r > 150 and g < 80 and b < 80  # red survives every codec
+
+
+def test_the_bytes_decide_the_format_not_the_content_type():
+    jpeg = encoded("blue", (8, 8), "JPEG")
+    assert sniff(jpeg) == "JPEG"
+    item = from_url(data_url(jpeg, "image/png"), "p", 1 << 20)  # the URL says png: it is not
+    assert img(item.data).width == 8
+
+
+def test_a_gif_gives_its_first_frame():
+    out = img(gif_two_frames())
+    assert out.rgb[:3][0] > 200 and out.rgb[:3][2] < 50  # red, not blue
+
+
+def test_large_images_are_scaled_down_keeping_their_aspect():
+    out = img(encoded("green", (1024, 512)))
+    assert (out.width, out.height) == (256, 128)
+
+
+def test_the_digest_names_the_pixels():
+    a, b = img(encoded("red", (9, 9))), img(encoded("red", (9, 9), "GIF"))
+    assert a.digest == b.digest  # the same pixels however they came
+    assert img(encoded("blue", (9, 9))).digest != a.digest
+    assert img(encoded("red", (9, 10))).digest != a.digest
+
+
+def test_a_decompression_bomb_is_refused_from_its_header():
+    with pytest.raises(BadRequest) as err:
+        img(png_bomb())
+    assert err.value.code == "image_too_large" and "50000x50000" in err.value.message
+    assert err.value.param == "messages.0.content.1"
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"", "empty"),
+    (b"hello, not an image at all", "not a PNG, JPEG, WebP or GIF"),
+    (b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "cannot be decoded"),  # a PNG's magic, garbage after
+    (encoded("red", (32, 32))[:60], "cannot be decoded"),  # cut short
+    (b"RIFF\x00\x00\x00\x00WEBPVP8 garbage", "cannot be decoded"),
+    (b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64, "not a PNG"),  # a video: never handed on
+])
+def test_bytes_that_are_no_image_are_a_400(raw, why):
+    with pytest.raises(BadRequest) as err:
+        img(raw)
+    assert why in err.value.message and err.value.code == "invalid_image"
+
+
+def test_too_many_bytes_is_a_413_before_decoding():
+    raw = encoded("red", (8, 8))
+    with pytest.raises(PayloadTooLarge):
+        img(raw, MediaLimits(2, len(raw) - 1, 10**6, 256))
+    with pytest.raises(PayloadTooLarge):  # refused from the base64's length alone
+        from_url(data_url(b"x" * 5000), "p", 1024)
+
+
+def test_too_many_images_name_the_first_one_over():
+    items = tuple(MediaInput(encoded("red", (4, 4)), f"m.{i}") for i in range(3))
+    with pytest.raises(BadRequest) as err:
+        decode_all(items, LIMITS)
+    assert err.value.param == "m.2" and err.value.code == "too_many_images"
+
+
+@pytest.mark.parametrize("url, why", [
+    ("https://example.com/cat.png", "not fetched"),
+    ("http://169.254.169.254/latest", "not fetched"),
+    ("gs://bucket/cat.png", "gs://"),
+    ("data:image/png,rawbytes", "must be base64"),
+    ("data:image/png;base64,@@@", "not valid base64"),
+])
+def test_urls_other_than_inline_data_are_refused(url, why):
+    with pytest.raises(BadRequest) as err:
+        from_url(url, "p", 1 << 20)
+    assert why in err.value.message
+
+
+def test_bare_base64_is_taken_as_llama_server_does():
+    raw = encoded("red", (4, 4))
+    assert from_url(base64.b64encode(raw).decode(), "p", 1 << 20).data == raw
+
+
+def test_image_parts_of_both_openai_shapes():
+    url = data_url(encoded("red", (4, 4)))
+    chat = image_part({"type": "image_url", "image_url": {"url": url, "detail": "low"}}, "m.0", 1 << 20)
+    resp = image_part({"type": "input_image", "image_url": url}, "input.0", 1 << 20)
+    assert chat.data == resp.data and chat.param == "m.0.image_url.url"
+    with pytest.raises(BadRequest) as err:
+        image_part({"type": "image_url", "image_url": {}}, "m.0", 1 << 20)
+    assert err.value.param == "m.0.image_url.url"
