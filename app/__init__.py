@@ -106,6 +106,7 @@ def create_app(
             LoadState(boot.record),
             partial(source.resolve, settings),
             on_fatal=on_fatal,
+            resolve_projector=partial(source.resolve_projector, settings),
         )
         engine.start()
     app = Flask(__name__)

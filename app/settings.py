@@ -248,8 +248,10 @@ class Settings(BaseSettings):
     # --- vision ------------------------------------------------------------------------------
     mmproj: str | None = Field(
         None,
-        description="The model's vision projector (llama-server's --mmproj): a local mmproj "
-        "GGUF path or file:// URI. With it, chat requests may carry images (docs/vision.md).",
+        description="The model's vision projector (llama-server's --mmproj): an mmproj GGUF's "
+        "path, file:// or gs:// URI. Unset: the one mmproj*.gguf in the model's directory "
+        "(local or gs://), if there is one; none: no projector. With one, chat requests may "
+        "carry images (docs/vision.md).",
         min_length=1,
         **_env("MMPROJ"),
     )

@@ -135,6 +135,12 @@ def emulator(default_model: Path, tmp_path_factory) -> Iterator[Emulator]:
         shards = split_gguf(default_model, tmp_path_factory.mktemp("split"), 3)
         for shard in shards:
             emu.upload("models", f"split/{shard.name}", shard)
+        # a model and its vision projector side by side, as llama.cpp's converter names them
+        from tests.support.tiny_mmproj import build_tiny_mmproj
+
+        proj = build_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-smollm2.gguf", 576)
+        emu.upload("models", "vision/smollm2.gguf", default_model)
+        emu.upload("models", "vision/mmproj-smollm2.gguf", proj)
         yield emu
     finally:
         emu.stop()

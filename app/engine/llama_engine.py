@@ -99,10 +99,14 @@ class LlamaEngine:
         state: LoadState,
         resolve_model: Callable[[LoadState], str],
         on_fatal: Callable[[str], None] | None = None,
+        resolve_projector: Callable[[LoadState], str | None] | None = None,
     ):
         self.config = config
         self.state = state
         self._resolve_model = resolve_model
+        # the vision projector's local path (None: none); without a resolver, MMPROJ as given
+        self._resolve_projector = resolve_projector or (lambda state: config.mmproj)
+        self._mmproj: str | None = None
         self._on_fatal = on_fatal
         self._info: ModelInfo | None = None
         self._prep: deque[Job] = deque()  # submitted, to be prepared on a prep thread
@@ -347,6 +351,7 @@ class LlamaEngine:
         try:
             path = self._resolve_model(self.state)
             self._path = path  # a reload after sleep reads this local file, never the network
+            self._mmproj = self._resolve_projector(self.state)
             self._load(path)
             if self._generates:
                 self._warm_up()
@@ -392,7 +397,7 @@ class LlamaEngine:
         m = LlamaModel(ll, self.config, self._stage)
         self._m = m
         try:
-            m.load(path, self._turns, self._job_over)
+            m.load(path, self._turns, self._job_over, self._mmproj)
         except BaseException:
             m.free()
             raise

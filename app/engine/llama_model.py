@@ -63,7 +63,8 @@ class LlamaModel:
         self.projector: Projector | None = None  # MMPROJ, when set
 
     # ---- open ------------------------------------------------------------------------------
-    def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None]) -> None:
+    def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
+             mmproj: str | None = None) -> None:
         """Open ``path``: the model, then the generation context (unless embedding-only), then
         the embedding context (when EMBEDDINGS asks for one). Raises ModelLoadError."""
         ll, cfg = self.ll, self.cfg
@@ -116,8 +117,8 @@ class LlamaModel:
         self.generates = mode != "only"
         if self.generates:
             self._open_generation(path, job_over)
-            if cfg.mmproj:
-                self._open_projector(cfg.mmproj)
+            if mmproj:
+                self._open_projector(mmproj)
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:

@@ -196,7 +196,38 @@ def _shard_set(objects: list[GcsObject], base: str, uri: str) -> list[GcsObject]
     return [by_no[n] for n in range(1, count + 1)]
 
 
+def is_projector(name: str) -> bool:
+    """A vision projector's GGUF (llama.cpp's converter names them mmproj-*.gguf): it pairs
+    with the model beside it, and is never the model."""
+    return "mmproj" in name.lower()
+
+
+def pick_projector(objects: list[GcsObject], uri: str) -> GcsObject | None:
+    """The one projector in a model's directory, if any."""
+    found = [o for o in objects if is_projector(o.basename)]
+    if len(found) > 1:
+        raise GcsError(f"model {uri}: {len(found)} projectors in this directory "
+                       f"({', '.join(sorted(o.basename for o in found))}); set MMPROJ to one")
+    return found[0] if found else None
+
+
+def find_projector(uri: str, opts: DownloadOptions) -> str | None:
+    """The gs:// URI of the projector in the model directory ``uri`` (None: it has none, or
+    ``uri`` names a file)."""
+    bucket_name, path = parse_uri(uri)
+    if path.lower().endswith(".gguf"):
+        return None
+    try:
+        objects = _list_dir(make_client(opts.emulator_host), bucket_name,
+                            path.rstrip("/") + "/" if path else "")
+    except Exception as exc:  # noqa: BLE001 - every cause ends in one clear message
+        raise GcsError(_describe(uri, exc)) from exc
+    found = pick_projector(objects, uri)
+    return f"gs://{bucket_name}/{found.name}" if found else None
+
+
 def pick_model(objects: list[GcsObject], model_file: str | None, uri: str) -> list[GcsObject]:
+    objects = [o for o in objects if not is_projector(o.basename)]
     models = _models_in(objects)
     names = sorted(o.basename for o in objects)
     if not models:

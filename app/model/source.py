@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from app.base.errors import ModelLoadError
@@ -40,6 +41,47 @@ def resolve(settings: Settings, state: LoadState) -> str:
     path = Path(source)
     if path.is_dir():
         return str(_local_dir_model(path, settings.model_file, source))
+    return str(path)
+
+
+def resolve_projector(settings: Settings, state: LoadState) -> str | None:
+    """A local path to the vision projector: MMPROJ (a path, file:// or gs:// URI), else the
+    one ``mmproj*.gguf`` beside the model in its directory (local or gs://); None without."""
+    source = settings.mmproj
+    if source == "none":  # a directory's projector left unpaired
+        return None
+    opts = gcs.DownloadOptions.from_settings(settings)
+    if source is None:
+        model = settings.model
+        if model is None:
+            return None
+        if model.startswith("gs://"):
+            try:
+                source = gcs.find_projector(model, opts)
+            except gcs.GcsError as exc:
+                raise ModelLoadError(str(exc)) from None
+            if source is None:
+                return None
+        else:
+            folder = Path(model[len("file://"):] if model.startswith("file://") else model)
+            if not folder.is_dir():
+                return None
+            found = [gcs.GcsObject("local", p.name, p.stat().st_size, 0, "")
+                     for p in sorted(folder.glob("*.gguf"))]
+            try:
+                chosen = gcs.pick_projector(found, model)
+            except gcs.GcsError as exc:
+                raise ModelLoadError(str(exc)) from None
+            return str(folder / chosen.name) if chosen else None
+    if source.startswith("gs://"):
+        state.set("downloading", progress=0.0, detail=source)
+        try:
+            return str(gcs.fetch_model(source, replace(opts, model_file=None)))
+        except gcs.GcsError as exc:
+            raise ModelLoadError(str(exc).replace("model ", "MMPROJ ", 1)) from None
+    path = Path(source[len("file://"):] if source.startswith("file://") else source)
+    if not path.is_file():
+        raise ModelLoadError(f"MMPROJ {source}: file not found")
     return str(path)
 
 

@@ -7,6 +7,7 @@ Bucket layout (uploaded by the ``emulator`` fixture):
   models/dir-one/smollm2.gguf          ... next to a README
   models/dir-many/{a,b}.gguf           two (tiny, fake) models
   models/split/SmolLM2-135M-Instruct.Q4_1-0000{1,2,3}-of-00003.gguf   the default model split in 3 shards
+  models/vision/{smollm2,mmproj-smollm2}.gguf   the default model and a vision projector for it
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ def test_server_loads_and_generates_from_a_split_gguf(server_factory, gcs_proxy,
     srv2.wait_ready()
     assert gcs_proxy.faults.media_requests == before
     assert "cache hit" in srv2.logs()
+
+
+def test_a_directory_pairs_the_model_with_its_projector(server_factory, gcs_proxy, tmp_path):
+    from tests.support.images import data_url, encoded
+
+    srv = server_factory(vertex_env(gcs_proxy, tmp_path, "gs://models/vision/"))
+    srv.wait_ready()
+    props = requests.get(srv.url("/props"), timeout=10).json()
+    assert props["modalities"]["vision"] is True
+    assert props["model_path"] == "smollm2.gguf"  # the projector is never taken for the model
+    r = requests.post(srv.url("/v1/chat/completions"), timeout=60, json={
+        "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": data_url(encoded("red"))}}]}]})
+    assert r.status_code == 200, r.text
+    # MMPROJ=none leaves it unpaired: the same directory serves text only
+    srv.stop()
+    srv2 = server_factory(vertex_env(gcs_proxy, tmp_path, "gs://models/vision/", MMPROJ="none"))
+    srv2.wait_ready()
+    assert requests.get(srv2.url("/props"), timeout=10).json()["modalities"]["vision"] is False
 
 
 @pytest.mark.parametrize("uri", ["gs://models/single/missing.gguf", "gs://models/dir-many/"])

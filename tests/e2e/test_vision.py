@@ -64,6 +64,8 @@ def chat(client, url: str, **kw):
 def test_props_say_the_model_sees(server):
     props = requests.get(server.url("/props"), timeout=10).json()
     assert props["modalities"] == {"vision": True, "audio": False}
+    models = requests.get(server.url("/v1/models"), timeout=10).json()["data"]
+    assert models[0]["meta"]["modalities"] == {"vision": True, "audio": False}
 
 
 def test_an_image_is_counted_as_its_tokens(client):
