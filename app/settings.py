@@ -261,6 +261,15 @@ class Settings(BaseSettings):
         "(llama-server's --no-mmproj-offload is false here).",
         **_env("MMPROJ_OFFLOAD"),
     )
+    image_cache_mb: int = Field(
+        256,
+        description="Memory for the projector's output of recent images (MiB; 0: none): an "
+        "image sent again by the same API key skips the vision encoder. Its prompt KV is "
+        "reused apart from this, by the prefix cache.",
+        ge=0,
+        le=1 << 20,
+        **_env("IMAGE_CACHE_MB"),
+    )
     images_per_request: int = Field(
         8,
         description="Most images in one request; more is a 400.",

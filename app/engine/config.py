@@ -45,6 +45,7 @@ class EngineConfig:
     embedding_batch: int
     mmproj: str | None
     mmproj_offload: bool
+    image_cache_mb: int
     # derived
     chat_template: str | None  # the template's text (None: the GGUF's own)
     verbose: bool  # llama.cpp's own logging

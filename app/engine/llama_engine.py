@@ -235,7 +235,15 @@ class LlamaEngine:
                              if sched is not None else {}),
             "decode_seconds": round(sched.decode_seconds, 6) if sched is not None else 0.0,
             "step_seconds": round(sched.step_seconds, 6) if sched is not None else 0.0,
+            **self._image_stats(),
         }
+
+    def _image_stats(self) -> dict[str, int]:
+        """With a projector: images encoded, and images whose encoding came from its cache."""
+        projector = self._m.projector if self._m is not None else None
+        if projector is None:
+            return {}
+        return {"images_encoded": projector.encodes, "image_cache_hits": projector.cache_hits}
 
     def stalled(self, limit: float) -> str | None:
         now = time.monotonic()

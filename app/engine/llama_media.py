@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,8 @@ def placeholder(image: Image) -> int:
 class Projector:
     """An open mmproj (libmtmd context) over a loaded model."""
 
-    def __init__(self, ll: Any, model: Any, path: str, use_gpu: bool, n_threads: int):
+    def __init__(self, ll: Any, model: Any, path: str, use_gpu: bool, n_threads: int,
+                 cache_bytes: int = 0):
         from llama_cpp import mtmd_cpp as mt  # only a server with MMPROJ loads it
 
         self.mt, self.ll = mt, ll
@@ -81,12 +83,63 @@ class Projector:
                 f"MMPROJ {path}: this projector places image tokens in 2-D (M-RoPE, the "
                 "Qwen2-VL family), which this server does not support yet")
         self.n_embd = ll.llama_model_n_embd(model)
-        self._lock = threading.Lock()  # one encode at a time: libmtmd has one output buffer
+        self._encoding = threading.Lock()  # one encode at a time: libmtmd has one output buffer
+        self._lock = threading.Lock()  # the cache
         self._marker = mt.mtmd_default_marker()
+        # recently encoded images, by (key scope, digest): a repeat skips the encoder (the
+        # expensive part). Per scope, as the prefix cache is: how fast a request is answered
+        # tells no key what another sent
+        self._cache: OrderedDict[tuple[str, str], tuple[list[int], list[ImageSpan]]] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self.encodes = 0  # images encoded (for tests and stats)
+        self.cache_hits = 0
 
-    def image_tokens(self, image: Image, start: int) -> tuple[list[int], list[ImageSpan]]:
+    def image_tokens(self, image: Image, start: int, scope: str = ""
+                     ) -> tuple[list[int], list[ImageSpan]]:
         """The tokens an image stands for, from prompt position ``start``: text tokens (the
-        model's image wrappers) and ImageSpans. Prep thread."""
+        model's image wrappers) and ImageSpans (each with a chunk of its own, to free). From
+        the cache when this scope sent the same image lately. Prep thread."""
+        key = (scope, image.digest)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits += 1
+                return self._copy(hit, start)
+        tokens, spans = self._encode(image, start)
+        if self._cache_limit:
+            self._remember(key, tokens, spans, start)
+        return tokens, spans
+
+    def _copy(self, entry: tuple[list[int], list[ImageSpan]], start: int
+              ) -> tuple[list[int], list[ImageSpan]]:
+        tokens, spans = entry
+        return list(tokens), [ImageSpan(start + s.start, s.n, s.embd,
+                                        self.mt.mtmd_input_chunk_copy(s.chunk), s.placeholder)
+                              for s in spans]
+
+    def _remember(self, key: tuple[str, str], tokens: list[int], spans: list[ImageSpan],
+                  start: int) -> None:
+        size = sum(s.embd.nbytes for s in spans)
+        if size > self._cache_limit:
+            return
+        kept = [ImageSpan(s.start - start, s.n, s.embd, self.mt.mtmd_input_chunk_copy(s.chunk),
+                          s.placeholder) for s in spans]
+        with self._lock:
+            if key in self._cache:
+                for s in kept:
+                    self.free_span(s)
+                return
+            self._cache[key] = (list(tokens), kept)
+            self._cache_bytes += size
+            while self._cache_bytes > self._cache_limit:
+                _, (_, old) = self._cache.popitem(last=False)
+                self._cache_bytes -= sum(s.embd.nbytes for s in old)
+                for s in old:
+                    self.free_span(s)
+
+    def _encode(self, image: Image, start: int) -> tuple[list[int], list[ImageSpan]]:
         mt = self.mt
         buf = (ctypes.c_ubyte * len(image.rgb)).from_buffer_copy(image.rgb)
         bitmap = mt.mtmd_bitmap_init(image.width, image.height, buf)
@@ -99,11 +152,12 @@ class Projector:
             text.add_special = False
             text.parse_special = True
             bitmaps = (ctypes.c_void_p * 1)(bitmap)
-            with self._lock:  # mtmd_tokenize is thread-safe; encode is not: both under it
+            with self._encoding:  # mtmd_tokenize is thread-safe; encode is not: both under it
                 rc = mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), bitmaps, 1)
                 if rc != 0:
                     raise BadRequest(f"the projector could not read the image (error {rc})",
                                      code="invalid_image")
+                self.encodes += 1
                 return self._collect(chunks, image, start)
         finally:
             mt.mtmd_input_chunks_free(chunks)
@@ -152,6 +206,11 @@ class Projector:
             span.chunk = None
 
     def close(self) -> None:
+        for _, spans in self._cache.values():
+            for span in spans:
+                self.free_span(span)
+        self._cache.clear()
+        self._cache_bytes = 0
         if self.ctx:
             self.mt.mtmd_free(self.ctx)
             self.ctx = None

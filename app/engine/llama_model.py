@@ -228,7 +228,8 @@ class LlamaModel:
         self._stage("loading", detail=os.path.basename(path))
         self.projector = Projector(self.ll, self.model, path,
                                    use_gpu=self.cfg.mmproj_offload and self.gpu_layers != 0,
-                                   n_threads=self.n_threads)
+                                   n_threads=self.n_threads,
+                                   cache_bytes=self.cfg.image_cache_mb << 20)
         assert self.sched is not None
         self.sched.projector = self.projector
         log.info("vision projector %s loaded (on the %s)", path,

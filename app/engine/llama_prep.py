@@ -78,7 +78,8 @@ class Preparer:
                 if piece:
                     tokens += m.tok.prompt(piece, add_bos=i == 0 and req.add_bos and m.tok.add_bos)
                 if i < len(req.media):
-                    toks, new = m.projector.image_tokens(req.media[i], len(tokens))
+                    toks, new = m.projector.image_tokens(req.media[i], len(tokens),
+                                                         req.cache_scope)
                     tokens += toks
                     spans += new
         except BaseException:

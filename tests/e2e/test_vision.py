@@ -75,11 +75,20 @@ def test_an_image_is_counted_as_its_tokens(client):
     assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + N_TOKENS
 
 
-def test_different_images_differ_and_a_repeat_is_the_same_and_cached(client):
-    red = data_url(encoded("red"))
+def engine_stats(server) -> dict:
+    return requests.get(server.url("/health"), timeout=10).json()["engine"]
+
+
+def test_different_images_differ_and_a_repeat_is_the_same_and_cached(server, client):
+    red = data_url(encoded((200, 30, 30)))
+    before = engine_stats(server)
     first = chat(client, red)
-    blue = chat(client, data_url(encoded("blue")))
+    blue = chat(client, data_url(encoded((30, 30, 200))))
     again = chat(client, red)
+    after = engine_stats(server)
+    # the repeat skipped the encoder: two images encoded, one taken from the cache
+    assert after["images_encoded"] - before["images_encoded"] == 2
+    assert after["image_cache_hits"] - before["image_cache_hits"] == 1
     assert first.choices[0].message.content != blue.choices[0].message.content
     assert again.choices[0].message.content == first.choices[0].message.content
     # the whole prompt but its last token came from the cache, the image's KV with it
@@ -210,3 +219,38 @@ def test_a_model_without_a_projector_refuses_images(default_model):
         assert "no vision projector" in err.value.body["message"]
         assert err.value.body["code"] == "image_input_not_supported"
         assert requests.get(srv.url("/props"), timeout=10).json()["modalities"]["vision"] is False
+
+
+def test_the_encoder_cache_is_per_key_and_bounded(default_model, mmproj):
+    """The projector in process: a repeat from the same key scope skips the encoder, another
+    key's identical image does not, and the cache drops the oldest past its bytes."""
+    from llama_cpp import llama_cpp as ll
+
+    from app.core.media import MediaInput, MediaLimits, decode
+    from app.engine.llama_media import Projector
+
+    limits = MediaLimits(8, 1 << 20, 10**7, 256)
+    red, blue = (decode(MediaInput(encoded(c), "p"), limits) for c in ("red", "blue"))
+    ll.llama_backend_init()
+    params = ll.llama_model_default_params()
+    params.n_gpu_layers = 0
+    model = ll.llama_model_load_from_file(str(default_model).encode(), params)
+    try:
+        one_image = N_TOKENS * n_embd(default_model) * 4  # float32 embeddings
+        for limit, hits in ((1 << 20, 1), (one_image, 0)):
+            proj = Projector(ll, model, str(mmproj), use_gpu=False, n_threads=1, cache_bytes=limit)
+            try:
+                spans = []
+                for image, scope in ((red, "a"), (blue, "a"), (red, "a"), (red, "b")):
+                    tokens, new = proj.image_tokens(image, 5, scope)
+                    assert len(tokens) == N_TOKENS and new[0].start == 5
+                    spans += new
+                assert (proj.encodes, proj.cache_hits) == (4 - hits, hits)
+                assert spans[0].placeholder == spans[2].placeholder != spans[1].placeholder
+                assert (spans[0].embd == spans[3].embd).all()  # the same image, encoded again
+                for span in spans:
+                    proj.free_span(span)
+            finally:
+                proj.close()
+    finally:
+        ll.llama_model_free(model)

@@ -7,18 +7,42 @@ pipeline runs; what it "sees" means nothing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
 
-IMAGE, PATCH, WIDTH, FF, BLOCKS, HEADS, PROJ = 28, 14, 32, 64, 2, 4, 64
-N_TOKENS = (IMAGE // PATCH) ** 2  # image tokens per image
+
+@dataclass(frozen=True)
+class Shape:
+    image: int  # pixels per side the encoder takes
+    patch: int
+    width: int
+    ff: int
+    blocks: int
+    heads: int
+    proj: int
+    dtype: type = np.float32
+
+    @property
+    def n_tokens(self) -> int:
+        return (self.image // self.patch) ** 2
 
 
-def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0) -> Path:
+TINY = Shape(28, 14, 32, 64, 2, 4, 64)  # 4 image tokens, a few milliseconds to encode
+# a CLIP ViT-B/14 at 224 pixels (86M parameters, 256 tokens per image), in float16: the size
+# of a small vision model's encoder, for bench/vision.py
+VIT_B = Shape(224, 14, 768, 3072, 12, 12, 2048, np.float16)
+N_TOKENS = TINY.n_tokens  # image tokens per image
+
+
+def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0, shape: Shape = TINY) -> Path:
     """The projector for a text model of width ``n_embd_text`` (576 for the default model)."""
     rng = np.random.default_rng(seed)
+    IMAGE, PATCH, WIDTH, FF, BLOCKS, HEADS, PROJ = (  # noqa: N806
+        shape.image, shape.patch, shape.width, shape.ff, shape.blocks, shape.heads, shape.proj)
+    n_patches = shape.n_tokens
     w = GGUFWriter(str(path), "clip")
     w.add_name("tiny-mmproj")
     w.add_string("clip.projector_type", "mlp")
@@ -35,16 +59,19 @@ def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0) -> Path:
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
-    def t(name: str, *shape: int, scale: float = 0.2) -> None:
-        # numpy shape is ggml's {ne0, ne1, ...} reversed
-        w.add_tensor(name, (rng.standard_normal(shape[::-1]) * scale).astype(np.float32))
+    def t(name: str, *dims: int, scale: float = 0.2) -> None:
+        # numpy shape is ggml's {ne0, ne1, ...} reversed; matrices in the shape's type
+        if len(dims) > 1 and dims[0] > 64:  # wide layers: keep activations in range
+            scale = scale / np.sqrt(dims[0]) * 4
+        kind = shape.dtype if len(dims) > 1 else np.float32
+        w.add_tensor(name, (rng.standard_normal(dims[::-1], dtype=np.float32) * scale).astype(kind))
 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
     w.add_tensor("v.patch_embd.weight",
-                 (rng.standard_normal((WIDTH, 3, PATCH, PATCH)) * 0.2).astype(np.float32))
-    t("v.position_embd.weight", WIDTH, N_TOKENS)
+                 (rng.standard_normal((WIDTH, 3, PATCH, PATCH)) * 0.2).astype(shape.dtype))
+    t("v.position_embd.weight", WIDTH, n_patches)
     for i in range(BLOCKS):
         for ln in ("ln1", "ln2"):
             ones(f"v.blk.{i}.{ln}.weight", WIDTH)
