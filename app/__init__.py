@@ -47,6 +47,7 @@ def plan_options(settings: Settings) -> PlanOptions:
     from app.core.media import MediaLimits
     from app.core.plan import PlanOptions
     from app.grammar import gate
+    from app.model.remote import Fetcher
 
     return from_settings(
         PlanOptions,
@@ -57,7 +58,8 @@ def plan_options(settings: Settings) -> PlanOptions:
         slots_per_request=slots_per_request(settings),
         max_tokens_default=max_tokens_default(settings),
         media=MediaLimits(settings.images_per_request, settings.image_max_bytes,
-                          settings.image_max_pixels, settings.image_max_side),
+                          settings.image_max_pixels, settings.image_max_side,
+                          fetch=Fetcher.from_settings(settings)),
     )
 
 

@@ -270,6 +270,28 @@ class Settings(BaseSettings):
         le=1 << 20,
         **_env("IMAGE_CACHE_MB"),
     )
+    image_buckets: str | None = Field(
+        None,
+        description="Buckets whose objects a request may name as a gs:// image URL, "
+        "comma-separated (read with the server's own credentials). Unset: gs:// image URLs "
+        "are refused.",
+        min_length=1,
+        **_env("IMAGE_BUCKETS"),
+    )
+    image_url_hosts: str | None = Field(
+        None,
+        description="Hosts a request may name in an http(s) image URL, comma-separated "
+        "(exact names; no redirects are followed). Unset: http(s) image URLs are refused.",
+        min_length=1,
+        **_env("IMAGE_URL_HOSTS"),
+    )
+    image_fetch_timeout: float = Field(
+        10.0,
+        description="Seconds to read one image named by URL.",
+        gt=0,
+        le=300,
+        **_env("IMAGE_FETCH_TIMEOUT"),
+    )
     images_per_request: int = Field(
         8,
         description="Most images in one request; more is a 400.",

@@ -141,6 +141,9 @@ def emulator(default_model: Path, tmp_path_factory) -> Iterator[Emulator]:
         proj = build_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-smollm2.gguf", 576)
         emu.upload("models", "vision/smollm2.gguf", default_model)
         emu.upload("models", "vision/mmproj-smollm2.gguf", proj)
+        from tests.support.images import encoded
+
+        emu.upload("models", "images/red.png", data=encoded("red"))
         yield emu
     finally:
         emu.stop()

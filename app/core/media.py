@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.base.errors import BadRequest, PayloadTooLarge
@@ -34,32 +35,34 @@ _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?(;[\w-]+=[\w.+-]+)*;base64,", 
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """IMAGES_PER_REQUEST, IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS and IMAGE_MAX_SIDE."""
+    """IMAGES_PER_REQUEST, IMAGE_MAX_BYTES, IMAGE_MAX_PIXELS and IMAGE_MAX_SIDE; ``fetch``
+    reads an image a request names by URL (app.model.remote: only where the operator allows)."""
 
     per_request: int
     max_bytes: int
     max_pixels: int
     max_side: int
+    fetch: Callable[[str, str], bytes] | None = None
 
 
 @dataclass(frozen=True)
 class MediaInput:
-    """An image as a request sent it: its bytes and the field it came in (for errors)."""
+    """An image as a request sent it: its bytes, or the gs:// or http(s) URL to read them
+    from (when the plan is made, off the request's thread), and the field it came in."""
 
     data: bytes
     param: str
+    url: str = ""
 
 
 def from_url(url: str, param: str, max_bytes: int) -> MediaInput:
-    """An image part's URL: a base64 ``data:`` URL (or bare base64, as llama-server takes).
-    This server fetches nothing on a client's behalf: http(s) URLs are refused."""
-    if url.startswith(("http://", "https://")):
-        raise BadRequest(
-            "image URLs are not fetched by this server: send the image inline as a data: URL "
-            "(data:image/png;base64,...)", param=param, code="image_url_not_allowed")
-    if url.startswith("gs://"):
-        raise BadRequest("gs:// image URLs are not supported yet: send the image inline as a "
-                         "data: URL", param=param, code="image_url_not_allowed")
+    """An image part's URL: a base64 ``data:`` URL (or bare base64, as llama-server takes),
+    or a gs:// or http(s) URL, read later if the operator allows it (``MediaLimits.fetch``)."""
+    if url.startswith(("http://", "https://", "gs://")):
+        if len(url) > 4096:
+            raise BadRequest("image URL is over 4096 characters", param=param,
+                             code="invalid_image")
+        return MediaInput(b"", param, url)
     m = _DATA_URL.match(url)
     if url.startswith("data:") and m is None:
         raise BadRequest("an image data: URL must be base64: data:image/png;base64,...",
@@ -141,8 +144,19 @@ def decode(item: MediaInput, limits: MediaLimits) -> Image:
 
 
 def decode_all(items: tuple[MediaInput, ...], limits: MediaLimits) -> tuple[Image, ...]:
+    """Every image of a request, each read (if named by URL) and decoded."""
     if len(items) > limits.per_request:
         raise BadRequest(f"{len(items)} images in one request: at most {limits.per_request} "
                          "(IMAGES_PER_REQUEST)", param=items[limits.per_request].param,
                          code="too_many_images")
-    return tuple(decode(item, limits) for item in items)
+    return tuple(decode(_fetched(item, limits), limits) for item in items)
+
+
+def _fetched(item: MediaInput, limits: MediaLimits) -> MediaInput:
+    if not item.url:
+        return item
+    if limits.fetch is None:
+        raise BadRequest("image URLs are not fetched by this server: send the image inline as "
+                         "a data: URL (data:image/png;base64,...)", param=item.param,
+                         code="image_url_not_allowed")
+    return MediaInput(limits.fetch(item.url, item.param), item.param)

@@ -107,6 +107,45 @@ def make_client(emulator_host: str | None):
     return storage.Client()  # Application Default Credentials
 
 
+_clients: dict[str | None, object] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client(emulator_host: str | None):
+    """One client per process (per emulator host) for small reads on requests' behalf: making
+    one looks up credentials, too slow to repeat per request."""
+    with _clients_lock:
+        client = _clients.get(emulator_host)
+        if client is None:
+            client = _clients[emulator_host] = make_client(emulator_host)
+        return client
+
+
+def read_object(uri: str, max_bytes: int, emulator_host: str | None) -> bytes:
+    """A small object's bytes, read with the server's own credentials: LookupError when it
+    does not exist (or cannot be seen), ValueError when it holds more than ``max_bytes``,
+    GcsError for anything else."""
+    bucket_name, path = parse_uri(uri)
+    if not path or path.endswith("/"):
+        raise LookupError(f"{uri} names no object")
+    try:
+        blob = shared_client(emulator_host).bucket(bucket_name).get_blob(path)
+        if blob is None:
+            raise LookupError(f"{uri}: no such object (or no such bucket)")
+        if blob.size is not None and int(blob.size) > max_bytes:
+            raise ValueError(f"{uri} is {blob.size} bytes, over {max_bytes}")
+        data = blob.download_as_bytes(end=max_bytes)  # end is inclusive: one byte over shows
+    except (LookupError, ValueError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every cause ends in one clear message
+        if _permanent(exc) and getattr(exc, "code", None) in (403, 404):
+            raise LookupError(f"{uri}: not found or not readable by this server") from None
+        raise GcsError(_describe(uri, exc).replace("model ", "", 1)) from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{uri} is over {max_bytes} bytes")
+    return data
+
+
 def _permanent(exc: BaseException) -> bool:
     from google.api_core import exceptions as gexc
 

@@ -182,6 +182,24 @@ def test_bad_images_are_clear_errors_and_the_server_stays_up(server, client, url
     assert requests.get(server.url("/health"), timeout=10).status_code == 200
 
 
+def test_gs_images_from_the_buckets_the_operator_lists(server_factory, gcs_proxy, mmproj):
+    srv = server_factory({"MMPROJ": str(mmproj), "STORAGE_EMULATOR_HOST": gcs_proxy.url,
+                          "IMAGE_BUCKETS": "models", "PARALLEL": "1"})
+    srv.wait_ready()
+    c = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=60)
+    by_url = chat(c, "gs://models/images/red.png")
+    inline = chat(c, data_url(encoded("red")))
+    assert by_url.choices[0].message.content == inline.choices[0].message.content
+    assert by_url.usage.prompt_tokens == inline.usage.prompt_tokens
+    for url, code in (("gs://models/images/missing.png", "image_not_found"),
+                      ("gs://another-bucket/red.png", "image_url_not_allowed"),
+                      ("https://127.0.0.1:1/red.png", "image_url_not_allowed")):
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(c, url)
+        assert err.value.body["code"] == code, url
+        assert err.value.body["param"] == "messages.0.content.1.image_url.url"
+
+
 def test_too_many_images(client):
     part = {"type": "image_url", "image_url": {"url": data_url(encoded("red", (8, 8)))}}
     with pytest.raises(openai.BadRequestError) as err:

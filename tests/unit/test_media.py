@@ -88,16 +88,32 @@ def test_too_many_images_name_the_first_one_over():
 
 
 @pytest.mark.parametrize("url, why", [
-    ("https://example.com/cat.png", "not fetched"),
-    ("http://169.254.169.254/latest", "not fetched"),
-    ("gs://bucket/cat.png", "gs://"),
     ("data:image/png,rawbytes", "must be base64"),
     ("data:image/png;base64,@@@", "not valid base64"),
+    ("https://example.com/" + "x" * 5000, "over 4096 characters"),
 ])
-def test_urls_other_than_inline_data_are_refused(url, why):
+def test_bad_urls_are_refused(url, why):
     with pytest.raises(BadRequest) as err:
         from_url(url, "p", 1 << 20)
     assert why in err.value.message
+
+
+@pytest.mark.parametrize("url", ["https://example.com/cat.png", "http://169.254.169.254/latest",
+                                 "gs://bucket/cat.png"])
+def test_named_images_are_read_only_through_the_fetcher(url):
+    item = from_url(url, "p", 1 << 20)
+    assert item.url == url and item.data == b""
+    with pytest.raises(BadRequest) as err:  # no fetcher: nothing is read
+        decode_all((item,), LIMITS)
+    assert "not fetched" in err.value.message and err.value.code == "image_url_not_allowed"
+    asked = []
+
+    def fetch(u: str, param: str) -> bytes:
+        asked.append((u, param))
+        return encoded("red", (6, 6))
+
+    limits = MediaLimits(2, 1 << 20, 10**6, 256, fetch=fetch)
+    assert decode_all((item,), limits)[0].width == 6 and asked == [(url, "p")]
 
 
 def test_bare_base64_is_taken_as_llama_server_does():
