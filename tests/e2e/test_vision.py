@@ -20,7 +20,7 @@ from gguf import GGUFReader
 
 from tests.support.images import data_url, encoded, png_bomb
 from tests.support.server import VERTEX_PREDICT, ServerProcess, free_port, running_server
-from tests.support.tiny_mmproj import N_TOKENS, build_tiny_mmproj
+from tests.support.tiny_mmproj import N_TOKENS, TINY_GEMMA3, build_tiny_mmproj
 
 ASK = "Describe this image."
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -52,12 +52,14 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0, timeout=120)
 
 
-def image_message(url: str, text: str = ASK) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "text", "text": text},
-                                         {"type": "image_url", "image_url": {"url": url}}]}]
+def image_message(url: str | None, text: str = ASK) -> list[dict]:
+    parts = [{"type": "text", "text": text}]
+    if url is not None:
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return [{"role": "user", "content": parts}]
 
 
-def chat(client, url: str, **kw):
+def chat(client, url: str | None, **kw):
     return client.chat.completions.create(model="m", messages=image_message(url), **GREEDY, **kw)
 
 
@@ -227,6 +229,31 @@ def test_image_requests_beside_text_streams_all_finish(client):
         images = [pool.submit(chat, client, data_url(encoded(c))) for c in ("red", "blue")]
         assert streams.result(timeout=120) > 0
         assert all(f.result(timeout=120).choices[0].finish_reason for f in images)
+
+
+def test_a_projector_whose_images_attend_both_ways(default_model, tmp_path):
+    """Gemma 3's projector type: libmtmd decodes its image tokens with causal attention off
+    for the whole context. The image is decoded alone, so the other sequences' next step is
+    causal again: a text answer is the same beside image requests as alone."""
+    proj = build_tiny_mmproj(tmp_path / "mmproj-gemma3.gguf", n_embd(default_model),
+                             shape=TINY_GEMMA3)
+    with running_server({"MMPROJ": str(proj), "PARALLEL": "3"}) as srv:
+        c = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=120)
+        ask = [{"role": "user", "content": "Name three colours."}]
+        alone = c.chat.completions.create(model="m", messages=ask, temperature=0, max_tokens=24)
+        with cf.ThreadPoolExecutor(3) as pool:
+            text = pool.submit(c.chat.completions.create, model="m", messages=ask,
+                               temperature=0, max_tokens=24)
+            images = [pool.submit(chat, c, data_url(encoded(col))) for col in ("red", "blue")]
+            red, blue = (f.result(timeout=120) for f in images)
+            beside = text.result(timeout=120)
+        assert beside.choices[0].message.content == alone.choices[0].message.content
+        assert red.choices[0].message.content != blue.choices[0].message.content
+        again = chat(c, data_url(encoded("red")))
+        assert again.choices[0].message.content == red.choices[0].message.content
+        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+        # the projector wraps its 4 image tokens in text of its own (Gemma 3's image markers)
+        assert red.usage.prompt_tokens > chat(c, None).usage.prompt_tokens + TINY_GEMMA3.n_tokens
 
 
 def test_a_model_without_a_projector_refuses_images(default_model):

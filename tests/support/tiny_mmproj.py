@@ -24,13 +24,19 @@ class Shape:
     heads: int
     proj: int
     dtype: type = np.float32
+    # mlp (LLaVA's: image tokens attend causally, like text) or gemma3 (SigLIP, patches pooled
+    # by ``merge`` per side, then a norm and a projection: image tokens attend both ways)
+    projector: str = "mlp"
+    merge: int = 1
 
     @property
     def n_tokens(self) -> int:
-        return (self.image // self.patch) ** 2
+        return (self.image // self.patch // self.merge) ** 2
 
 
 TINY = Shape(28, 14, 32, 64, 2, 4, 64)  # 4 image tokens, a few milliseconds to encode
+# Gemma 3's projector type, as small: 4 x 4 patches pooled 2 x 2 into 4 tokens
+TINY_GEMMA3 = Shape(56, 14, 32, 64, 2, 4, 64, projector="gemma3", merge=2)
 # a CLIP ViT-B/14 at 224 pixels (86M parameters, 256 tokens per image), in float16: the size
 # of a small vision model's encoder, for bench/vision.py
 VIT_B = Shape(224, 14, 768, 3072, 12, 12, 2048, np.float16)
@@ -45,7 +51,9 @@ def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0, shape: Shape 
     n_patches = shape.n_tokens
     w = GGUFWriter(str(path), "clip")
     w.add_name("tiny-mmproj")
-    w.add_string("clip.projector_type", "mlp")
+    w.add_string("clip.projector_type", shape.projector)
+    if shape.projector == "gemma3":
+        w.add_uint32("clip.vision.projector.scale_factor", shape.merge)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
     w.add_uint32("clip.vision.image_size", IMAGE)
@@ -83,10 +91,14 @@ def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0, shape: Shape 
         t(f"v.blk.{i}.ffn_up.bias", FF)
         t(f"v.blk.{i}.ffn_down.weight", FF, WIDTH)
         t(f"v.blk.{i}.ffn_down.bias", WIDTH)
-    t("mm.0.weight", WIDTH, PROJ)
-    t("mm.0.bias", PROJ)
-    t("mm.2.weight", PROJ, n_embd_text)
-    t("mm.2.bias", n_embd_text)
+    if shape.projector == "gemma3":
+        ones("mm.soft_emb_norm.weight", WIDTH)
+        t("mm.input_projection.weight", n_embd_text, WIDTH)
+    else:
+        t("mm.0.weight", WIDTH, PROJ)
+        t("mm.0.bias", PROJ)
+        t("mm.2.weight", PROJ, n_embd_text)
+        t("mm.2.bias", n_embd_text)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
