@@ -68,6 +68,7 @@ def test_props_say_the_model_sees(server):
     assert props["modalities"] == {"vision": True, "audio": False}
     models = requests.get(server.url("/v1/models"), timeout=10).json()["data"]
     assert models[0]["meta"]["modalities"] == {"vision": True, "audio": False}
+    assert health_body(server)["modalities"] == {"vision": True, "audio": False}
 
 
 def test_an_image_is_counted_as_its_tokens(client):
@@ -77,8 +78,12 @@ def test_an_image_is_counted_as_its_tokens(client):
     assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + N_TOKENS
 
 
+def health_body(server) -> dict:
+    return requests.get(server.url("/health"), timeout=10).json()
+
+
 def engine_stats(server) -> dict:
-    return requests.get(server.url("/health"), timeout=10).json()["engine"]
+    return health_body(server)["engine"]
 
 
 def test_different_images_differ_and_a_repeat_is_the_same_and_cached(server, client):
