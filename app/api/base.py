@@ -32,6 +32,7 @@ from app.base.errors import (
 from app.base.metrics import API_LABELS
 from app.core.events import Event, Result, fold
 from app.core.input import ChatInput, TextInput
+from app.core.media import Collected
 from app.core.service import Run, Service
 from app.protocol import jsonbody, validate
 from app.protocol.http_status import HttpStatusError, headers_of, status_of
@@ -144,6 +145,10 @@ class Api:
         # seconds without an event before a stream sends its keep-alive (None: never)
         self.heartbeat = policy_of(settings).heartbeat_seconds or None
         self.label = API_LABELS.get(self.name, self.name)  # the metrics' ``api`` label
+
+    def images(self) -> Collected:
+        """A collector for one request's images (IMAGE_MAX_BYTES each)."""
+        return Collected(self.settings.image_max_bytes)
 
     def relabelled(self, label: str) -> Api:
         """This API under another metrics label (the predict route's)."""

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 from app.api.base import Api, LargeAnswer
 from app.base.errors import BadRequest, ServiceError
-from app.core import media
 from app.core.events import (
     Answer,
     CallArgs,
@@ -30,7 +29,6 @@ from app.core.events import (
     Usage,
 )
 from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, TextInput, ToolChoice
-from app.core.media import MediaInput
 from app.core.service import Run
 from app.engine.types import TokenScore
 from app.protocol import logprobs, openai, tools
@@ -183,13 +181,10 @@ class ChatCompletions(_OpenAI):
 
     def parse(self, body: Any) -> tuple[ChatInput, _ChatReq]:
         req = openai.parse(openai.ChatRequest, body)
-        images: list[MediaInput] = []
-        max_bytes = self.settings.image_max_bytes
-        messages = req.template_messages(
-            lambda part, param: images.append(media.image_part(part, param, max_bytes)))
+        images = self.images()
         inp = ChatInput(
-            messages=messages,
-            media=tuple(images),
+            messages=req.template_messages(images.part),
+            media=tuple(images.items),
             params=req.sampling(),
             tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
             tool_choice=tool_choice(req.tool_choice),

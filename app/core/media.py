@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.base.errors import BadRequest, PayloadTooLarge
-from app.engine.types import Image
+from app.engine.types import MEDIA, Image
 
 # magic bytes -> format (Pillow's name)
 _MAGIC = (
@@ -72,10 +72,33 @@ def from_url(url: str, param: str, max_bytes: int) -> MediaInput:
     if len(payload) > (max_bytes + 2) // 3 * 4 + 4:
         raise PayloadTooLarge(f"image is over {max_bytes} bytes (IMAGE_MAX_BYTES)", param=param)
     try:
-        data = base64.b64decode(payload, validate=True)
+        if "-" in payload or "_" in payload:  # the URL-safe alphabet (Google's SDKs send it)
+            data = base64.b64decode(payload + "=" * (-len(payload) % 4), altchars=b"-_",
+                                    validate=True)
+        else:
+            data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise BadRequest("image is not valid base64", param=param, code="invalid_image") from None
     return MediaInput(data, param)
+
+
+class Collected:
+    """A request's images, in the order its parser meets them; ``take`` returns the MEDIA mark
+    that stands for each in its turn's text."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.items: list[MediaInput] = []
+
+    def take(self, url: str, param: str) -> str:
+        """An image given as a data: URL, bare base64, or a gs:// or http(s) URL."""
+        self.items.append(from_url(url, param, self.max_bytes))
+        return MEDIA
+
+    def part(self, part: dict, param: str) -> str:
+        """An OpenAI image part (image_part)."""
+        self.items.append(image_part(part, param, self.max_bytes))
+        return MEDIA
 
 
 def image_part(part: dict, param: str, max_bytes: int) -> MediaInput:

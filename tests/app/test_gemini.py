@@ -184,7 +184,13 @@ def test_the_model_list_and_vertex_paths():
     ({**BODY, "tools": [{"googleSearch": {}}]}, "tools.0.googleSearch"),
     ({"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/png",
                                                               "data": "aGk="}}]}]},
-     "contents.0.parts.0.inlineData"),
+     "no vision projector"),  # the server's model reads text only
+    ({"contents": [{"role": "model", "parts": [{"inlineData": {"mimeType": "image/png",
+                                                               "data": "AAAA"}}]}]},
+     "contents.0.parts.0.inlineData: images come in a user turn"),
+    ({"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "audio/wav",
+                                                              "data": "AAAA"}}]}]},
+     "takes images only"),
     ({"contents": []}, "contents"),
     ({**BODY, "frobnicate": 1}, "frobnicate"),
 ])

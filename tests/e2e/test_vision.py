@@ -161,6 +161,43 @@ def test_responses_input_image(client):
     assert resp.usage.input_tokens == chat(client, url).usage.prompt_tokens
 
 
+def test_gemini_sdk_inline_image(server, client):
+    from google import genai
+    from google.genai import types
+
+    raw = encoded("red")
+    g = genai.Client(api_key="x", http_options=types.HttpOptions(base_url=server.url("")))
+    parts = [types.Part(text=ASK), types.Part.from_bytes(data=raw, mime_type="image/png")]
+    config = types.GenerateContentConfig(temperature=0, max_output_tokens=12)
+    reply = g.models.generate_content(model="m", contents=[types.Content(role="user", parts=parts)],
+                                      config=config)
+    same = chat(client, data_url(raw))
+    assert reply.text == same.choices[0].message.content
+    assert reply.usage_metadata.prompt_token_count == same.usage.prompt_tokens
+    counted = g.models.count_tokens(model="m", contents=[types.Content(role="user", parts=parts)])
+    assert counted.total_tokens == same.usage.prompt_tokens
+    with pytest.raises(genai.errors.ClientError) as err:  # a file URI nobody allowed
+        g.models.generate_content(model="m", config=config, contents=[types.Content(
+            role="user", parts=[types.Part.from_uri(file_uri="gs://b/x.png", mime_type="image/png")])])
+    assert err.value.code == 400 and "IMAGE_BUCKETS" in err.value.message
+
+
+def test_ollama_sdk_images(server, client):
+    import ollama
+
+    raw = encoded("red")
+    o = ollama.Client(host=server.url(""))
+    options = {"temperature": 0, "num_predict": 12}
+    reply = o.chat(model="m", options=options,
+                   messages=[{"role": "user", "content": ASK, "images": [raw]}])
+    gen = o.generate(model="m", prompt=ASK, images=[raw], options=options)
+    # Ollama puts a turn's images before its text
+    first = client.chat.completions.create(model="m", **GREEDY, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(raw)}}, {"type": "text", "text": ASK}]}])
+    assert reply.message.content == gen.response == first.choices[0].message.content
+    assert reply.prompt_eval_count == first.usage.prompt_tokens
+
+
 def test_vertex_predict_envelope_carries_images(server, client):
     url = data_url(encoded("red"))
     body = {"instances": [{"messages": image_message(url), **GREEDY},

@@ -119,6 +119,10 @@ def test_named_images_are_read_only_through_the_fetcher(url):
 def test_bare_base64_is_taken_as_llama_server_does():
     raw = encoded("red", (4, 4))
     assert from_url(base64.b64encode(raw).decode(), "p", 1 << 20).data == raw
+    # the URL-safe alphabet, unpadded too (Google's SDKs send bytes so)
+    safe = base64.urlsafe_b64encode(raw + b"\xfb\xff").decode()
+    assert from_url(safe, "p", 1 << 20).data == raw + b"\xfb\xff"
+    assert from_url(safe.rstrip("="), "p", 1 << 20).data == raw + b"\xfb\xff"
 
 
 def test_image_parts_of_both_openai_shapes():

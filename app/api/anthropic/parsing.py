@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from app.base.errors import BadRequest
 from app.core import media
 from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, ToolChoice
-from app.engine.types import MEDIA, SamplingParams
+from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import tools, validate
 from app.protocol.openai import MAX_STOP_CHARS
@@ -231,29 +231,25 @@ def _text(blocks: list[dict[str, Any]], where: str, image: ImageReader | None = 
                           else _string(b, "text", f"{where}.{i}") for i, b in enumerate(blocks))
 
 
-class Images:
+class Images(media.Collected):
     """Collects a request's image blocks (``{"type": "image", "source": {"type": "base64",
     "media_type", "data"}}``), each leaving a MEDIA mark in its turn's text."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.items: list[media.MediaInput] = []
 
     def __call__(self, block: dict[str, Any], at: str) -> str:
         source = block.get("source")
         if not isinstance(source, dict):
             raise BadRequest(f"{at}.source: field required (an object)", param=f"{at}.source")
         kind = source.get("type")
-        if kind == "url":
-            raise BadRequest("image URLs are not fetched by this server: send the image as a "
-                             "base64 source", param=f"{at}.source.url",
-                             code="image_url_not_allowed")
+        if kind == "url":  # read only from the hosts the operator lists (IMAGE_URL_HOSTS)
+            url = _string(source, "url", f"{at}.source")
+            if not url.startswith(("http://", "https://", "gs://")):
+                raise BadRequest(f"{at}.source.url: must be an http(s) URL",
+                                 param=f"{at}.source.url")
+            return self.take(url, f"{at}.source.url")
         if kind != "base64":
-            raise BadRequest(f"{at}.source.type: must be 'base64' (or 'url', which this server "
-                             "refuses)", param=f"{at}.source.type")
-        data = _string(source, "data", f"{at}.source")
-        self.items.append(media.from_url(data, f"{at}.source.data", self.max_bytes))
-        return MEDIA
+            raise BadRequest(f"{at}.source.type: must be 'base64' or 'url'",
+                             param=f"{at}.source.type")
+        return self.take(_string(source, "data", f"{at}.source"), f"{at}.source.data")
 
 
 def _tool_result(block: dict[str, Any], at: str, image: ImageReader | None = None) -> dict[str, Any]:

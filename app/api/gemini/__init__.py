@@ -97,7 +97,8 @@ class Gemini(Api):
         model = model_of(str(body.get("_model") or parsing.get(body, "model") or ""))
         params, output, n, thoughts, budget = parsing.generation(
             parsing.get(body, "generationConfig"))
-        messages = parsing.messages(parsing.get(body, "contents"))
+        images = self.images()
+        messages = parsing.messages(parsing.get(body, "contents"), images.take)
         system = parsing.system_text(parsing.get(body, "systemInstruction"))
         if system:
             messages.insert(0, {"role": "system", "content": system})
@@ -106,7 +107,7 @@ class Gemini(Api):
         kwargs = {"enable_thinking": False} if budget == 0 else {}
         inp = ChatInput(messages=messages, params=params, tools=offered, tool_choice=choice,
                         output=output, template_kwargs=kwargs, reasoning_budget=budget, n=n,
-                        model=model or None)
+                        model=model or None, media=tuple(images.items))
         return inp, GeminiReq(model or self.service.info().name, thoughts,
                               bool(body.get("_sse")), n)
 

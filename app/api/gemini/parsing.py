@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from app.base.errors import BadRequest
 from app.core.input import OutputFormat, ToolChoice
 from app.engine.types import SamplingParams
+from app.formats.chat_template import clean
 from app.protocol import tools
 from app.protocol.openai import MAX_STOP_CHARS
 
@@ -129,20 +131,53 @@ _PART_KEYS = frozenset({"text", "thought", "thoughtSignature", "functionCall", "
                         "executableCode", "codeExecutionResult", "mediaResolution"})
 
 
-def _parts(content: Any, where: str) -> list[dict[str, Any]]:
+def _parts(content: Any, where: str, media_ok: bool = False) -> list[dict[str, Any]]:
+    """A Content's parts, checked; ``inlineData`` and ``fileData`` (images) only where
+    ``media_ok`` (a user turn)."""
     if not isinstance(content, dict):
         raise BadRequest(f"{where}: must be a Content object", param=where)
     parts = get(content, "parts")
     if not isinstance(parts, list):
         raise BadRequest(f"{where}.parts: must be a list", param=f"{where}.parts")
+    refused = ("executableCode", "codeExecutionResult") if media_ok else (
+        "inlineData", "fileData", "executableCode", "codeExecutionResult")
     for j, part in enumerate(parts):
         at = f"{where}.parts.{j}"
         check_keys(part, at, _PART_KEYS, {}, {})
-        for kind in ("inlineData", "fileData", "executableCode", "codeExecutionResult"):
+        for kind in refused:
             if get(part, kind) is not None:
-                raise BadRequest(f"{at}.{kind}: this server takes text (and function calls) "
-                                 "only", param=f"{at}.{kind}")
+                why = ("images come in a user turn" if kind in ("inlineData", "fileData")
+                       else "this server takes text, images and function calls only")
+                raise BadRequest(f"{at}.{kind}: {why}", param=f"{at}.{kind}")
     return parts
+
+
+def _image(part: dict[str, Any], at: str, take: Callable[[str, str], str] | None) -> str | None:
+    """An image part's MEDIA mark (``take`` has the image), or None for any other part:
+    ``inlineData`` (base64 bytes) or ``fileData`` (a gs:// or https URI, read only where the
+    operator allows it)."""
+    inline, file = get(part, "inlineData"), get(part, "fileData")
+    if inline is None and file is None:
+        return None
+    if take is None:
+        raise BadRequest(f"{at}: images are not taken here", param=at)
+    kind, blob = ("inlineData", inline) if inline is not None else ("fileData", file)
+    if not isinstance(blob, dict):
+        raise BadRequest(f"{at}.{kind}: must be an object", param=f"{at}.{kind}")
+    mime = get(blob, "mimeType")
+    if isinstance(mime, str) and mime and not mime.startswith("image/"):
+        raise BadRequest(f"{at}.{kind}.mimeType: {mime!r}: this server takes images only",
+                         param=f"{at}.{kind}.mimeType")
+    if kind == "inlineData":
+        data = get(blob, "data")
+        if not isinstance(data, str):
+            raise BadRequest(f"{at}.inlineData.data: must be base64", param=f"{at}.inlineData.data")
+        return take(data, f"{at}.inlineData.data")
+    uri = get(blob, "fileUri")
+    if not isinstance(uri, str) or not uri.startswith(("gs://", "https://", "http://")):
+        raise BadRequest(f"{at}.fileData.fileUri: must be a gs:// or https URI",
+                         param=f"{at}.fileData.fileUri")
+    return take(uri, f"{at}.fileData.fileUri")
 
 
 def system_text(instruction: Any) -> str | None:
@@ -153,10 +188,12 @@ def system_text(instruction: Any) -> str | None:
     return "\n\n".join(str(get(p, "text") or "") for p in _parts(instruction, "systemInstruction"))
 
 
-def messages(contents: Any) -> list[dict[str, Any]]:
+def messages(contents: Any, take: Callable[[str, str], str] | None = None
+             ) -> list[dict[str, Any]]:
     """``contents`` as chat-template messages. A ``model`` turn's function calls become the
     assistant's tool calls (ids ``call_<turn>_<n>`` unless the call has one); a ``user`` turn's
-    function responses become tool messages, matched to the calls by id, else by name."""
+    function responses become tool messages, matched to the calls by id, else by name, and
+    its images go to ``take`` (_image)."""
     if not isinstance(contents, list) or not contents:
         raise BadRequest("contents: must be a non-empty list", param="contents")
     out: list[dict[str, Any]] = []
@@ -168,7 +205,7 @@ def messages(contents: Any) -> list[dict[str, Any]]:
         role = (get(content, "role") if isinstance(content, dict) else None) or "user"
         if role not in ("user", "model", "function"):
             raise BadRequest(f"{where}.role: must be user or model", param=f"{where}.role")
-        parts = _parts(content, where)
+        parts = _parts(content, where, media_ok=role == "user")
         if role == "model":
             texts, thoughts, calls = [], [], []
             for j, part in enumerate(parts):
@@ -195,10 +232,11 @@ def messages(contents: Any) -> list[dict[str, Any]]:
             out.append(msg)
             continue
         texts = []
-        for part in parts:
+        for j, part in enumerate(parts):
             resp = get(part, "functionResponse")
             if resp is None:
-                texts.append(str(get(part, "text") or ""))
+                mark = _image(part, f"{where}.parts.{j}", take)
+                texts.append(mark if mark is not None else clean(str(get(part, "text") or "")))
                 continue
             if texts:
                 out.append({"role": "user", "content": "".join(texts)})

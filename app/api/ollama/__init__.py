@@ -26,6 +26,7 @@ from app.api.ollama.parsing import (
     GenerateRequest,
     _Request,
     chat_messages,
+    image_marks,
     parse,
 )
 from app.api.ollama.stream import NDJSON, Clock, Lines, line, whole
@@ -45,6 +46,7 @@ from app.core.events import (
 from app.core.input import ChatInput, TextInput
 from app.core.service import Run
 from app.engine.types import SamplingParams
+from app.formats.chat_template import clean
 from app.protocol import tools
 
 
@@ -143,8 +145,10 @@ class OllamaChat(_Ollama):
         req: ChatRequest = parse(ChatRequest, body)
         params = self._sampling(req)
         kwargs, budget = req.thinking()
+        images = self.images()
         inp = ChatInput(
-            messages=chat_messages(req.messages),
+            messages=chat_messages(req.messages, images.take),
+            media=tuple(images.items),
             params=params,
             tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
             output=req.output(),
@@ -180,6 +184,9 @@ class OllamaGenerate(_Ollama):
         params = self._sampling(req)
         reply = OllamaReq(req.model, False, Clock())
         if req.raw:  # the prompt as written, no template
+            if req.images:
+                raise BadRequest("images: a raw prompt has no template to place them in",
+                                 param="images")
             if req.system:
                 raise BadRequest("system: a raw prompt has no template to put it in",
                                  param="system")
@@ -189,9 +196,12 @@ class OllamaGenerate(_Ollama):
             return TextInput(req.prompt, params, model=model_of(req.model)), reply
         messages = ([{"role": "system", "content": req.system}] if req.system else [])
         kwargs, budget = req.thinking()
-        inp = ChatInput(messages=[*messages, {"role": "user", "content": req.prompt}],
-                        params=params, output=req.output(), template_kwargs=kwargs,
-                        reasoning_budget=budget, model=model_of(req.model))
+        images = self.images()
+        marks = image_marks(req.images, "images", images.take)
+        turn = {"role": "user", "content": marks + clean(req.prompt)}
+        inp = ChatInput(messages=[*messages, turn], params=params, output=req.output(),
+                        template_kwargs=kwargs, reasoning_budget=budget,
+                        model=model_of(req.model), media=tuple(images.items))
         return inp, reply
 
 

@@ -10,13 +10,15 @@ change nothing: the server's settings decide those for every request alike.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.base.errors import BadRequest
 from app.core.input import EFFORT_BUDGET, OutputFormat
-from app.engine.types import SamplingParams
+from app.engine.types import MEDIA, SamplingParams
+from app.formats.chat_template import clean
 from app.protocol import validate
 from app.protocol.openai import MAX_STOP_CHARS
 
@@ -50,7 +52,6 @@ IGNORED = {
 UNSUPPORTED = {
     "template": "the model's own chat template is used (or the server's CHAT_TEMPLATE)",
     "suffix": "fill-in-the-middle is not supported",
-    "images": "this server takes text only",
 }
 
 
@@ -122,6 +123,7 @@ class ChatRequest(_Request):
 
 class GenerateRequest(_Request):
     prompt: str = ""
+    images: list[Any] | None = None  # base64, each put before the prompt
     system: str | None = None
     raw: bool = False
     context: list[int] | None = None
@@ -149,10 +151,26 @@ def _stops(value: Any, where: str) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def chat_messages(raw: list[Any]) -> list[dict[str, Any]]:
+def image_marks(images: Any, where: str, take: Callable[[str, str], Any] | None) -> str:
+    """Ollama's ``images`` (base64 strings) as MEDIA marks, each image handed to ``take(data,
+    param)``; they stand before the turn's text, as Ollama puts them."""
+    if not images:
+        return ""
+    if not isinstance(images, list) or take is None:
+        raise BadRequest(f"{where}: must be a list of base64 images", param=where)
+    for k, data in enumerate(images):
+        if not isinstance(data, str):
+            raise BadRequest(f"{where}.{k}: must be a base64 string", param=f"{where}.{k}")
+        take(data, f"{where}.{k}")
+    return MEDIA * len(images)
+
+
+def chat_messages(raw: list[Any], take: Callable[[str, str], Any] | None = None
+                  ) -> list[dict[str, Any]]:
     """Ollama's messages as chat-template messages. Ollama's tool calls carry no ids and their
     arguments as objects; each gets an id (``call_<turn>_<n>``), and a ``tool`` message is
-    matched to the first unanswered call of its ``tool_name`` (else the first unanswered)."""
+    matched to the first unanswered call of its ``tool_name`` (else the first unanswered).
+    A user message's ``images`` go to ``take`` (image_marks)."""
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (call id, tool name) not answered yet
     for i, m in enumerate(raw):
@@ -164,9 +182,6 @@ def chat_messages(raw: list[Any]) -> list[dict[str, Any]]:
             raise BadRequest(f"{where}.role: must be system, user, assistant or tool",
                              param=f"{where}.role")
         for key, value in m.items():
-            if key == "images" and value:
-                raise BadRequest(f"{where}.images: this server takes text only",
-                                 param=f"{where}.images")
             if key not in ("role", "content", "images", "tool_calls", "thinking", "tool_name",
                            "tool_call_id") and value is not None:
                 raise BadRequest(f"{where}.{key}: this server does not support this field",
@@ -174,7 +189,8 @@ def chat_messages(raw: list[Any]) -> list[dict[str, Any]]:
         content = m.get("content") or ""
         if not isinstance(content, str):
             raise BadRequest(f"{where}.content: must be a string", param=f"{where}.content")
-        msg: dict[str, Any] = {"role": role, "content": content}
+        marks = image_marks(m.get("images"), f"{where}.images", take if role == "user" else None)
+        msg: dict[str, Any] = {"role": role, "content": marks + clean(content)}
         if role == "assistant":
             if m.get("thinking"):
                 msg["reasoning_content"] = str(m["thinking"])

@@ -46,10 +46,8 @@ from app.api.responses.stream import (
 from app.api.responses.tools import Wire
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError
-from app.core import media
 from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking, Tick, Usage
 from app.core.input import EFFORT_BUDGET, ChatInput
-from app.core.media import MediaInput
 from app.core.service import Run
 from app.protocol import openai
 from app.protocol.logprobs import chat_list
@@ -114,10 +112,8 @@ class Responses(Api):
                     f"Previous response with id {req.previous_response_id!r} not found.",
                     param="previous_response_id", code="previous_response_not_found")
             history = forget_images(copy.deepcopy(prev.messages))
-        images: list[MediaInput] = []
-        max_bytes = self.settings.image_max_bytes
-        history += input_messages(
-            req.input, lambda part, param: images.append(media.image_part(part, param, max_bytes)))
+        images = self.images()
+        history += input_messages(req.input, images.part)
         messages = list(history)
         if req.instructions:
             messages.insert(0, {"role": "system", "content": req.instructions})
@@ -130,7 +126,7 @@ class Responses(Api):
         summary = (req.reasoning.summary or req.reasoning.generate_summary) if req.reasoning else None
         inp = ChatInput(
             messages=messages,
-            media=tuple(images),
+            media=tuple(images.items),
             params=req.sampling(),
             tools=offered,
             tool_choice=choice,
