@@ -16,7 +16,11 @@ import sys
 import threading
 import time
 
-VARIANTS = ["plain", "thread", "log", "probe", "imports", "model", "engine", "engine-noprobe", "engine-nolog",
+# each a third-party module the engine's process imports, then a plain load (imports-NAME)
+IMPORTS = ["gevent", "numpy", "google.cloud.storage", "flask", "pydantic_settings", "jinja2",
+           "PIL.Image", "prometheus_client", "redis"]
+VARIANTS = ["plain", "thread", "log", "probe", "imports", *(f"imports-{m}" for m in IMPORTS),
+            "model", "engine", "engine-noprobe", "engine-nolog",
             "engine-nocb", "engine-bigstack", "engine-probe-after", "gevent", "server"]
 
 
@@ -180,6 +184,11 @@ def main() -> None:
             import app.engine.llama_engine  # noqa: F401
             import app.engine.llama_model  # noqa: F401
 
+            in_thread(plain, path)
+        elif v.startswith("imports-"):  # one module's import side effects, then a plain load
+            import importlib
+
+            importlib.import_module(v.split("-", 1)[1])
             in_thread(plain, path)
         elif v == "model":  # the engine's LlamaModel.load, without LlamaEngine around it
             in_thread(model, path)
