@@ -69,6 +69,11 @@ class Job:
     n_chars: int = 0
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images, in order
 
+    def pos_at(self, i: int) -> int:
+        """The position of prompt token ``i``: its index, less what images before it saved
+        (an M-RoPE image of n tokens moves the position by n_pos, its grid's longer side)."""
+        return i + sum(s.n_pos - s.n for s in self.images if s.start + s.n <= i)
+
 
 @dataclass(eq=False)
 class Slot:
@@ -77,7 +82,9 @@ class Slot:
     cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
     last_used: float = 0.0
     follows: Slot | None = None  # a choice waiting for its leader's prompt KV
-    n_past: int = 0  # tokens of this sequence already in the KV cache
+    # the position the sequence's next token takes: its token count, except after an image of
+    # a projector that places image tokens in 2-D (M-RoPE), which moves it by fewer
+    n_past: int = 0
     n_prompt_done: int = 0  # prompt tokens decoded so far
     last_token: int = -1
     i_batch: int = -1  # index in the current batch whose logits this slot samples
@@ -162,7 +169,7 @@ class Batch:
                 self.ll.llama_memory_seq_cp(self.mem, source.seq_id, slot.seq_id, -1, -1)
                 slot.cached = list(source.cached)
             if n_common < len(slot.cached) and not self.ll.llama_memory_seq_rm(
-                self.mem, slot.seq_id, n_common, -1
+                self.mem, slot.seq_id, job.pos_at(n_common), -1
             ):
                 n_common = 0  # this model's memory cannot drop a suffix: start afresh
                 self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
@@ -172,7 +179,7 @@ class Batch:
                 follower.cached_tokens = n_common
             slot.job = job
             slot.scope = scope
-            slot.n_past = n_common
+            slot.n_past = job.pos_at(n_common)
             slot.n_prompt_done = n_common
             slot.last_token = -1
             slot.last_used = time.monotonic()
@@ -298,14 +305,14 @@ class Batch:
             if span.start != slot.n_prompt_done:
                 continue
             t0 = time.perf_counter()
-            ok = self.projector.decode(self.ctx, span, slot.n_past, slot.seq_id, self.n_batch)
+            after = self.projector.decode(self.ctx, span, slot.n_past, slot.seq_id, self.n_batch)
             self.decode_seconds += time.perf_counter() - t0
-            if not ok:
+            if after < 0:
                 self._decode_failed(EngineFailure("llama_decode failed on an image"))
                 return False
             slot.cached.extend([span.placeholder] * span.n)
             slot.n_prompt_done += span.n
-            slot.n_past = slot.n_prompt_done
+            slot.n_past = after
         return True
 
     def _add_chunk(self, slot: Slot, n: int, take: int, every: bool) -> None:
@@ -313,15 +320,16 @@ class Batch:
         logits at the prompt's last position (``every``: at each)."""
         job = slot.job
         assert job is not None
+        shift = slot.n_past - slot.n_prompt_done  # what images before saved (M-RoPE); else 0
         for k in range(take):
             i = slot.n_prompt_done + k
             last = i == len(job.tokens) - 1
-            self._batch_add(n + k, job.tokens[i], i, slot.seq_id, last or every)
+            self._batch_add(n + k, job.tokens[i], i + shift, slot.seq_id, last or every)
             slot.cached.append(job.tokens[i])
             if last:
                 slot.i_batch = n + k
         slot.n_prompt_done += take
-        slot.n_past = slot.n_prompt_done
+        slot.n_past = slot.n_prompt_done + shift
 
     def _decode(self, n: int) -> bool:
         """``llama_decode`` of the batch's first ``n`` tokens; on failure every request in
@@ -356,7 +364,7 @@ class Batch:
                 # the leader's prompt is in the KV now: share it, and sample from its logits
                 ll.llama_memory_seq_cp(self.mem, leader.seq_id, slot.seq_id, -1, -1)
                 slot.cached = list(leader.cached)
-                slot.n_past = slot.n_prompt_done = leader.n_past
+                slot.n_past, slot.n_prompt_done = leader.n_past, leader.n_prompt_done
                 slot.i_batch = leader.i_batch
                 slot.follows = None
         width = 0
@@ -417,7 +425,7 @@ class Batch:
         if not job or not job.inject:
             return []
         toks = self.tok.tokens(job.inject, add_bos=False)
-        if len(toks) > room or slot.n_past + 1 + len(toks) >= self.n_ctx:
+        if len(toks) > room or len(slot.cached) + 1 + len(toks) >= self.n_ctx:
             return []  # no room in this step's batch (or the context): try again next step
         text, job.inject = job.inject, ""
         if job.inject_unless and job.inject_unless in job.generated:
@@ -464,7 +472,7 @@ class Batch:
                 self._send(job, text)
             self._finish(slot, "stop")
             return
-        if job.n_generated >= job.max_new or slot.n_past >= self.n_ctx:
+        if job.n_generated >= job.max_new or len(slot.cached) >= self.n_ctx:
             text += job.assembler.flush()
             if text:
                 self._send(job, text)

@@ -47,6 +47,7 @@ class ImageSpan:
     embd: np.ndarray
     chunk: Any
     placeholder: int
+    n_pos: int  # positions it takes: n, or its grid's longer side (M-RoPE)
 
 
 def placeholder(image: Image) -> int:
@@ -77,11 +78,6 @@ class Projector:
             self.close()
             raise ModelLoadError(f"MMPROJ {path}: the projector reads no images (audio only is "
                                  "not supported yet)")
-        if mt.mtmd_decode_use_mrope(self.ctx):
-            self.close()
-            raise ModelLoadError(
-                f"MMPROJ {path}: this projector places image tokens in 2-D (M-RoPE, the "
-                "Qwen2-VL family), which this server does not support yet")
         self.n_embd = ll.llama_model_n_embd(model)
         self._encoding = threading.Lock()  # one encode at a time: libmtmd has one output buffer
         self._lock = threading.Lock()  # the cache
@@ -116,7 +112,8 @@ class Projector:
               ) -> tuple[list[int], list[ImageSpan]]:
         tokens, spans = entry
         return list(tokens), [ImageSpan(start + s.start, s.n, s.embd,
-                                        self.mt.mtmd_input_chunk_copy(s.chunk), s.placeholder)
+                                        self.mt.mtmd_input_chunk_copy(s.chunk), s.placeholder,
+                                        s.n_pos)
                               for s in spans]
 
     def _remember(self, key: tuple[str, str], tokens: list[int], spans: list[ImageSpan],
@@ -125,7 +122,7 @@ class Projector:
         if size > self._cache_limit:
             return
         kept = [ImageSpan(s.start - start, s.n, s.embd, self.mt.mtmd_input_chunk_copy(s.chunk),
-                          s.placeholder) for s in spans]
+                          s.placeholder, s.n_pos) for s in spans]
         with self._lock:
             if key in self._cache:
                 for s in kept:
@@ -185,20 +182,21 @@ class Projector:
             out = mt.mtmd_get_output_embd(self.ctx)
             embd = np.ctypeslib.as_array(out, shape=(n_tok * self.n_embd,)).copy()
             spans.append(ImageSpan(start + len(tokens), n_tok, embd,
-                                   mt.mtmd_input_chunk_copy(chunk), pid))
+                                   mt.mtmd_input_chunk_copy(chunk), pid,
+                                   mt.mtmd_input_chunk_get_n_pos(chunk)))
             tokens.extend([pid] * n_tok)
         return tokens, spans
 
-    def decode(self, lctx: Any, span: ImageSpan, n_past: int, seq_id: int, n_batch: int) -> bool:
-        """The image's embeddings into ``seq_id``'s KV from position ``n_past``. Engine
-        thread; False if llama.cpp refused the decode."""
+    def decode(self, lctx: Any, span: ImageSpan, n_past: int, seq_id: int, n_batch: int) -> int:
+        """The image's embeddings into ``seq_id``'s KV from position ``n_past``; the position
+        after it (n_past + its n_pos), or -1 if llama.cpp refused the decode. Engine thread."""
         mt = self.mt
         new_n_past = ctypes.c_int32(0)
         rc = mt.mtmd_helper_decode_image_chunk(
             self.ctx, lctx, span.chunk, span.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
             n_past, seq_id, n_batch, ctypes.byref(new_n_past),
             mt.mtmd_helper_post_decode_callback(), None)
-        return rc == 0
+        return new_n_past.value if rc == 0 else -1
 
     def free_span(self, span: ImageSpan) -> None:
         if span.chunk:

@@ -341,3 +341,101 @@ def test_the_encoder_cache_is_per_key_and_bounded(default_model, mmproj):
                 proj.close()
     finally:
         ll.llama_model_free(model)
+
+
+# ---- M-RoPE: Qwen-VL's 2-D image positions -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen2vl(default_model, tmp_path_factory) -> tuple[Path, Path]:
+    from tests.support import tiny_qwen2vl
+
+    d = tmp_path_factory.mktemp("qwen2vl")
+    return (tiny_qwen2vl.build_text(d / "tiny-qwen2vl.gguf", default_model),
+            tiny_qwen2vl.build_projector(d / "mmproj-tiny-qwen2vl.gguf"))
+
+
+def reference_answer(model: Path, proj: Path, prompt: str, raw_rgb: tuple[bytes, int, int],
+                     n: int) -> list[int]:
+    """libmtmd's own evaluation of ``prompt`` (its marker where the image goes), positions
+    and all, then ``n`` greedy tokens: what a correct server generates."""
+    import ctypes
+
+    from llama_cpp import llama_cpp as ll
+    from llama_cpp import mtmd_cpp as mt
+
+    ll.llama_backend_init()
+    mparams = ll.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    m = ll.llama_model_load_from_file(str(model).encode(), mparams)
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch = 1024, 512
+    ctx = ll.llama_init_from_model(m, cparams)
+    mp = mt.mtmd_context_params_default()
+    mp.use_gpu, mp.print_timings = False, False
+    mc = mt.mtmd_init_from_file(str(proj).encode(), m, mp)
+    rgb, w, h = raw_rgb
+    bitmap = mt.mtmd_bitmap_init(w, h, (ctypes.c_ubyte * len(rgb)).from_buffer_copy(rgb))
+    chunks = mt.mtmd_input_chunks_init()
+    text = mt.mtmd_input_text()
+    text.text = prompt.encode()
+    text.text_len = len(text.text)
+    text.add_special, text.parse_special = False, True
+    try:
+        assert mt.mtmd_tokenize(mc, chunks, ctypes.byref(text), (ctypes.c_void_p * 1)(bitmap), 1) == 0
+        n_past = ctypes.c_int32(0)
+        assert mt.mtmd_helper_eval_chunks(mc, ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
+        vocab = ll.llama_model_get_vocab(m)
+        n_vocab = ll.llama_vocab_n_tokens(vocab)
+        out, pos = [], n_past.value
+        for _ in range(n):
+            logits = ll.llama_get_logits_ith(ctx, -1)
+            tok = max(range(n_vocab), key=lambda t: logits[t])
+            out.append(tok)
+            one = (ll.llama_token * 1)(tok)
+            batch = ll.llama_batch_get_one(one, 1)
+            batch.pos = (ll.llama_pos * 1)(pos)
+            assert ll.llama_decode(ctx, batch) == 0
+            pos += 1
+        return out
+    finally:
+        mt.mtmd_input_chunks_free(chunks)
+        mt.mtmd_bitmap_free(bitmap)
+        mt.mtmd_free(mc)
+        ll.llama_free(ctx)
+        ll.llama_model_free(m)
+
+
+def test_m_rope_images_are_placed_as_libmtmd_places_them(qwen2vl):
+    """A Qwen2-VL pair: an image of 12 tokens moves the position by 4. The server's greedy
+    tokens equal libmtmd's own evaluation of the same prompt, fresh and after reusing the
+    image's KV from the cache with other words after it."""
+    from llama_cpp import mtmd_cpp as mt
+    from PIL import Image as PILImage
+
+    from app.engine.types import MEDIA
+    from app.formats.chat_template import render
+
+    model, proj = qwen2vl
+    raw = encoded((120, 40, 200), (64, 48))
+    rgb = PILImage.open(__import__("io").BytesIO(raw)).convert("RGB").tobytes()
+    template = bytes(GGUFReader(str(model)).fields["tokenizer.chat_template"].parts[-1]).decode()
+    with running_server({"MODEL": str(model), "MMPROJ": str(proj), "PARALLEL": "2"}) as srv:
+        c = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=120)
+        for words in ("Describe this image.", "What colour is it?"):
+            turn = [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(raw)}},
+                {"type": "text", "text": words}]}]
+            reply = c.chat.completions.create(
+                model="m", messages=turn, temperature=0, max_tokens=8, logprobs=True,
+                extra_body={"return_tokens_as_token_ids": True})
+            got = [int(t.token.split(":")[1]) for t in reply.choices[0].logprobs.content]
+            prompt = render(template, [{"role": "user", "content": MEDIA + words}])
+            want = reference_answer(model, proj, prompt.replace(MEDIA, mt.mtmd_default_marker().decode()),
+                                    (rgb, 64, 48), 8)
+            assert got == want, words
+        # the second question reused the image's KV (its 12 tokens and the words before it),
+        # and its own words went in at positions counted from there
+        # (what was not cached: the new words and the assistant's cue, a dozen tokens)
+        usage = reply.usage
+        assert usage.prompt_tokens - 15 <= usage.prompt_tokens_details.cached_tokens
