@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, PoolingType, TokenType
 
+from tests.support.tiny_mmproj import finish
+
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "hello", "world", "is", "it", "here"]
 N_EMBD, N_HEAD, N_FF, N_LAYER, N_CTX = 32, 2, 64, 2, 128
@@ -75,11 +77,7 @@ def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
         t(f"blk.{i}.ffn_down.bias", N_EMBD)
         ones(f"blk.{i}.layer_output_norm.weight", N_EMBD)
         t(f"blk.{i}.layer_output_norm.bias", N_EMBD, scale=0.0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 if __name__ == "__main__":

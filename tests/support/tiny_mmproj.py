@@ -46,26 +46,12 @@ N_TOKENS = TINY.n_tokens  # image tokens per image
 def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0, shape: Shape = TINY) -> Path:
     """The projector for a text model of width ``n_embd_text`` (576 for the default model)."""
     rng = np.random.default_rng(seed)
-    IMAGE, PATCH, WIDTH, FF, BLOCKS, HEADS, PROJ = (  # noqa: N806
-        shape.image, shape.patch, shape.width, shape.ff, shape.blocks, shape.heads, shape.proj)
+    PATCH, WIDTH, FF, BLOCKS, PROJ = (  # noqa: N806
+        shape.patch, shape.width, shape.ff, shape.blocks, shape.proj)
     n_patches = shape.n_tokens
-    w = GGUFWriter(str(path), "clip")
-    w.add_name("tiny-mmproj")
-    w.add_string("clip.projector_type", shape.projector)
+    w = vision_writer(path, shape)
     if shape.projector == "gemma3":
         w.add_uint32("clip.vision.projector.scale_factor", shape.merge)
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", IMAGE)
-    w.add_uint32("clip.vision.patch_size", PATCH)
-    w.add_uint32("clip.vision.embedding_length", WIDTH)
-    w.add_uint32("clip.vision.feed_forward_length", FF)
-    w.add_uint32("clip.vision.block_count", BLOCKS)
-    w.add_uint32("clip.vision.attention.head_count", HEADS)
-    w.add_uint32("clip.vision.projection_dim", PROJ)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
     def t(name: str, *dims: int, scale: float = 0.2) -> None:
         # numpy shape is ggml's {ne0, ne1, ...} reversed; matrices in the shape's type
@@ -99,6 +85,31 @@ def build_tiny_mmproj(path: Path, n_embd_text: int, seed: int = 0, shape: Shape 
         t("mm.0.bias", PROJ)
         t("mm.2.weight", PROJ, n_embd_text)
         t("mm.2.bias", n_embd_text)
+    return finish(w, path)
+
+
+def vision_writer(path: Path, shape: Shape) -> GGUFWriter:
+    """A projector GGUF's writer with the vision encoder's metadata (clip.*) written."""
+    w = GGUFWriter(str(path), "clip")
+    w.add_name(f"tiny-mmproj-{shape.projector}")
+    w.add_string("clip.projector_type", shape.projector)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_gelu", True)
+    w.add_uint32("clip.vision.image_size", shape.image)
+    w.add_uint32("clip.vision.patch_size", shape.patch)
+    w.add_uint32("clip.vision.embedding_length", shape.width)
+    w.add_uint32("clip.vision.feed_forward_length", shape.ff)
+    w.add_uint32("clip.vision.block_count", shape.blocks)
+    w.add_uint32("clip.vision.attention.head_count", shape.heads)
+    w.add_uint32("clip.vision.projection_dim", shape.proj)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    return w
+
+
+def finish(w: GGUFWriter, path: Path) -> Path:
+    """Header, metadata and tensors to the file."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

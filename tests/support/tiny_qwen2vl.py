@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+from tests.support.tiny_mmproj import Shape, finish, vision_writer
+
 N_EMBD, N_LAYER, N_HEAD, N_HEAD_KV, N_FF = 64, 2, 4, 2, 128
 SECTIONS = [4, 2, 2, 0]  # rotary dimensions per position section (sum: head size / 2)
 V_WIDTH, V_FF, V_BLOCKS, V_HEADS, V_PROJ, PATCH = 32, 64, 2, 4, 64, 14
@@ -60,26 +62,13 @@ def build_text(path: Path, vocab_src: Path, seed: int = 0) -> Path:
         w.add_tensor(f"blk.{i}.ffn_gate.weight", _rand(rng, N_EMBD, N_FF))
         w.add_tensor(f"blk.{i}.ffn_up.weight", _rand(rng, N_EMBD, N_FF))
         w.add_tensor(f"blk.{i}.ffn_down.weight", _rand(rng, N_FF, N_EMBD))
-    return _finish(w, path)
+    return finish(w, path)
 
 
 def build_projector(path: Path, n_embd_text: int = N_EMBD, seed: int = 1) -> Path:
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), "clip")
-    w.add_name("tiny-qwen2vl-mmproj")
-    w.add_string("clip.projector_type", "qwen2vl_merger")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", 56)
-    w.add_uint32("clip.vision.patch_size", PATCH)
-    w.add_uint32("clip.vision.embedding_length", V_WIDTH)
-    w.add_uint32("clip.vision.feed_forward_length", V_FF)
-    w.add_uint32("clip.vision.block_count", V_BLOCKS)
-    w.add_uint32("clip.vision.attention.head_count", V_HEADS)
-    w.add_uint32("clip.vision.projection_dim", V_PROJ)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w = vision_writer(path, Shape(56, PATCH, V_WIDTH, V_FF, V_BLOCKS, V_HEADS, V_PROJ,
+                                  projector="qwen2vl_merger"))
     for name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
         w.add_tensor(name, (rng.standard_normal((V_WIDTH, 3, PATCH, PATCH)) * 0.1)
                      .astype(np.float32))
@@ -98,15 +87,7 @@ def build_projector(path: Path, n_embd_text: int = N_EMBD, seed: int = 1) -> Pat
     w.add_tensor("mm.0.bias", _rand(rng, V_PROJ))
     w.add_tensor("mm.2.weight", _rand(rng, V_PROJ, n_embd_text))
     w.add_tensor("mm.2.bias", _rand(rng, n_embd_text))
-    return _finish(w, path)
-
-
-def _finish(w: GGUFWriter, path: Path) -> Path:
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 if __name__ == "__main__":
