@@ -149,8 +149,12 @@ def main() -> None:
     reader = GGUFReader(args.model)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     n_embd = int(reader.fields[f"{arch}.embedding_length"].parts[-1][0])
-    tmp = Path(tempfile.mkdtemp(prefix="bench-vision-"))
-    proj = build_tiny_mmproj(tmp / "mmproj-vitb.gguf", n_embd, shape=VIT_B)
+    with tempfile.TemporaryDirectory(prefix="bench-vision-") as tmp:  # 170 MB: removed after
+        run(args, build_tiny_mmproj(Path(tmp) / "mmproj-vitb.gguf", n_embd, shape=VIT_B))
+
+
+def run(args: argparse.Namespace, proj: Path) -> None:
+    """Each server in turn with projector ``proj``, then the table."""
     print(f"projector: ViT-B/14 shape, {proj.stat().st_size / 1e6:.0f} MB, {VIT_B.n_tokens} "
           f"tokens per image", file=sys.stderr)
     results: dict[str, dict] = {}
