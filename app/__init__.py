@@ -59,7 +59,8 @@ def plan_options(settings: Settings) -> PlanOptions:
         max_tokens_default=max_tokens_default(settings),
         media=MediaLimits(settings.images_per_request, settings.image_max_bytes,
                           settings.image_max_pixels, settings.image_max_side,
-                          fetch=Fetcher.from_settings(settings)),
+                          fetch=Fetcher.from_settings(settings),
+                          max_audio_seconds=settings.audio_max_seconds),
     )
 
 

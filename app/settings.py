@@ -270,6 +270,14 @@ class Settings(BaseSettings):
         le=1 << 20,
         **_env("IMAGE_CACHE_MB"),
     )
+    audio_max_seconds: float = Field(
+        60.0,
+        description="Longest sound a request may send (input_audio, WAV), read from its "
+        "header before its samples; longer is a 400. Speech encoders hear 30 s per chunk.",
+        gt=0,
+        le=3600,
+        **_env("AUDIO_MAX_SECONDS"),
+    )
     image_buckets: str | None = Field(
         None,
         description="Buckets whose objects a request may name as a gs:// image URL, "

@@ -17,11 +17,12 @@ import binascii
 import hashlib
 import io
 import re
+import wave
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.base.errors import BadRequest, PayloadTooLarge
-from app.engine.types import MEDIA, Image
+from app.engine.types import MEDIA, Audio, Image
 
 # magic bytes -> format (Pillow's name)
 _MAGIC = (
@@ -43,6 +44,7 @@ class MediaLimits:
     max_pixels: int
     max_side: int
     fetch: Callable[[str, str], bytes] | None = None
+    max_audio_seconds: float = 60.0  # AUDIO_MAX_SECONDS
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class MediaInput:
     data: bytes
     param: str
     url: str = ""
+    kind: str = "image"  # or "audio"
 
 
 def from_url(url: str, param: str, max_bytes: int) -> MediaInput:
@@ -96,9 +99,31 @@ class Collected:
         return MEDIA
 
     def part(self, part: dict, param: str) -> str:
-        """An OpenAI image part (image_part)."""
-        self.items.append(image_part(part, param, self.max_bytes))
+        """An OpenAI image part (image_part) or audio part (audio_part)."""
+        read = audio_part if part.get("type") == "input_audio" else image_part
+        self.items.append(read(part, param, self.max_bytes))
         return MEDIA
+
+    def take_audio(self, data: str, param: str) -> str:
+        """A sound given as base64 (or a URL), WAV."""
+        item = from_url(data, param, self.max_bytes)
+        self.items.append(MediaInput(item.data, item.param, item.url, kind="audio"))
+        return MEDIA
+
+
+def audio_part(part: dict, param: str, max_bytes: int) -> MediaInput:
+    """OpenAI's ``{"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}``
+    (WAV only: a format this server decodes itself)."""
+    audio = part.get("input_audio")
+    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+        raise BadRequest("an input_audio part needs input_audio.data (base64)",
+                         param=f"{param}.input_audio.data", code="invalid_audio")
+    fmt = audio.get("format", "wav")
+    if fmt != "wav":
+        raise BadRequest(f"audio format {fmt!r} is not taken: send WAV", code="invalid_audio",
+                         param=f"{param}.input_audio.format")
+    item = from_url(audio["data"], f"{param}.input_audio.data", max_bytes)
+    return MediaInput(item.data, item.param, item.url, kind="audio")
 
 
 def image_part(part: dict, param: str, max_bytes: int) -> MediaInput:
@@ -166,13 +191,66 @@ def decode(item: MediaInput, limits: MediaLimits) -> Image:
     return Image(pixels, w, h, digest)
 
 
-def decode_all(items: tuple[MediaInput, ...], limits: MediaLimits) -> tuple[Image, ...]:
-    """Every image of a request, each read (if named by URL) and decoded."""
+def decode_all(items: tuple[MediaInput, ...], limits: MediaLimits, audio_rate: int = 0
+               ) -> tuple[Image | Audio, ...]:
+    """Every image (and sound) of a request, each read (if named by URL) and decoded; sound
+    at ``audio_rate``, the projector's."""
     if len(items) > limits.per_request:
         raise BadRequest(f"{len(items)} images in one request: at most {limits.per_request} "
                          "(IMAGES_PER_REQUEST)", param=items[limits.per_request].param,
                          code="too_many_images")
-    return tuple(decode(_fetched(item, limits), limits) for item in items)
+    return tuple(decode_audio(_fetched(item, limits), limits, audio_rate) if item.kind == "audio"
+                 else decode(_fetched(item, limits), limits) for item in items)
+
+
+def decode_audio(item: MediaInput, limits: MediaLimits, rate: int) -> Audio:
+    """A WAV file's samples, mixed to mono and resampled to ``rate``: PCM of 8, 16, 24 or 32
+    bits, at most AUDIO_MAX_SECONDS long (read from its header before its samples)."""
+    import numpy as np
+
+    data, param = item.data, item.param
+    if len(data) > limits.max_bytes:
+        raise PayloadTooLarge(
+            f"audio is {len(data)} bytes, over {limits.max_bytes} (IMAGE_MAX_BYTES)", param=param)
+    if not (len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WAVE"):
+        raise BadRequest("audio is not a WAV file (judged by its bytes)", param=param,
+                         code="invalid_audio")
+    try:
+        with wave.open(io.BytesIO(data)) as wav:
+            channels, width, src_rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            frames = wav.getnframes()
+            if not (1 <= channels <= 8 and width in (1, 2, 3, 4) and 1000 <= src_rate <= 384000):
+                raise BadRequest(f"audio of {channels} channels, {8 * width} bits at "
+                                 f"{src_rate} Hz is not taken", param=param, code="invalid_audio")
+            seconds = frames / src_rate
+            if seconds > limits.max_audio_seconds:
+                raise BadRequest(f"audio is {seconds:.1f} s long, over {limits.max_audio_seconds:g} "
+                                 "(AUDIO_MAX_SECONDS)", param=param, code="audio_too_long")
+            raw = wav.readframes(frames)
+    except BadRequest:
+        raise
+    except (wave.Error, EOFError, ValueError, OSError) as exc:
+        raise BadRequest(f"audio cannot be decoded (WAV): {exc}", param=param,
+                         code="invalid_audio") from None
+    if width == 3:  # 24-bit: widen to 32
+        b = np.frombuffer(raw[: len(raw) // 3 * 3], dtype=np.uint8).reshape(-1, 3)
+        raw = np.pad(b, ((0, 0), (1, 0))).tobytes()
+        width = 4
+    kind = {1: np.uint8, 2: np.int16, 4: np.int32}[width]
+    samples = np.frombuffer(raw[: len(raw) // width * width], dtype=kind).astype(np.float32)
+    if width == 1:
+        samples = (samples - 128.0) / 128.0
+    else:
+        samples /= float(2 ** (8 * width - 1))
+    samples = samples[: len(samples) // channels * channels].reshape(-1, channels).mean(axis=1)
+    if samples.size == 0:
+        raise BadRequest("audio holds no samples", param=param, code="invalid_audio")
+    if rate and src_rate != rate:  # linear resampling: enough for speech encoders' 16 kHz
+        n = max(1, round(samples.size * rate / src_rate))
+        samples = np.interp(np.linspace(0, samples.size - 1, n), np.arange(samples.size), samples)
+    pcm = samples.astype(np.float32).tobytes()
+    return Audio(pcm, len(pcm) // 4, rate or src_rate,
+                 hashlib.sha256(b"audio:%d:" % (rate or src_rate) + pcm).hexdigest())
 
 
 def _fetched(item: MediaInput, limits: MediaLimits) -> MediaInput:

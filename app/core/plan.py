@@ -173,20 +173,26 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
 
 
 def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits) -> tuple:
-    """The request's images, decoded (app.core.media), each at its MEDIA mark in the prompt."""
+    """The request's images and sounds, decoded (app.core.media), each at its MEDIA mark in
+    the prompt."""
     if not inp.media:
         return ()
-    if not info.vision:
-        raise BadRequest("this model has no vision projector: it reads text only (serve it "
-                         "with MMPROJ to send images)", param=inp.media[0].param,
-                         code="image_input_not_supported")
+    for item in inp.media:
+        if item.kind == "image" and not info.vision:
+            raise BadRequest("this model has no vision projector: it reads no images (serve it "
+                             "with an MMPROJ that sees to send them)", param=item.param,
+                             code="image_input_not_supported")
+        if item.kind == "audio" and not info.audio_rate:
+            raise BadRequest("this model's projector hears no audio (serve it with an MMPROJ "
+                             "that reads audio to send it)", param=item.param,
+                             code="audio_input_not_supported")
     if inp.params.prompt_logprobs is not None:
         raise BadRequest("prompt log probabilities are not available for a prompt with images",
                          param="prompt_logprobs")
     if prompt.count(MEDIA) != len(inp.media):  # a template that drops or repeats a message
         raise BadRequest("the chat template did not keep each image in its place",
                          param=inp.media[0].param, code="invalid_image")
-    return media.decode_all(inp.media, limits)
+    return media.decode_all(inp.media, limits, info.audio_rate)
 
 
 _MARK = "vertex-gguf opening 7f3a"

@@ -43,7 +43,7 @@ def health() -> tuple[Response, int]:
     info = engine.info
     if info is not None:
         body["model"] = info.name
-        body["modalities"] = {"vision": info.vision, "audio": False}
+        body["modalities"] = info.modalities
     body["queue"] = engine.queue_depth()
     body["engine"] = engine.stats()
     body["sleeping"] = bool(getattr(engine, "sleeping", False))  # still 200: it wakes on demand

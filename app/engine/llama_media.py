@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from app.base.errors import BadRequest, ModelLoadError
-from app.engine.types import Image
+from app.engine.types import Audio, Image
 
 log = logging.getLogger(__name__)
 
-_TEXT, _IMAGE = 0, 1  # mtmd_input_chunk_type
+_TEXT, _IMAGE, _AUDIO = 0, 1, 2  # mtmd_input_chunk_type
 
 
 @dataclass(eq=False)
@@ -50,9 +50,10 @@ class ImageSpan:
     n_pos: int  # positions it takes: n, or its grid's longer side (M-RoPE)
 
 
-def placeholder(image: Image) -> int:
-    """The id an image's tokens take in a prompt's token list: negative, from its digest."""
-    return -1 - int(image.digest[:7], 16)
+def placeholder(item: Image | Audio) -> int:
+    """The id an image's (or a sound's) tokens take in a prompt's token list: negative, from
+    its digest."""
+    return -1 - int(item.digest[:7], 16)
 
 
 class Projector:
@@ -74,10 +75,12 @@ class Projector:
                 f"MMPROJ {path}: libmtmd could not load it (not an mmproj GGUF, or made for "
                 "another model: its output width must be the model's embedding width)")
         self.vision = bool(mt.mtmd_support_vision(self.ctx))
-        if not self.vision:
+        # the sample rate it hears at (0: it reads no audio)
+        self.audio_rate = (max(0, mt.mtmd_get_audio_sample_rate(self.ctx))
+                           if mt.mtmd_support_audio(self.ctx) else 0)
+        if not self.vision and not self.audio_rate:
             self.close()
-            raise ModelLoadError(f"MMPROJ {path}: the projector reads no images (audio only is "
-                                 "not supported yet)")
+            raise ModelLoadError(f"MMPROJ {path}: the projector reads neither images nor audio")
         self.n_embd = ll.llama_model_n_embd(model)
         self._encoding = threading.Lock()  # one encode at a time: libmtmd has one output buffer
         self._lock = threading.Lock()  # the cache
@@ -91,7 +94,7 @@ class Projector:
         self.encodes = 0  # images encoded (for tests and stats)
         self.cache_hits = 0
 
-    def image_tokens(self, image: Image, start: int, scope: str = ""
+    def image_tokens(self, image: Image | Audio, start: int, scope: str = ""
                      ) -> tuple[list[int], list[ImageSpan]]:
         """The tokens an image stands for, from prompt position ``start``: text tokens (the
         model's image wrappers) and ImageSpans (each with a chunk of its own, to free). From
@@ -136,10 +139,14 @@ class Projector:
                 for s in old:
                     self.free_span(s)
 
-    def _encode(self, image: Image, start: int) -> tuple[list[int], list[ImageSpan]]:
+    def _encode(self, image: Image | Audio, start: int) -> tuple[list[int], list[ImageSpan]]:
         mt = self.mt
-        buf = (ctypes.c_ubyte * len(image.rgb)).from_buffer_copy(image.rgb)
-        bitmap = mt.mtmd_bitmap_init(image.width, image.height, buf)
+        if isinstance(image, Audio):
+            pcm = (ctypes.c_float * image.samples).from_buffer_copy(image.pcm)
+            bitmap = mt.mtmd_bitmap_init_from_audio(image.samples, pcm)
+        else:
+            buf = (ctypes.c_ubyte * len(image.rgb)).from_buffer_copy(image.rgb)
+            bitmap = mt.mtmd_bitmap_init(image.width, image.height, buf)
         chunks = mt.mtmd_input_chunks_init()
         try:
             mt.mtmd_bitmap_set_id(bitmap, image.digest.encode())
@@ -160,7 +167,8 @@ class Projector:
             mt.mtmd_input_chunks_free(chunks)
             mt.mtmd_bitmap_free(bitmap)
 
-    def _collect(self, chunks: Any, image: Image, start: int) -> tuple[list[int], list[ImageSpan]]:
+    def _collect(self, chunks: Any, image: Image | Audio, start: int
+                 ) -> tuple[list[int], list[ImageSpan]]:
         mt = self.mt
         tokens: list[int] = []
         spans: list[ImageSpan] = []
@@ -173,7 +181,7 @@ class Projector:
                 ids = mt.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                 tokens.extend(ids[k] for k in range(n.value))
                 continue
-            if kind != _IMAGE:
+            if kind not in (_IMAGE, _AUDIO):
                 raise BadRequest("the projector made a chunk this server cannot decode",
                                  code="invalid_image")
             n_tok = mt.mtmd_input_chunk_get_n_tokens(chunk)

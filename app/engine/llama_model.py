@@ -171,7 +171,8 @@ class LlamaModel:
             cpu_extra_buffers=self.extra_buffers,
             system_info=self.system_info,
             cuda=self.cuda,
-            vision=self.projector is not None,
+            vision=self.projector is not None and self.projector.vision,
+            audio_rate=self.projector.audio_rate if self.projector is not None else 0,
         )
 
     def _split_params(self, mparams) -> None:
@@ -232,8 +233,10 @@ class LlamaModel:
                                    cache_bytes=self.cfg.image_cache_mb << 20)
         assert self.sched is not None
         self.sched.projector = self.projector
-        log.info("vision projector %s loaded (on the %s)", path,
-                 "GPU" if self.cfg.mmproj_offload and self.gpu_layers != 0 else "CPU")
+        log.info("projector %s loaded (on the %s): reads %s", path,
+                 "GPU" if self.cfg.mmproj_offload and self.gpu_layers != 0 else "CPU",
+                 " and ".join(k for k, on in (("images", self.projector.vision),
+                                              ("audio", self.projector.audio_rate)) if on))
 
     def _quantization(self) -> str:
         """The file type as llama.cpp names it: the last word of its model description

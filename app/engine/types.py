@@ -35,6 +35,17 @@ class Image:
     digest: str
 
 
+@dataclass(frozen=True, eq=False)
+class Audio:
+    """Decoded sound: mono float32 samples at the projector's rate (``rate``), ``digest``
+    naming its content as an image's does."""
+
+    pcm: bytes
+    samples: int
+    rate: int
+    digest: str
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` means greedy."""
@@ -87,7 +98,7 @@ class GenerationRequest:
     # who may reuse this prompt's KV: only a request of the same scope (its API key's digest;
     # "" without keys), so cached_tokens tells nobody about another key's prompts
     cache_scope: str = ""
-    media: tuple[Image, ...] = ()  # the images at the prompt's MEDIA marks, in order
+    media: tuple[Image | Audio, ...] = ()  # what stands at the prompt's MEDIA marks, in order
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,12 @@ class ModelInfo:
     # a CUDA build's driver, runtime, GPUs and problems (app.engine.cuda_check); None on a CPU build
     cuda: dict | None = None
     vision: bool = False  # a projector (MMPROJ) is loaded that reads images
+    audio_rate: int = 0  # ... that hears: the sample rate it takes (0: it reads no audio)
+
+    @property
+    def modalities(self) -> dict[str, bool]:
+        """What the projector reads, as /props, /v1/models and /health say it."""
+        return {"vision": self.vision, "audio": self.audio_rate > 0}
 
     @property
     def beyond_training(self) -> bool:

@@ -88,8 +88,9 @@ def flatten_content(content: Any, where: str,
     return "".join(texts)
 
 
-# the image parts of OpenAI's Chat Completions (image_url) and Responses (input_image)
-IMAGE_PARTS = frozenset({"image_url", "input_image"})
+# the media parts of OpenAI's Chat Completions (image_url, input_audio) and Responses
+# (input_image)
+IMAGE_PARTS = frozenset({"image_url", "input_image", "input_audio"})
 
 
 def render(

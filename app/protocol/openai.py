@@ -429,7 +429,7 @@ def model_meta(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
         "size": info.size,
         "max_tokens_default": default,
         "max_tokens_limit": limit,
-        "modalities": {"vision": info.vision, "audio": False},  # as /props says
+        "modalities": info.modalities,  # as /props says
     }
 
 

@@ -18,7 +18,7 @@ import pytest
 import requests
 from gguf import GGUFReader
 
-from tests.support.images import data_url, encoded, png_bomb
+from tests.support.images import data_url, encoded, png_bomb, wav
 from tests.support.server import VERTEX_PREDICT, ServerProcess, free_port, running_server
 from tests.support.tiny_mmproj import N_TOKENS, TINY_GEMMA3, build_tiny_mmproj
 
@@ -439,3 +439,64 @@ def test_m_rope_images_are_placed_as_libmtmd_places_them(qwen2vl):
         # (what was not cached: the new words and the assistant's cue, a dozen tokens)
         usage = reply.usage
         assert usage.prompt_tokens - 15 <= usage.prompt_tokens_details.cached_tokens
+
+
+# ---- audio: a projector that hears --------------------------------------------------------------
+
+
+def audio_message(raw: bytes, text: str = "What do you hear?") -> list[dict]:
+    b64 = base64.b64encode(raw).decode()
+    return [{"role": "user", "content": [
+        {"type": "text", "text": text},
+        {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}]}]
+
+
+def test_a_projector_that_hears(default_model, tmp_path, server):
+    """A random-weight Qwen2-Audio-type projector: WAV in on Chat Completions and Gemini, the
+    sound's tokens counted, two sounds differ, a repeat is the same and cached; images to it,
+    and sounds to a projector that only sees, are 400s naming the part."""
+    from google import genai
+    from google.genai import types
+
+    from tests.support.tiny_audio import build_tiny_audio
+
+    proj = build_tiny_audio(tmp_path / "mmproj-audio.gguf", n_embd(default_model))
+    with running_server({"MMPROJ": str(proj), "PARALLEL": "2", "CTX_SIZE": "2048"}) as srv:
+        assert requests.get(srv.url("/props"), timeout=10).json()["modalities"] == {
+            "vision": False, "audio": True}
+        c = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=120)
+
+        def hear(raw: bytes):  # noise after noise ends at once: ignore_eos keeps it talking
+            return c.chat.completions.create(model="m", messages=audio_message(raw), **GREEDY,
+                                             extra_body={"ignore_eos": True})
+
+        low, high = hear(wav(1.0, 220)), hear(wav(1.0, 880))
+        again = hear(wav(1.0, 220))
+        assert low.choices[0].message.content != high.choices[0].message.content
+        assert again.choices[0].message.content == low.choices[0].message.content
+        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+        # a 30 s chunk of Whisper frames: 750 tokens, whatever the sound's length
+        text_only = c.chat.completions.create(model="m", **GREEDY, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What do you hear?"}]}])
+        assert low.usage.prompt_tokens >= text_only.usage.prompt_tokens + 750
+        # the same sound at 44.1 kHz is resampled to the projector's 16 kHz
+        assert hear(wav(1.0, 220, 44100)).usage.prompt_tokens == low.usage.prompt_tokens
+        g = genai.Client(api_key="x", http_options=types.HttpOptions(base_url=srv.url("")))
+        reply = g.models.generate_content(
+            model="m", config=types.GenerateContentConfig(temperature=0, max_output_tokens=12),
+            contents=[types.Content(role="user", parts=[
+                types.Part(text="What do you hear?"),
+                types.Part.from_bytes(data=wav(1.0, 220), mime_type="audio/wav")])])
+        assert reply.usage_metadata.prompt_token_count == low.usage.prompt_tokens
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(c, data_url(encoded("red")))
+        assert err.value.body["code"] == "image_input_not_supported"
+        with pytest.raises(openai.BadRequestError) as err:
+            hear(wav(90.0, 220, 8000))
+        assert err.value.body["code"] == "audio_too_long"
+    # and the module's server, whose projector only sees
+    cv = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as err:
+        cv.chat.completions.create(model="m", messages=audio_message(wav(0.5)), **GREEDY)
+    assert err.value.body["code"] == "audio_input_not_supported"
+    assert err.value.body["param"] == "messages.0.content.1.input_audio.data"

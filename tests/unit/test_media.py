@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import base64
 
+import numpy as np
 import pytest
 
 from app.base.errors import BadRequest, PayloadTooLarge
-from app.core.media import MediaInput, MediaLimits, decode, decode_all, from_url, image_part, sniff
-from tests.support.images import data_url, encoded, gif_two_frames, png_bomb
+from app.core.media import (
+    MediaInput,
+    MediaLimits,
+    audio_part,
+    decode,
+    decode_all,
+    decode_audio,
+    from_url,
+    image_part,
+    sniff,
+)
+from tests.support.images import data_url, encoded, gif_two_frames, png_bomb, wav
 
 LIMITS = MediaLimits(per_request=2, max_bytes=1 << 20, max_pixels=4_000_000, max_side=256)
 
@@ -133,3 +144,54 @@ def test_image_parts_of_both_openai_shapes():
     with pytest.raises(BadRequest) as err:
         image_part({"type": "image_url", "image_url": {}}, "m.0", 1 << 20)
     assert err.value.param == "m.0.image_url.url"
+
+
+# ---- audio (WAV) --------------------------------------------------------------------------------
+
+
+def sound(raw: bytes, rate: int = 16000, seconds: float = 60.0):
+    return decode_audio(MediaInput(raw, "m.0", kind="audio"),
+                        MediaLimits(2, 1 << 22, 10**6, 256, max_audio_seconds=seconds), rate)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_wav_of_each_width_and_layout_becomes_mono_float(width, channels):
+    out = sound(wav(0.25, 440, 16000, channels, width))
+    pcm = np.frombuffer(out.pcm, dtype=np.float32)
+    assert out.samples == 4000 and out.rate == 16000
+    assert 0.45 < float(np.abs(pcm).max()) < 0.55  # the tone's amplitude, whatever the width
+
+
+def test_wav_is_resampled_to_the_projectors_rate():
+    out = sound(wav(0.5, 440, 44100), rate=16000)
+    assert out.samples == 8000 and out.rate == 16000
+    assert sound(wav(0.5, 440, 44100)).digest != sound(wav(0.5, 880, 44100)).digest
+
+
+@pytest.mark.parametrize("raw, code", [
+    (b"ID3\x04" + b"\x00" * 200, "invalid_audio"),  # an MP3: not taken
+    (b"RIFF\x00\x00\x00\x00WAVEjunk", "invalid_audio"),
+    (wav(1.0)[:30], "invalid_audio"),  # cut inside its header
+])
+def test_sounds_that_are_no_wav_are_a_400(raw, code):
+    with pytest.raises(BadRequest) as err:
+        sound(raw)
+    assert err.value.code == code and err.value.param == "m.0"
+
+
+def test_too_long_a_sound_is_refused_from_its_header():
+    with pytest.raises(BadRequest) as err:
+        sound(wav(3.0), seconds=2.0)
+    assert err.value.code == "audio_too_long" and "3.0 s" in err.value.message
+
+
+def test_openai_input_audio_parts():
+    b64 = base64.b64encode(wav(0.1)).decode()
+    item = audio_part({"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}},
+                      "messages.0.content.1", 1 << 20)
+    assert item.kind == "audio" and item.param == "messages.0.content.1.input_audio.data"
+    with pytest.raises(BadRequest) as err:
+        audio_part({"type": "input_audio", "input_audio": {"data": b64, "format": "mp3"}},
+                   "m", 1 << 20)
+    assert err.value.param == "m.input_audio.format"

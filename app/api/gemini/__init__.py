@@ -98,7 +98,7 @@ class Gemini(Api):
         params, output, n, thoughts, budget = parsing.generation(
             parsing.get(body, "generationConfig"))
         images = self.images()
-        messages = parsing.messages(parsing.get(body, "contents"), images.take)
+        messages = parsing.messages(parsing.get(body, "contents"), images)
         system = parsing.system_text(parsing.get(body, "systemInstruction"))
         if system:
             messages.insert(0, {"role": "system", "content": system})

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 from app.base.errors import BadRequest
 from app.core.input import OutputFormat, ToolChoice
+from app.core.media import Collected
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import tools
@@ -152,8 +152,8 @@ def _parts(content: Any, where: str, media_ok: bool = False) -> list[dict[str, A
     return parts
 
 
-def _image(part: dict[str, Any], at: str, take: Callable[[str, str], str] | None) -> str | None:
-    """An image part's MEDIA mark (``take`` has the image), or None for any other part:
+def _image(part: dict[str, Any], at: str, take: Collected | None) -> str | None:
+    """An image's (or a sound's) MEDIA mark (``take`` has it), or None for any other part:
     ``inlineData`` (base64 bytes) or ``fileData`` (a gs:// or https URI, read only where the
     operator allows it)."""
     inline, file = get(part, "inlineData"), get(part, "fileData")
@@ -165,19 +165,21 @@ def _image(part: dict[str, Any], at: str, take: Callable[[str, str], str] | None
     if not isinstance(blob, dict):
         raise BadRequest(f"{at}.{kind}: must be an object", param=f"{at}.{kind}")
     mime = get(blob, "mimeType")
-    if isinstance(mime, str) and mime and not mime.startswith("image/"):
-        raise BadRequest(f"{at}.{kind}.mimeType: {mime!r}: this server takes images only",
-                         param=f"{at}.{kind}.mimeType")
+    mime = mime if isinstance(mime, str) else ""
+    if mime and not mime.startswith(("image/", "audio/wav", "audio/x-wav", "audio/wave")):
+        raise BadRequest(f"{at}.{kind}.mimeType: {mime!r}: this server takes images and WAV "
+                         "audio only", param=f"{at}.{kind}.mimeType")
+    read = take.take_audio if mime.startswith("audio/") else take.take
     if kind == "inlineData":
         data = get(blob, "data")
         if not isinstance(data, str):
             raise BadRequest(f"{at}.inlineData.data: must be base64", param=f"{at}.inlineData.data")
-        return take(data, f"{at}.inlineData.data")
+        return read(data, f"{at}.inlineData.data")
     uri = get(blob, "fileUri")
     if not isinstance(uri, str) or not uri.startswith(("gs://", "https://", "http://")):
         raise BadRequest(f"{at}.fileData.fileUri: must be a gs:// or https URI",
                          param=f"{at}.fileData.fileUri")
-    return take(uri, f"{at}.fileData.fileUri")
+    return read(uri, f"{at}.fileData.fileUri")
 
 
 def system_text(instruction: Any) -> str | None:
@@ -188,8 +190,7 @@ def system_text(instruction: Any) -> str | None:
     return "\n\n".join(str(get(p, "text") or "") for p in _parts(instruction, "systemInstruction"))
 
 
-def messages(contents: Any, take: Callable[[str, str], str] | None = None
-             ) -> list[dict[str, Any]]:
+def messages(contents: Any, take: Collected | None = None) -> list[dict[str, Any]]:
     """``contents`` as chat-template messages. A ``model`` turn's function calls become the
     assistant's tool calls (ids ``call_<turn>_<n>`` unless the call has one); a ``user`` turn's
     function responses become tool messages, matched to the calls by id, else by name, and
