@@ -466,15 +466,24 @@ def test_a_projector_that_hears(default_model, tmp_path, server):
             "vision": False, "audio": True}
         c = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=120)
 
-        def hear(raw: bytes):  # noise after noise ends at once: ignore_eos keeps it talking
-            return c.chat.completions.create(model="m", messages=audio_message(raw), **GREEDY,
-                                             extra_body={"ignore_eos": True})
+        def hear(raw: bytes, cache: bool = True):
+            # noise after noise ends at once: ignore_eos keeps it talking
+            return c.chat.completions.create(
+                model="m", messages=audio_message(raw), **GREEDY, logprobs=True,
+                extra_body={"ignore_eos": True, "cache_prompt": cache})
 
-        low, high = hear(wav(1.0, 220)), hear(wav(1.0, 880))
-        again = hear(wav(1.0, 220))
-        assert low.choices[0].message.content != high.choices[0].message.content
-        assert again.choices[0].message.content == low.choices[0].message.content
-        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+        def heard(reply) -> list[float]:
+            """What the sound did to the model: each token's log probability (a small model
+            may write the same words after two sounds, never with the same certainty)."""
+            return [t.logprob for t in reply.choices[0].logprobs.content]
+
+        # each decoded afresh, the same way: the same sound gives the same numbers exactly
+        low, high, again = (hear(wav(1.0, f), cache=False) for f in (220, 880, 220))
+        assert heard(low) != heard(high)
+        assert heard(again) == heard(low)
+        cached = hear(wav(1.0, 220))  # decoded once more, then reused from the cache
+        cached = hear(wav(1.0, 220))
+        assert cached.usage.prompt_tokens_details.cached_tokens == cached.usage.prompt_tokens - 1
         # a 30 s chunk of Whisper frames: 750 tokens, whatever the sound's length
         text_only = c.chat.completions.create(model="m", **GREEDY, messages=[
             {"role": "user", "content": [{"type": "text", "text": "What do you hear?"}]}])
