@@ -43,7 +43,6 @@ class EngineConfig:
     embedding_pooling: str
     embedding_ctx: int
     embedding_batch: int
-    mmproj: str | None
     mmproj_offload: bool
     image_cache_mb: int
     # derived

@@ -104,8 +104,8 @@ class LlamaEngine:
         self.config = config
         self.state = state
         self._resolve_model = resolve_model
-        # the vision projector's local path (None: none); without a resolver, MMPROJ as given
-        self._resolve_projector = resolve_projector or (lambda state: config.mmproj)
+        # the projector's local path, fetched and checked (app.model.source); None: none
+        self._resolve_projector = resolve_projector or (lambda state: None)
         self._mmproj: str | None = None
         self._on_fatal = on_fatal
         self._info: ModelInfo | None = None
@@ -607,12 +607,11 @@ class LlamaEngine:
         if job.sampler is not None:
             job.sampler.free()
             job.sampler = None
-        if job.images:  # the projector's chunks (the KV keeps what they were decoded into)
-            projector = self._m.projector if self._m is not None else None
+        projector = self._m.projector if self._m is not None else None
+        if job.images and projector is not None:  # its chunks (the KV keeps what they made)
             for span in job.images:
-                if projector is not None:
-                    projector.free_span(span)
-            job.images = []
+                projector.free_span(span)
+        job.images = []
         if not job.done:
             job.done = True
             with self._count_lock:

@@ -214,27 +214,22 @@ class LlamaModel:
         # what one sequence may hold: llama.cpp may round the total per sequence
         self.n_ctx = min(n_ctx_slot, ll.llama_n_ctx_seq(self.ctx))
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
-        self.n_batch = n_batch
         self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
                            self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over,
                            tables=self.vocab_tables)
         self.sched.n_batch = n_batch
 
-    def _open_projector(self, source: str) -> None:
-        """MMPROJ: libmtmd over the model, on the GPU when the model's layers are there (and
-        MMPROJ_OFFLOAD allows)."""
-        path = source[len("file://"):] if source.startswith("file://") else source
-        if not os.path.isfile(path):
-            raise ModelLoadError(f"MMPROJ {source}: file not found")
+    def _open_projector(self, path: str) -> None:
+        """MMPROJ (a local path, app.model.source.resolve_projector): libmtmd over the model,
+        on the GPU when the model's layers are there (and MMPROJ_OFFLOAD allows)."""
         self._stage("loading", detail=os.path.basename(path))
-        self.projector = Projector(self.ll, self.model, path,
-                                   use_gpu=self.cfg.mmproj_offload and self.gpu_layers != 0,
+        on_gpu = self.cfg.mmproj_offload and self.gpu_layers != 0
+        self.projector = Projector(self.ll, self.model, path, use_gpu=on_gpu,
                                    n_threads=self.n_threads,
                                    cache_bytes=self.cfg.image_cache_mb << 20)
         assert self.sched is not None
         self.sched.projector = self.projector
-        log.info("projector %s loaded (on the %s): reads %s", path,
-                 "GPU" if self.cfg.mmproj_offload and self.gpu_layers != 0 else "CPU",
+        log.info("projector %s loaded (on the %s): reads %s", path, "GPU" if on_gpu else "CPU",
                  " and ".join(k for k, on in (("images", self.projector.vision),
                                               ("audio", self.projector.audio_rate)) if on))
 

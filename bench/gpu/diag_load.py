@@ -104,42 +104,16 @@ def engine(path: str) -> None:
 
 
 def server(path: str) -> None:
-    """The real server (gunicorn, its worker, the crash guard) with llama.cpp's whole log."""
-    import socket
-    import urllib.request
+    """The real server (gunicorn, its worker, the crash guard) with llama.cpp's whole log,
+    whose end bench/common.process prints if the server dies."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    from common import ROOT, process
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "MODEL": path, "PARALLEL": "4", "CTX_SIZE": "512", "LOG_LEVEL": "debug"}
-    env.setdefault("GPU_LAYERS", "999")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import tempfile
-
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - a pipe would fill with the debug log and stall it
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    ready = False
-    for _ in range(300):
-        if proc.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                ready = r.status == 200
-        except OSError:
-            pass
-        if ready:
-            break
-        time.sleep(0.1)
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.seek(0)
-    lines = [ln for ln in log.read().splitlines() if "input tensor" not in ln]
-    print("\n".join(lines[-60:]))
-    assert ready, "the server never became ready"
+    env = {"MODEL": path, "PARALLEL": "4", "CTX_SIZE": "512", "LOG_LEVEL": "debug",
+           "GPU_LAYERS": os.environ.get("GPU_LAYERS", "999")}
+    cmd = [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"]
+    with process(cmd, env, "/health", "vertex-gguf", 60, cwd=ROOT):
+        pass  # ready: the model loaded
 
 
 def model(path: str) -> None:
