@@ -21,6 +21,9 @@ DEFAULT_CACHE_DIR = Path("/tmp/vertex-gguf")
 C = TypeVar("C")
 # TOOL_FORMAT's values: auto, or a format of the registry (a new format needs no edit here)
 ToolFormatName = Literal[("auto", *formats.FORMATS)]  # type: ignore[valid-type]
+# the KV cache types llama-server's -ctk/-ctv take
+UNQUANTIZED_KV = ("f32", "f16", "bf16")
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 def _env(*names: str) -> dict[str, Any]:
@@ -184,6 +187,52 @@ class Settings(BaseSettings):
         "auto",
         description="Flash attention: auto, on or off.",
         **_env("FLASH_ATTN"),
+    )
+    kv_cache_type_k: KvCacheType = Field(
+        "f16",
+        description="Data type of the KV cache's keys: f16 (llama.cpp's default), bf16, f32, "
+        "or a quantized type (q8_0 halves the cache at a small cost in quality; q4_0, q4_1, "
+        "q5_0, q5_1 and iq4_nl shrink it further).",
+        **_env("KV_CACHE_TYPE_K"),
+    )
+    kv_cache_type_v: KvCacheType = Field(
+        "f16",
+        description="Data type of the KV cache's values, as KV_CACHE_TYPE_K; a quantized type "
+        "needs flash attention (FLASH_ATTN auto turns it on, off is refused at start).",
+        **_env("KV_CACHE_TYPE_V"),
+    )
+    n_ubatch: int = Field(
+        0,
+        description="Physical micro-batch: the most tokens llama.cpp computes in one pass of a "
+        "decode (0: the logical batch, at most 512). Larger speeds prompt processing on a GPU "
+        "at the cost of compute-buffer memory; it never exceeds the logical batch.",
+        ge=0,
+        le=65536,
+        **_env("N_UBATCH"),
+    )
+    cpu_moe: bool = Field(
+        False,
+        description="Keep every mixture-of-experts expert tensor in host memory (llama-server's "
+        "--cpu-moe): the attention and shared weights go to the GPU, the experts stay on the "
+        "CPU. Fits a large MoE on a small GPU.",
+        **_env("CPU_MOE"),
+    )
+    n_cpu_moe: int = Field(
+        0,
+        description="Keep the expert tensors of the first N layers in host memory (llama-server's "
+        "--n-cpu-moe): lower it until the GPU is full.",
+        ge=0,
+        le=100_000,
+        **_env("N_CPU_MOE"),
+    )
+    override_tensor: str | None = Field(
+        None,
+        description="Where tensors go, as llama-server's -ot: comma-separated pattern=buffer-type "
+        "pairs, the pattern a regular expression searched in each tensor's name, the buffer "
+        "type a device's (CPU, CUDA0, ...). The first matching pair wins; these come before "
+        "CPU_MOE and N_CPU_MOE.",
+        max_length=4096,
+        **_env("OVERRIDE_TENSOR"),
     )
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -890,6 +939,33 @@ class Settings(BaseSettings):
         if value is not None and not any(float(p) > 0 for p in value.split(",")):
             raise ValueError("at least one GPU must get a share above 0")
         return value
+
+    @field_validator("override_tensor")
+    @classmethod
+    def _override_pairs(cls, value: str | None) -> str | None:
+        """pattern=buffer-type pairs, each pattern a regular expression (checked here: an
+        invalid one would be an exception inside llama.cpp's loader)."""
+        if value is None:
+            return None
+        import re
+
+        for pair in value.split(","):
+            pattern, eq, buft = pair.strip().partition("=")
+            if not eq or not pattern or not buft.strip():
+                raise ValueError(f"{pair!r}: OVERRIDE_TENSOR takes pattern=buffer-type pairs")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _quantized_v_needs_flash(self) -> Settings:
+        if self.kv_cache_type_v not in UNQUANTIZED_KV and self.flash_attn == "off":
+            raise ValueError(
+                f"KV_CACHE_TYPE_V={self.kv_cache_type_v} needs flash attention: set FLASH_ATTN "
+                "to auto or on, or keep the V cache at f16")
+        return self
 
     @field_validator("embedding_task_prefixes", mode="before")
     @classmethod

@@ -44,6 +44,12 @@ class EngineConfig:
     embedding_ctx: int
     embedding_batch: int
     mmproj_offload: bool
+    kv_cache_type_k: str
+    kv_cache_type_v: str
+    n_ubatch: int
+    cpu_moe: bool
+    n_cpu_moe: int
+    override_tensor: str | None
     image_cache_mb: int
     # derived
     chat_template: str | None  # the template's text (None: the GGUF's own)

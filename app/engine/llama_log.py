@@ -18,7 +18,29 @@ PLACEMENT = re.compile(
     r"offloaded \d+/\d+ layers|offloading|buffer size|using device|KV self size",
     re.IGNORECASE,
 )
+# ... and the lines whose numbers the load reports (/props): the KV cache's size, and each
+# tensor an override moved (a debug line, read whatever the log level)
+_KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB")
+_OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
 _callback = None  # the ctypes callback, kept alive for as long as llama.cpp may call it
+
+
+class Seen:
+    """What the log said during one load: the KV cache's MiB (of the last context made) and
+    the tensors moved by overrides, by buffer type."""
+
+    def __init__(self) -> None:
+        self.kv_cache_mib = 0.0
+        self.overridden: dict[str, list[str]] = {}
+
+    def read(self, line: str) -> None:
+        if m := _KV_SIZE.search(line):
+            self.kv_cache_mib = float(m.group(1))
+        elif m := _OVERRIDDEN.search(line):
+            self.overridden.setdefault(m.group(2), []).append(m.group(1))
+
+
+seen = Seen()
 
 
 def install(ll, verbose: bool) -> None:
@@ -35,10 +57,12 @@ def install(ll, verbose: bool) -> None:
         line = text.decode("utf-8", "replace").rstrip()
         if not line:
             return
+        seen.read(line)
         if verbose or pylevel >= logging.ERROR:
             log.log(pylevel, "%s", line)
         elif PLACEMENT.search(line) and not line.startswith("~"):  # not the teardown's
             log.info("placement: %s", line.strip())
 
+    seen.__init__()  # a new load
     _callback = forward
     ll.llama_log_set(forward, None)

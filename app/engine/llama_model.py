@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from app.base.errors import ModelLoadError
-from app.engine import cpu_buffers, cuda_check, llama_log
+from app.engine import cpu_buffers, cuda_check, llama_log, placement
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
 from app.engine.llama_batch import Batch, Job
@@ -61,6 +61,8 @@ class LlamaModel:
         self.system_info = ""
         self.cuda: dict | None = None  # what a CUDA build found (cuda_check), None otherwise
         self.projector: Projector | None = None  # MMPROJ, when set
+        # KV_CACHE_TYPE_*, N_UBATCH and the tensor overrides as loaded: /props "placement"
+        self.placement: dict = {}
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
@@ -82,6 +84,10 @@ class LlamaModel:
         mparams.n_gpu_layers = (-1 if cfg.gpu_layers < 0 else cfg.gpu_layers) if gpu else 0
         self.gpu_layers = mparams.n_gpu_layers
         self._split_params(mparams)
+        chosen = placement.rules(cfg.override_tensor, cfg.cpu_moe, cfg.n_cpu_moe)
+        if chosen:
+            self._overrides = placement.Overrides(ll, chosen)  # alive while loading
+            mparams.tensor_buft_overrides = self._overrides.pointer
         self.system_info = ll.llama_print_system_info().decode("utf-8", "replace").strip()
         extra, why = cpu_buffers.resolve(cfg.cpu_extra_buffers, self.system_info)
         if not extra and cfg.cpu_extra_buffers == "auto":
@@ -124,6 +130,7 @@ class LlamaModel:
             if not self.generates:
                 self.n_ctx = self.embedder.info.n_ctx
         self.n_vocab = self.vocab_tables.n
+        self._report_placement(chosen)
         if self.n_ctx > self.n_ctx_train > 0:
             log.warning("CTX_SIZE gives each slot %d tokens of context, past the %d the model was "
                         "trained for: replies past that length may degrade", self.n_ctx,
@@ -173,6 +180,7 @@ class LlamaModel:
             cuda=self.cuda,
             vision=self.projector is not None and self.projector.vision,
             audio_rate=self.projector.audio_rate if self.projector is not None else 0,
+            placement=self.placement,
         )
 
     def _split_params(self, mparams) -> None:
@@ -202,8 +210,10 @@ class LlamaModel:
             ll, self.model, f"model {path}: a context", "lower CTX_SIZE or PARALLEL",
             n_ctx=n_ctx_slot * cfg.parallel,
             n_batch=n_batch,
-            n_ubatch=min(n_batch, 512),
+            n_ubatch=min(n_batch, cfg.n_ubatch or 512),
             n_seq_max=cfg.parallel,
+            type_k=placement.GGML_TYPES[cfg.kv_cache_type_k],
+            type_v=placement.GGML_TYPES[cfg.kv_cache_type_v],
             n_threads=self.n_threads,
             n_threads_batch=cfg.threads_batch or self.n_threads,
             flash_attn_type=FLASH[cfg.flash_attn],
@@ -213,11 +223,31 @@ class LlamaModel:
         )
         # what one sequence may hold: llama.cpp may round the total per sequence
         self.n_ctx = min(n_ctx_slot, ll.llama_n_ctx_seq(self.ctx))
+        self._kv_mib = llama_log.seen.kv_cache_mib  # this context's (an embedding one may follow)
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
         self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
                            self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over,
                            tables=self.vocab_tables)
         self.sched.n_batch = n_batch
+
+    def _report_placement(self, chosen: list[placement.Rule]) -> None:
+        """What /props shows of the placement settings as loaded, and the log line that says
+        where overridden tensors went (llama.cpp says it per tensor, at debug level)."""
+        moved = llama_log.seen.overridden
+        self.placement = {
+            "kv_cache_type_k": self.cfg.kv_cache_type_k,
+            "kv_cache_type_v": self.cfg.kv_cache_type_v,
+            "kv_cache_mib": getattr(self, "_kv_mib", 0.0),
+            "n_ubatch": self.ll.llama_n_ubatch(self.ctx) if self.ctx else None,
+            "tensor_overrides": [{"pattern": r.pattern, "buffer_type": r.buft} for r in chosen],
+            "tensors_moved": {buft: len(names) for buft, names in moved.items()},
+        }
+        if chosen and not moved:
+            log.warning("tensor overrides (%s) matched no tensor of this model",
+                        ", ".join(r.pattern for r in chosen))
+        for buft, names in moved.items():
+            log.info("tensor overrides: %d tensors to %s (%s%s)", len(names), buft,
+                     ", ".join(names[:4]), ", ..." if len(names) > 4 else "")
 
     def _open_projector(self, path: str) -> None:
         """MMPROJ (a local path, app.model.source.resolve_projector): libmtmd over the model,

@@ -202,6 +202,8 @@ class ModelInfo:
     cuda: dict | None = None
     vision: bool = False  # a projector (MMPROJ) is loaded that reads images
     audio_rate: int = 0  # ... that hears: the sample rate it takes (0: it reads no audio)
+    # KV cache types and size, micro-batch, tensor overrides and what they moved (llama_model)
+    placement: dict | None = None
 
     @property
     def modalities(self) -> dict[str, bool]:

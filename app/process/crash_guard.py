@@ -76,7 +76,10 @@ def parse_fault(text: str) -> tuple[str, str]:
 
 def safe_changes(settings: Any) -> dict[str, str]:
     """What safe mode would change: each risky setting the operator left at auto."""
-    return {k: v for k, v in SAFE_SETTINGS.items() if getattr(settings, k, None) == "auto"}
+    changes = {k: v for k, v in SAFE_SETTINGS.items() if getattr(settings, k, None) == "auto"}
+    if getattr(settings, "kv_cache_type_v", "f16") not in ("f32", "f16", "bf16"):
+        changes.pop("flash_attn", None)  # a quantized V cache cannot load without it
+    return changes
 
 
 class _Record:

@@ -274,6 +274,7 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
         "system_info": info.system_info,
         "cpu_extra_buffers": info.cpu_extra_buffers,
         "cuda": info.cuda,
+        "placement": info.placement,
         "settings": public_settings(settings),
         **(boot or {}),
     }

@@ -251,6 +251,8 @@ def test_only_deaths_within_the_window_count_against_the_limit():
 def test_safe_mode_changes_only_what_is_left_at_auto():
     assert safe_changes(Settings()) == {"cpu_extra_buffers": "off", "flash_attn": "off"}
     assert safe_changes(Settings(cpu_extra_buffers="on")) == {"flash_attn": "off"}
+    # a quantized V cache cannot load without flash attention: safe mode leaves it on
+    assert safe_changes(Settings(kv_cache_type_v="q8_0")) == {"cpu_extra_buffers": "off"}
     assert safe_changes(Settings(cpu_extra_buffers="off", flash_attn="on")) == {}
 
 

@@ -111,3 +111,30 @@ def test_split_settings_reach_the_engine_config():
 
     cfg = engine_config(Settings(split_mode="row", tensor_split="3, 1", main_gpu=1))
     assert (cfg.split_mode, cfg.tensor_split, cfg.main_gpu) == ("row", "3, 1", 1)
+
+
+@pytest.mark.parametrize("value", ["blk.(=CPU", "=CPU", "ffn_up", "ffn_up=", "a=CPU,,b=CPU"])
+def test_override_tensor_takes_valid_pattern_pairs(value):
+    with pytest.raises(ValidationError):
+        Settings(override_tensor=value)
+
+
+def test_a_quantized_v_cache_needs_flash_attention():
+    with pytest.raises(ValidationError, match="needs flash attention"):
+        Settings(kv_cache_type_v="q8_0", flash_attn="off")
+    Settings(kv_cache_type_v="q8_0", flash_attn="auto")
+    Settings(kv_cache_type_k="q4_0", flash_attn="off")  # a quantized K cache alone loads
+
+
+def test_placement_settings_reach_the_engine_config():
+    from app import engine_config
+    from app.engine.placement import EXPERTS, Rule, rules
+
+    s = Settings(kv_cache_type_k="q8_0", kv_cache_type_v="q4_0", n_ubatch=128, cpu_moe=True,
+                 n_cpu_moe=2, override_tensor=r"token_embd=CPU, blk\.0\.attn=CUDA0")
+    cfg = engine_config(s)
+    assert (cfg.kv_cache_type_k, cfg.kv_cache_type_v, cfg.n_ubatch) == ("q8_0", "q4_0", 128)
+    # llama-server's order: -ot pairs first (the first match wins), then --cpu-moe, --n-cpu-moe
+    assert rules(cfg.override_tensor, cfg.cpu_moe, cfg.n_cpu_moe) == [
+        Rule("token_embd", "CPU"), Rule(r"blk\.0\.attn", "CUDA0"), Rule(EXPERTS, "CPU"),
+        Rule(r"blk\.0" + EXPERTS, "CPU"), Rule(r"blk\.1" + EXPERTS, "CPU")]
