@@ -110,6 +110,7 @@ def create_app(
             partial(source.resolve, settings),
             on_fatal=on_fatal,
             resolve_projector=partial(source.resolve_projector, settings),
+            resolve_draft=partial(source.resolve_draft, settings),
         )
         engine.start()
     app = Flask(__name__)

@@ -123,6 +123,47 @@ class Settings(BaseSettings):
         **_env("CHAT_TEMPLATE"),
     )
 
+    # --- speculative decoding ------------------------------------------------------------------
+    draft_model: str | None = Field(
+        None,
+        description="A smaller model that drafts tokens for the model to check (speculative "
+        "decoding): a path, file:// or gs:// URI, fetched and verified like MODEL. It must "
+        "share the model's vocabulary (checked at load).",
+        max_length=2048,
+        **_env("DRAFT_MODEL"),
+    )
+    spec_ngram: bool = Field(
+        False,
+        description="Speculative decoding with no second model: draft from the sequence "
+        "itself, the tokens that followed the latest earlier occurrence of its last 4, 3 or 2 "
+        "tokens (prompt lookup). Strong where replies copy their prompt (code edits, RAG); "
+        "with DRAFT_MODEL it drafts for the requests the draft model cannot (images).",
+        **_env("SPEC_NGRAM"),
+    )
+    spec_draft_max: int = Field(
+        8,
+        description="Most tokens drafted per sequence per step (a request's speculative.n_max "
+        "may lower it, or set 0 to turn speculation off for itself).",
+        ge=1,
+        le=128,
+        **_env("SPEC_DRAFT_MAX"),
+    )
+    spec_draft_min: int = Field(
+        0,
+        description="A draft shorter than this is not checked (speculative.n_min per request).",
+        ge=0,
+        le=128,
+        **_env("SPEC_DRAFT_MIN"),
+    )
+    spec_p_min: float = Field(
+        0.5,
+        description="The draft model stops drafting where its own probability of its next "
+        "token falls below this (speculative.p_min per request).",
+        ge=0.0,
+        le=1.0,
+        **_env("SPEC_P_MIN"),
+    )
+
     # --- llama.cpp ---------------------------------------------------------------------------
     ctx_size: int = Field(
         4096,

@@ -152,7 +152,8 @@ class _OpenAI(Api):
                 if last is not None:
                     yield from w.finish(last.index, last.reason, last.completion_tokens,
                                         ev.cached_tokens,
-                                        self._scores(req, pending.pop(last.index, None)))
+                                        self._scores(req, pending.pop(last.index, None)),
+                                        ev.timings())
                     last = None
             elif isinstance(ev, Failure):
                 yield from w.error(ev.error)
@@ -207,7 +208,7 @@ class ChatCompletions(_OpenAI):
         choices = [(chat_message(a, field), a.reason, self._scores(req, a.logprobs or []))
                    for a in result.answers]
         body = openai.chat_completion(run.id, run.created, run.model, choices,
-                                      _usage(result.usage))
+                                      _usage(result.usage), result.usage.timings())
         return LargeAnswer(body) if req.logprobs else body
 
     def _scores(self, req: Any, scores: list[TokenScore] | None) -> dict[str, Any] | None:
@@ -265,7 +266,7 @@ class Completions(_OpenAI):
                 lp = self._legacy(req, result.prompt_logprobs, a.logprobs or [])
             choices.append((req.echo + a.text, a.reason, lp))
         body = openai.text_completion(run.id, run.created, run.model, choices,
-                                      _usage(result.usage))
+                                      _usage(result.usage), result.usage.timings())
         return LargeAnswer(body) if req.logprobs else body
 
     @staticmethod

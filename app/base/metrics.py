@@ -280,6 +280,14 @@ class EngineCollector:
                                 "the context of a slot).", value=total)
         yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "KV cache cells used, 0 to 1.",
                                 value=used / total if total else 0.0)
+        if "draft_tokens" in stats:  # speculative decoding is on
+            yield CounterMetricFamily(
+                PREFIX + "spec_draft_tokens", "Tokens drafted for the model to check "
+                "(speculative decoding).", value=float(stats["draft_tokens"]))
+            yield CounterMetricFamily(
+                PREFIX + "spec_draft_tokens_accepted", "Drafted tokens the model sampled too, "
+                "kept without a decode of their own; over spec_draft_tokens: the acceptance "
+                "rate.", value=float(stats["draft_tokens_accepted"]))
         embedder = getattr(engine, "embedder", None)
         if embedder is not None:
             waiting = embedder.stats().get("waiting", 0)

@@ -89,6 +89,16 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # speculative decoding, all choices: (tokens drafted, of them accepted); None when off
+    draft: tuple[int, int] | None = None
+
+    def timings(self) -> dict[str, int] | None:
+        """llama-server's ``timings`` fields this server fills: the draft counts, when the
+        request was speculated (None otherwise: the object is left out)."""
+        if self.draft is None:
+            return None
+        return {"prompt_n": self.prompt_tokens, "predicted_n": self.completion_tokens,
+                "draft_n": self.draft[0], "draft_n_accepted": self.draft[1]}
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,10 @@ class Run:
                 self._over = True
                 first = self._ended[0]
                 self.cached_tokens = first.cached_tokens
-                out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens))
+                drafts = [e.draft for e in self._ended.values() if e.draft is not None]
+                draft = (sum(d[0] for d in drafts), sum(d[1] for d in drafts)) if drafts else None
+                out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens,
+                                 draft))
                 self._end(self.finish_reason or "stop", first)
             return out
         if isinstance(ev, PromptScored):

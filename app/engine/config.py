@@ -50,6 +50,10 @@ class EngineConfig:
     cpu_moe: bool
     n_cpu_moe: int
     override_tensor: str | None
+    spec_ngram: bool
+    spec_draft_max: int
+    spec_draft_min: int
+    spec_p_min: float
     image_cache_mb: int
     # derived
     chat_template: str | None  # the template's text (None: the GGUF's own)

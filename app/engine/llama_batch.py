@@ -26,7 +26,9 @@ from app.base.errors import EngineFailure, GenerationTimeout, ServiceError
 from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
+from app.engine.prefix import common_prefix
 from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
+from app.engine.speculative import DraftModel, SpecConfig, ngram_draft
 from app.engine.text import TextAssembler
 from app.engine.types import (
     Failed,
@@ -68,6 +70,8 @@ class Job:
     prompt_scores: list[TokenScore] = field(default_factory=list)
     n_chars: int = 0
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images, in order
+    draft_n: int = 0  # tokens drafted for this choice (speculative decoding) ...
+    draft_accepted: int = 0  # ... and of them, kept: the target sampled the same token
 
     def pos_at(self, i: int) -> int:
         """The position of prompt token ``i``: its index, less what images before it saved
@@ -89,6 +93,10 @@ class Slot:
     last_token: int = -1
     i_batch: int = -1  # index in the current batch whose logits this slot samples
     scope: str = ""  # cache_scope of the request whose KV the slot holds (an API key's digest)
+    # this step's drafted tokens, in the batch after last_token at positions n_past.. but not
+    # in ``cached`` until the target samples the same token; the rest are dropped by _settle
+    draft: list[int] = field(default_factory=list)
+    speculating: bool = False
 
 
 class Batch:
@@ -114,6 +122,11 @@ class Batch:
         self.decode_seconds = 0.0
         self.step_seconds = 0.0
         self.projector: Projector | None = None  # MMPROJ: decodes a prompt's images
+        # speculative decoding (SPEC_*, DRAFT_MODEL): None when off
+        self.spec: SpecConfig | None = None
+        self.draft_model: DraftModel | None = None
+        self.drafted = 0  # tokens drafted, and of them accepted, since start (/metrics)
+        self.accepted = 0
         self.n_batch = 0  # the batch's capacity (an image's decode is split to fit it)
 
     def busy(self) -> bool:
@@ -242,7 +255,8 @@ class Batch:
         n = 0
         budget = self.prefill_chunk
         scorer: Slot | None = None  # the prompt scored this step
-        # 1. one token for every sequence that is generating
+        # 1. one token for every sequence that is generating, and its draft when speculating
+        drafts = self._propose() if self.spec is not None else {}
         for slot in self.slots:
             job = slot.job
             if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
@@ -256,6 +270,13 @@ class Batch:
                 budget -= 1
             self.batch.logits[n - 1] = True
             slot.i_batch = n - 1
+            draft = [] if extra else drafts.get(slot.seq_id, [])[: max(0, budget)]
+            if draft:  # checked in this decode: logits after each drafted token too
+                for k, tok in enumerate(draft):
+                    self._batch_add(n + k, tok, slot.n_past + k, slot.seq_id, True)
+                n += len(draft)
+                budget -= len(draft)
+                slot.draft, slot.speculating = draft, True
         # 2. prompt chunks for sequences being admitted, within the step's token budget
         for slot in self.slots:
             job = slot.job
@@ -377,23 +398,101 @@ class Batch:
                 self._finish(slot, "length")
                 continue
             width += 1
-            try:
-                tok = job.sampler.sample(self.ctx, i)
-            except ServiceError as err:  # the grammar ended this request; others go on
-                if isinstance(err, GrammarStepTooSlow):
-                    log.warning("request ended: %s", err.message)
-                lead = job.leader or job
-                for choice in (lead, *lead.followers):  # its other choices stop at the next
-                    choice.cancelled = True             # step: nobody reads them any more
-                self.fail_job(job, err)
-                self.release(slot, keep_cache=True)  # its KV is whole: this token is not in it
+            if slot.speculating:
+                self._verify(slot, job, i)
                 continue
-            if job.request.params.logprobs is not None:
-                row = logits_row(ll, self.ctx, i, self.tables.n)
-                job.scores.append(score(row, tok, job.request.params.logprobs, self.tables,
-                                        job.n_chars))
-            self._on_token(slot, tok)
+            tok = self._take(slot, job, i)
+            if tok is not None:
+                self._on_token(slot, tok)
         return width
+
+    def _take(self, slot: Slot, job: Job, i: int) -> int | None:
+        """The job's next token, sampled at batch index ``i`` (with its score when asked);
+        None when the sampler ended the request (a grammar's dead end): it is failed and its
+        slot released."""
+        try:
+            tok = job.sampler.sample(self.ctx, i)
+        except ServiceError as err:  # the grammar ended this request; others go on
+            if isinstance(err, GrammarStepTooSlow):
+                log.warning("request ended: %s", err.message)
+            lead = job.leader or job
+            for choice in (lead, *lead.followers):  # its other choices stop at the next
+                choice.cancelled = True             # step: nobody reads them any more
+            self.fail_job(job, err)
+            self.release(slot, keep_cache=True)  # its KV is whole: this token is not in it
+            return None
+        if job.request.params.logprobs is not None:
+            row = logits_row(self.ll, self.ctx, i, self.tables.n)
+            job.scores.append(score(row, tok, job.request.params.logprobs, self.tables,
+                                    job.n_chars))
+        return tok
+
+    def _verify(self, slot: Slot, job: Job, i: int) -> None:
+        """A speculating slot: sample at each drafted position in turn (batch indexes i, i+1,
+        ...), keeping each drafted token the target samples too, up to the first it does not
+        (or one past the whole draft); every sampled token is sent as without speculation.
+        The drafted tail the target did not keep leaves the KV (``_settle``)."""
+        draft = slot.draft
+        job.draft_n += len(draft)
+        self.drafted += len(draft)
+        for j in range(len(draft) + 1):
+            tok = self._take(slot, job, i + j)
+            if tok is None:
+                return  # released, and settled
+            self._on_token(slot, tok)
+            if slot.job is not job:
+                return  # finished, and settled
+            if j == len(draft) or tok != draft[j]:
+                break
+            slot.cached.append(tok)  # the drafted token's KV is the target's own: kept
+            slot.n_past += 1
+            job.draft_accepted += 1
+            self.accepted += 1
+        self._settle(slot)
+
+    def _settle(self, slot: Slot) -> None:
+        """End a slot's speculation: the drafted positions it did not keep leave its KV, which
+        again holds exactly ``cached``."""
+        if slot.speculating:
+            self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, slot.n_past, -1)
+            slot.draft, slot.speculating = [], False
+
+    def _propose(self) -> dict[int, list[int]]:
+        """This step's drafts, by sequence id: for each generating sequence whose request lets
+        it speculate, from the draft model (all of them in one batch per drafted position) or
+        from its own earlier tokens (n-gram lookup). None shorter than its minimum."""
+        spec = self.spec
+        assert spec is not None
+        asks: list[tuple[Slot, int, int]] = []  # (slot, most to draft, least worth checking)
+        for slot in self.slots:
+            job = slot.job
+            if (job is None or slot.follows is not None or job.inject
+                    or slot.n_prompt_done < len(job.tokens)):
+                continue
+            want = job.request.params.speculative
+            n_max = spec.draft_max if want.n_max is None else want.n_max
+            n_min = spec.draft_min if want.n_min is None else want.n_min
+            # room: the reply's length, and the context (the last token and a bonus one)
+            n_max = min(n_max, job.max_new - job.n_generated - 1,
+                        self.n_ctx - len(slot.cached) - 2)
+            if n_max >= max(1, n_min):
+                asks.append((slot, n_max, n_min))
+        if not asks:
+            return {}
+        out: dict[int, list[int]] = {}
+        by_model = [a for a in asks if self.draft_model is not None and not a[0].job.images]
+        if by_model:
+            out.update(self.draft_model.draft([
+                (s.seq_id, [*s.cached, s.last_token], n,
+                 spec.p_min if s.job.request.params.speculative.p_min is None
+                 else s.job.request.params.speculative.p_min)
+                for s, n, _ in by_model]))
+        if spec.ngram:  # n-gram lookup for the rest (all of them without a draft model)
+            for slot, n_max, _ in asks:
+                if slot.seq_id not in out:
+                    out[slot.seq_id] = ngram_draft([*slot.cached, slot.last_token], n_max)
+        return {seq: d for seq, d in out.items()
+                if len(d) >= max(1, next(m for s, _, m in asks if s.seq_id == seq))}
 
     def _score_prompt(self, slot: Slot, first: int, pos: int, count: int) -> None:
         """Score the prompt positions ``pos..pos+count-1`` just decoded (from batch index
@@ -490,13 +589,15 @@ class Batch:
             self._send(job, tail)
         job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
                           job.assembler.stopped_by, queue_seconds=job.queued,
-                          scores=_taken(job)))
+                          scores=_taken(job),
+                          draft=(job.draft_n, job.draft_accepted) if self.spec else None))
         self.release(slot, keep_cache=True)
 
     def release(self, slot: Slot, keep_cache: bool = False) -> None:
         """Free the slot at once; its KV stays for prefix reuse by the next request when
         ``keep_cache`` (it holds exactly ``cached``), else it is dropped."""
         job = slot.job
+        self._settle(slot)  # a drafted tail not kept leaves the KV first
         for other in self.slots:  # choices still waiting for this slot's prompt go with it
             if other.follows is slot and other.job is not None:
                 other.job.cancelled = True
@@ -566,16 +667,6 @@ def _before_image(job: Job, n_common: int) -> int:
         if span.start < n_common < span.start + span.n:
             return span.start
     return n_common
-
-
-def common_prefix(cached: list[int], prompt: np.ndarray) -> int:
-    """How many leading tokens a slot's cache shares with a prompt (vectorised: a Python loop
-    over 8 slots of 128k tokens stalled the engine thread ~50 ms per admission)."""
-    n = min(len(cached), len(prompt))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(cached[:n], dtype=np.int32) != prompt[:n])
-    return int(diff[0]) if len(diff) else n
 
 
 def timeout_error(job: Job) -> GenerationTimeout:

@@ -100,6 +100,7 @@ class LlamaEngine:
         resolve_model: Callable[[LoadState], str],
         on_fatal: Callable[[str], None] | None = None,
         resolve_projector: Callable[[LoadState], str | None] | None = None,
+        resolve_draft: Callable[[LoadState], str | None] | None = None,
     ):
         self.config = config
         self.state = state
@@ -107,6 +108,9 @@ class LlamaEngine:
         # the projector's local path, fetched and checked (app.model.source); None: none
         self._resolve_projector = resolve_projector or (lambda state: None)
         self._mmproj: str | None = None
+        # DRAFT_MODEL's local path, fetched and checked the same way; None: none
+        self._resolve_draft = resolve_draft or (lambda state: None)
+        self._draft: str | None = None
         self._on_fatal = on_fatal
         self._info: ModelInfo | None = None
         self._prep: deque[Job] = deque()  # submitted, to be prepared on a prep thread
@@ -236,6 +240,8 @@ class LlamaEngine:
             "decode_seconds": round(sched.decode_seconds, 6) if sched is not None else 0.0,
             "step_seconds": round(sched.step_seconds, 6) if sched is not None else 0.0,
             **self._image_stats(),
+            **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted}
+               if sched is not None and sched.spec is not None else {}),
         }
 
     def _image_stats(self) -> dict[str, int]:
@@ -360,6 +366,7 @@ class LlamaEngine:
             path = self._resolve_model(self.state)
             self._path = path  # a reload after sleep reads this local file, never the network
             self._mmproj = self._resolve_projector(self.state)
+            self._draft = self._resolve_draft(self.state)
             self._load(path)
             if self._generates:
                 self._warm_up()
@@ -405,7 +412,7 @@ class LlamaEngine:
         m = LlamaModel(ll, self.config, self._stage)
         self._m = m
         try:
-            m.load(path, self._turns, self._job_over, self._mmproj)
+            m.load(path, self._turns, self._job_over, self._mmproj, self._draft)
         except BaseException:
             m.free()
             raise
@@ -462,6 +469,7 @@ class LlamaEngine:
         sched.steps = 0
         sched.widths.clear()
         sched.decode_seconds = sched.step_seconds = 0.0
+        sched.drafted = sched.accepted = 0
 
     def _prime(self) -> None:
         """Decode the text every chat starts with (``config.opening``) into one slot and leave

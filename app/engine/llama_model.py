@@ -30,6 +30,7 @@ from app.engine.llama_embed import (
 from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.sampling import Vocab
+from app.engine.speculative import DraftModel, SpecConfig
 from app.engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,13 @@ class LlamaModel:
         self.system_info = ""
         self.cuda: dict | None = None  # what a CUDA build found (cuda_check), None otherwise
         self.projector: Projector | None = None  # MMPROJ, when set
+        self.draft_model: DraftModel | None = None  # DRAFT_MODEL, when set
         # KV_CACHE_TYPE_*, N_UBATCH and the tensor overrides as loaded: /props "placement"
         self.placement: dict = {}
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
-             mmproj: str | None = None) -> None:
+             mmproj: str | None = None, draft: str | None = None) -> None:
         """Open ``path``: the model, then the generation context (unless embedding-only), then
         the embedding context (when EMBEDDINGS asks for one). Raises ModelLoadError."""
         ll, cfg = self.ll, self.cfg
@@ -125,6 +127,7 @@ class LlamaModel:
             self._open_generation(path, job_over)
             if mmproj:
                 self._open_projector(mmproj)
+            self._open_speculation(draft)
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -230,6 +233,26 @@ class LlamaModel:
                            tables=self.vocab_tables)
         self.sched.n_batch = n_batch
 
+    def _open_speculation(self, draft: str | None) -> None:
+        """Speculative decoding, when DRAFT_MODEL or SPEC_NGRAM asks for it: the draft model
+        opened beside the model (its layers where the model's are, one sequence per slot)."""
+        cfg = self.cfg
+        assert self.sched is not None
+        if draft is None and not cfg.spec_ngram:
+            return
+        if draft is not None:
+            self._stage("loading", detail=os.path.basename(draft))
+            self.draft_model = DraftModel(
+                self.ll, draft, self.vocab, n_ctx=self.n_ctx, n_seq=cfg.parallel,
+                n_batch=self.sched.n_batch, gpu_layers=self.gpu_layers, threads=self.n_threads,
+                flash_attn=FLASH[cfg.flash_attn], open_context=open_context)
+            self.sched.draft_model = self.draft_model
+        self.sched.spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
+                                     cfg.spec_ngram)
+        log.info("speculative decoding: %s, up to %d tokens drafted per step",
+                 f"draft model {draft}" + (" and n-gram lookup" if cfg.spec_ngram else "")
+                 if draft else "n-gram lookup", cfg.spec_draft_max)
+
     def _report_placement(self, chosen: list[placement.Rule]) -> None:
         """What /props shows of the placement settings as loaded, and the log line that says
         where overridden tensors went (llama.cpp says it per tensor, at debug level)."""
@@ -334,6 +357,9 @@ class LlamaModel:
         if self.projector is not None:
             self.projector.close()
             self.projector = None
+        if self.draft_model is not None:
+            self.draft_model.free()
+            self.draft_model = None
         for slot in self.sched.slots if self.sched is not None else []:
             slot.cached.clear()
         if self.ctx:

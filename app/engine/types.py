@@ -47,6 +47,16 @@ class Audio:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """A request's own speculative-decoding limits (llama-server's ``speculative.*``); None:
+    the server's (SPEC_DRAFT_MAX, SPEC_DRAFT_MIN, SPEC_P_MIN). n_max 0 turns it off."""
+
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling. ``temperature == 0`` means greedy."""
 
@@ -82,6 +92,8 @@ class SamplingParams:
     # computed afresh, since a reused prefix has no logits)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # speculative decoding's limits for this request (where the server speculates at all)
+    speculative: Speculation = field(default_factory=Speculation)
 
 
 @dataclass(frozen=True)
@@ -151,6 +163,8 @@ class Finished:
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     queue_seconds: float = 0.0  # from submission to a slot (the first choice's wait)
     scores: tuple[TokenScore, ...] = ()  # the scores no piece carried (an end token's, say)
+    # speculative decoding: (tokens drafted, of them accepted); None when it was off
+    draft: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -73,15 +73,30 @@ def resolve_projector(settings: Settings, state: LoadState) -> str | None:
             except gcs.GcsError as exc:
                 raise ModelLoadError(str(exc)) from None
             return str(folder / chosen.name) if chosen else None
+    return _one_file(source, "MMPROJ", opts, state)
+
+
+def resolve_draft(settings: Settings, state: LoadState) -> str | None:
+    """A local path to DRAFT_MODEL (a path, file:// or gs:// URI: downloaded, verified and
+    cached as the model is); None without one."""
+    if settings.draft_model is None:
+        return None
+    return _one_file(settings.draft_model, "DRAFT_MODEL", gcs.DownloadOptions.from_settings(
+        settings), state)
+
+
+def _one_file(source: str, setting: str, opts: gcs.DownloadOptions, state: LoadState) -> str:
+    """A second GGUF beside the model, named by ``setting``: fetched from Cloud Storage into
+    the cache, or a local file that must exist."""
     if source.startswith("gs://"):
         state.set("downloading", progress=0.0, detail=source)
         try:
             return str(gcs.fetch_model(source, replace(opts, model_file=None)))
         except gcs.GcsError as exc:
-            raise ModelLoadError(str(exc).replace("model ", "MMPROJ ", 1)) from None
+            raise ModelLoadError(str(exc).replace("model ", f"{setting} ", 1)) from None
     path = Path(source[len("file://"):] if source.startswith("file://") else source)
     if not path.is_file():
-        raise ModelLoadError(f"MMPROJ {source}: file not found")
+        raise ModelLoadError(f"{setting} {source}: file not found")
     return str(path)
 
 

@@ -22,7 +22,7 @@ from app.base.errors import (
     Unauthorized,
     Unavailable,
 )
-from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams
+from app.engine.types import VOCAB_TYPES, ModelInfo, SamplingParams, Speculation
 from app.formats.chat_template import flatten_content
 from app.protocol import validate
 from app.protocol.http_status import lookup
@@ -83,6 +83,10 @@ class _Sampling(BaseModel):
     grammar: str | None = Field(None, min_length=1)
     # vLLM's extension: logprobs name tokens "token_id:<id>" instead of their text
     return_tokens_as_token_ids: bool = False
+    # llama-server's extension: this request's speculative-decoding limits (n_max 0: off)
+    spec_n_max: int | None = Field(None, ge=0, le=128, alias="speculative.n_max")
+    spec_n_min: int | None = Field(None, ge=0, le=128, alias="speculative.n_min")
+    spec_p_min: float | None = Field(None, ge=0, le=1, alias="speculative.p_min")
 
     @field_validator("stop")
     @classmethod
@@ -142,6 +146,7 @@ class _Sampling(BaseModel):
             grammar=self.grammar,
             logit_bias=tuple((int(k), float(b)) for k, b in (self.logit_bias or {}).items()),
             ignore_eos=self.ignore_eos,
+            speculative=Speculation(self.spec_n_max, self.spec_n_min, self.spec_p_min),
         )
 
 
@@ -350,9 +355,11 @@ def chat_completion(
     model: str,
     choices: list[tuple[str | dict[str, Any], str, dict[str, Any] | None]],
     use: dict[str, Any],
+    timings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``choices``: (text or a whole message, finish_reason, logprobs) per choice index."""
-    return {
+    """``choices``: (text or a whole message, finish_reason, logprobs) per choice index;
+    ``timings``: llama-server's object, when there is something to say in it."""
+    return _with_timings({
         "id": rid,
         "object": "chat.completion",
         "created": created,
@@ -368,15 +375,16 @@ def chat_completion(
             for i, (text, finish, logprobs) in enumerate(choices)
         ],
         "usage": use,
-    }
+    }, timings)
 
 
 def text_completion(
     rid: str, created: int, model: str,
     choices: list[tuple[str, str, dict[str, Any] | None]], use: dict[str, Any],
+    timings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``choices``: (text, finish_reason, logprobs) per choice index."""
-    return {
+    return _with_timings({
         "id": rid,
         "object": "text_completion",
         "created": created,
@@ -387,7 +395,13 @@ def text_completion(
             for i, (text, finish, logprobs) in enumerate(choices)
         ],
         "usage": use,
-    }
+    }, timings)
+
+
+def _with_timings(body: dict[str, Any], timings: dict[str, Any] | None) -> dict[str, Any]:
+    if timings is not None:
+        body["timings"] = timings
+    return body
 
 
 # The server's bounds on generation length: (a request naming no limit gets this, at most

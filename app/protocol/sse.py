@@ -149,9 +149,12 @@ class ChunkWriter:
             "system_fingerprint": SYSTEM_FINGERPRINT,
         }
 
-    def _chunk(self, choice: dict[str, Any] | None) -> bytes:
+    def _chunk(self, choice: dict[str, Any] | None,
+               timings: dict[str, Any] | None = None) -> bytes:
         obj = dict(self._base)
         obj["choices"] = [choice] if choice is not None else []
+        if timings is not None:
+            obj["timings"] = timings
         if self.continuous_usage:
             obj["usage"] = usage(self.prompt_tokens, self.completion_tokens)
         elif self.include_usage:
@@ -205,13 +208,15 @@ class ChunkWriter:
         return [self._chunk(self._choice(text, None, index=index, logprobs=logprobs))]
 
     def finish(self, index: int, reason: str, completion_tokens: int,
-               cached_tokens: int = 0, logprobs: dict[str, Any] | None = None) -> list[bytes]:
-        """A choice's finish chunk (with the ``logprobs`` of tokens no chunk carried yet);
-        after the last choice, the usage chunk (with ``cached_tokens``: the prompt tokens the
-        cache served) and [DONE]."""
+               cached_tokens: int = 0, logprobs: dict[str, Any] | None = None,
+               timings: dict[str, Any] | None = None) -> list[bytes]:
+        """A choice's finish chunk (with the ``logprobs`` of tokens no chunk carried yet, and
+        llama-server's ``timings`` on the last); after the last choice, the usage chunk (with
+        ``cached_tokens``: the prompt tokens the cache served) and [DONE]."""
         self._tokens[index] = completion_tokens
         self._finished.add(index)
-        out = [self._chunk(self._choice(None, reason, index=index, logprobs=logprobs))]
+        out = [self._chunk(self._choice(None, reason, index=index, logprobs=logprobs),
+                           timings)]
         if not self.all_finished:
             return out
         if self.include_usage:

@@ -24,7 +24,8 @@ def parse(model: type[BaseModel], body: Any, unsupported: Mapping[str, str] | No
     accepted and dropped, with why."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    known = model.model_fields
+    # a field's wire name: its alias where it has one (llama-server's "speculative.n_max")
+    known = {f.alias or name for name, f in model.model_fields.items()}
     if ignored and any(k in ignored and k not in known for k in body):
         body = {k: v for k, v in body.items() if k in known or k not in ignored}
     unknown = [k for k in body if k not in known]

@@ -1,0 +1,225 @@
+"""Speculative decoding: where the drafts come from (DRAFT_MODEL, SPEC_NGRAM), and how a
+sequence's drafted tokens are checked against the target model.
+
+The check is llama-server's rule, exact for any sampler: the sequence's last token and its
+draft go into the step's one batch with logits at every position; the sequence's own sampler
+(grammar, penalties, seed) samples at each position in turn, and a drafted token is kept only
+while the target's own sample equals it. Every token sent is the target's sample, given the same
+tokens before it as without speculation, so the output is what it would have been (at
+temperature 0 the same bytes). The KV cells of the rejected tail are removed from the target
+here and from the draft model's context at its next sync.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.base.errors import ModelLoadError
+from app.engine.prefix import common_prefix
+
+log = logging.getLogger(__name__)
+
+# n-gram drafting: the longest suffix of the sequence (of these lengths, longest first) found
+# earlier in it proposes what followed it there
+NGRAM_SIZES = (4, 3, 2)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The server's speculation settings (SPEC_*), which a request may narrow."""
+
+    draft_max: int  # most tokens drafted per sequence per step
+    draft_min: int  # a shorter draft is not checked (not worth the batch room)
+    p_min: float  # the draft model stops drafting below this confidence in its next token
+    ngram: bool  # draft from the sequence itself when there is no draft model
+
+
+def ngram_draft(history: list[int], n_max: int) -> list[int]:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the longest
+    suffix of ``history`` (4, 3 or 2 tokens), at most ``n_max`` of them; [] when none."""
+    n = len(history)
+    if n < 3 or n_max <= 0:
+        return []
+    arr = np.asarray(history, dtype=np.int32)
+    for size in NGRAM_SIZES:
+        if n <= size:
+            continue
+        suffix = arr[n - size:]
+        # candidate starts: the suffix's first token, where a whole match ends before the end
+        starts = np.flatnonzero(arr[: n - size] == suffix[0])
+        for s in starts[::-1]:  # the latest occurrence first: closest to what is being copied
+            if np.array_equal(arr[s:s + size], suffix):
+                follow = arr[s + size: s + size + n_max]
+                if len(follow):
+                    return follow.tolist()
+    return []
+
+
+class DraftModel:
+    """DRAFT_MODEL: a second, smaller model with the target's vocabulary, with one sequence per
+    slot in a context of its own. ``draft`` brings each asking sequence's KV up to the
+    target's tokens (reusing the common prefix), then drafts greedily for all of them at once:
+    one decode per drafted position, every sequence in the same batch."""
+
+    def __init__(self, ll, path: str, target_vocab, n_ctx: int, n_seq: int, n_batch: int,
+                 gpu_layers: int, threads: int, flash_attn: int, open_context):
+        self.ll = ll
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = gpu_layers
+        self.model = ll.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"DRAFT_MODEL {path}: llama.cpp could not load it")
+        self.vocab = ll.llama_model_get_vocab(self.model)
+        try:
+            check_same_vocab(ll, target_vocab, self.vocab, path)
+            self.ctx, self.mem = open_context(
+                ll, self.model, f"DRAFT_MODEL {path}: a context", "lower CTX_SIZE or PARALLEL",
+                n_ctx=n_ctx * n_seq, n_batch=n_batch, n_ubatch=min(n_batch, 512),
+                n_seq_max=n_seq, n_threads=threads, n_threads_batch=threads,
+                flash_attn_type=flash_attn, kv_unified=False)
+        except BaseException:
+            ll.llama_model_free(self.model)
+            raise
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.cached: dict[int, list[int]] = {i: [] for i in range(n_seq)}  # tokens in its KV
+        self.path = path
+
+    def draft(self, asks: list[tuple[int, list[int], int, float]]) -> dict[int, list[int]]:
+        """``asks``: (seq id, the target's tokens, most to draft, least confidence). Returns
+        each sequence's draft, stopped where the draft model's confidence in its next token
+        (the softmax top probability) falls below the sequence's minimum, or at an
+        end-of-generation token."""
+        ll = self.ll
+        # 1. sync: each sequence's KV holds its target tokens but the last, then the last is
+        # decoded with logits (what the first draft token is sampled from)
+        pending: dict[int, list[int]] = {}
+        for seq, tokens, _, _ in asks:
+            have = self.cached[seq]
+            keep = min(common_prefix(have, np.asarray(tokens, dtype=np.int32)), len(tokens) - 1)
+            if keep < len(have):
+                ll.llama_memory_seq_rm(self.mem, seq, keep, -1)
+                del have[keep:]
+            pending[seq] = tokens[keep:]
+        at: dict[int, int] = {}  # seq -> its batch index with logits in the last decode
+        while any(pending.values()):
+            n = 0
+            at.clear()
+            for seq, rest in pending.items():
+                take = rest[: self.n_batch - n]
+                for k, tok in enumerate(take):
+                    self._add(n, tok, len(self.cached[seq]), seq, k == len(rest) - 1)
+                    self.cached[seq].append(tok)
+                    n += 1
+                if take and len(take) == len(rest):
+                    at[seq] = n - 1
+                pending[seq] = rest[len(take):]
+                if n >= self.n_batch:
+                    break
+            if not self._decode(n):
+                return {}
+        # ``at`` now holds the sequences whose last token was decoded in the final round; the
+        # others finished in an earlier round and their logits are gone: decode their last
+        # token again (rare: only when one step's sync overflows a batch)
+        lost = [seq for seq, *_ in asks if seq not in at]
+        if lost:
+            n = 0
+            for seq in lost:
+                have = self.cached[seq]
+                last = have.pop()
+                ll.llama_memory_seq_rm(self.mem, seq, len(have), -1)
+                self._add(n, last, len(have), seq, True)
+                have.append(last)
+                at[seq] = n
+                n += 1
+            if not self._decode(n):
+                return {}
+        # 2. draft: greedy, every sequence one token per decode
+        out: dict[int, list[int]] = {seq: [] for seq, *_ in asks}
+        want = {seq: n_max for seq, _, n_max, _ in asks}
+        p_min = {seq: p for seq, _, _, p in asks}
+        live = dict(at)
+        while live:
+            n = 0
+            nxt: dict[int, int] = {}
+            for seq, i in live.items():
+                tok, p = self._top(i)
+                if p < p_min[seq] or ll.llama_vocab_is_eog(self.vocab, tok):
+                    continue
+                out[seq].append(tok)
+                if len(out[seq]) >= want[seq] or len(self.cached[seq]) + 1 >= self.n_ctx:
+                    continue
+                self._add(n, tok, len(self.cached[seq]), seq, True)
+                self.cached[seq].append(tok)
+                nxt[seq] = n
+                n += 1
+            if not n or not self._decode(n):
+                break
+            live = nxt
+        return out
+
+    def _top(self, i: int) -> tuple[int, float]:
+        """The draft's likeliest next token at batch index ``i`` and its probability."""
+        row = np.ctypeslib.as_array(self.ll.llama_get_logits_ith(self.ctx, i),
+                                    shape=(self.n_vocab,))
+        tok = int(np.argmax(row))
+        top = row[tok]
+        p = 1.0 / float(np.exp(row - top).sum())
+        return tok, p
+
+    def _add(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        b = self.batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = logits
+
+    def _decode(self, n: int) -> bool:
+        """A draft decode; on failure the draft's KV is dropped (it is rebuilt at the next
+        sync) and no draft is offered this step: the target goes on without speculation."""
+        self.batch.n_tokens = n
+        if self.ll.llama_decode(self.ctx, self.batch) == 0:
+            return True
+        log.warning("the draft model's decode failed: its cache is reset")
+        self.ll.llama_memory_clear(self.mem, True)
+        for have in self.cached.values():
+            have.clear()
+        return False
+
+    def free(self) -> None:
+        ll = self.ll
+        if self.ctx:
+            ll.llama_batch_free(self.batch)
+            ll.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None
+
+
+def check_same_vocab(ll, target, draft, path: str) -> None:
+    """The draft must tokenize as the target does: the same number of tokens, the same special
+    tokens, and the same text for every token. Else a ModelLoadError naming the difference."""
+    n_t, n_d = ll.llama_vocab_n_tokens(target), ll.llama_vocab_n_tokens(draft)
+    if n_t != n_d:
+        raise ModelLoadError(f"DRAFT_MODEL {path} has {n_d} tokens in its vocabulary, the model "
+                             f"{n_t}: a draft must share the model's vocabulary")
+    for what in ("bos", "eos"):
+        a = getattr(ll, f"llama_vocab_{what}")(target)
+        b = getattr(ll, f"llama_vocab_{what}")(draft)
+        if a != b:
+            raise ModelLoadError(f"DRAFT_MODEL {path}: its {what} token is {b}, the model's {a}")
+    text = ll.llama_vocab_get_text
+    for tok in range(n_t):
+        a, b = text(target, tok), text(draft, tok)
+        if a != b:
+            raise ModelLoadError(
+                f"DRAFT_MODEL {path}: token {tok} is {b!r} there and {a!r} in the model: a draft "
+                "must share the model's vocabulary")
+
