@@ -72,6 +72,9 @@ class Job:
     images: list[ImageSpan] = field(default_factory=list)  # the prompt's images, in order
     draft_n: int = 0  # tokens drafted for this choice (speculative decoding) ...
     draft_accepted: int = 0  # ... and of them, kept: the target sampled the same token
+    # the next draft's length: halved after a draft the model turned down at its first token,
+    # one past what it kept after a partial one, doubled after a whole one (0: not yet set)
+    draft_len: int = 0
 
     def pos_at(self, i: int) -> int:
         """The position of prompt token ``i``: its index, less what images before it saved
@@ -443,6 +446,8 @@ class Batch:
             if slot.job is not job:
                 return  # finished, and settled
             if j == len(draft) or tok != draft[j]:
+                job.draft_len = (min(2 * len(draft), 128) if j == len(draft)
+                                 else max(1, len(draft) // 2) if j == 0 else j + 1)
                 break
             slot.cached.append(tok)  # the drafted token's KV is the target's own: kept
             slot.n_past += 1
@@ -471,6 +476,8 @@ class Batch:
                 continue
             want = job.request.params.speculative
             n_max = spec.draft_max if want.n_max is None else want.n_max
+            if job.draft_len:  # as the sequence's last drafts fared, within the limit
+                n_max = min(n_max, job.draft_len)
             n_min = spec.draft_min if want.n_min is None else want.n_min
             # room: the reply's length, and the context (the last token and a bonus one)
             n_max = min(n_max, job.max_new - job.n_generated - 1,

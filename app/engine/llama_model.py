@@ -240,6 +240,12 @@ class LlamaModel:
         assert self.sched is not None
         if draft is None and not cfg.spec_ngram:
             return
+        ll = self.ll
+        if ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model):
+            # its memory cannot drop a rejected draft's tail: the cache would hold it
+            log.warning("speculative decoding is off: this model's recurrent memory cannot "
+                        "drop a rejected draft")
+            return
         if draft is not None:
             self._stage("loading", detail=os.path.basename(draft))
             self.draft_model = DraftModel(

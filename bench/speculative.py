@@ -1,0 +1,156 @@
+"""Speculative decoding against none, and against llama-server's, in the same run.
+
+Servers, each on the same model with 8 slots: vertex-gguf without speculation, with n-gram
+lookup (SPEC_NGRAM=1) and with a draft model (DRAFT_MODEL: the model's first --draft-layers
+layers, its quantized tensors copied, tests/support/gguf_requant.py); llama-server likewise
+(no flags, --spec-type ngram-simple, -md with the same draft, n_max and p_min). Two workloads,
+greedy: "copy" (a completion that repeats a code block from its prompt, each request with its
+own function names) and "free" (chat: a short story, each request on its own topic), at c=1
+and c=8. Each figure: completion tokens over wall time of all the workload's requests; the
+tables give each server's speedup over its own run without speculation.
+
+    python bench/speculative.py --llama-server bench/gpu/work/build-cpu/bin/llama-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import process, serve  # noqa: E402
+
+CODE = """def {a}(x, y):
+    total = x + y
+    return total
+
+
+def {b}(x, y):
+    difference = x - y
+    return difference
+
+
+def {c}(values):
+    result = []
+    for value in values:
+        result.append(value * 2)
+    return result
+"""
+NAMES = ["add", "plus", "combine", "join", "merge", "sum_up", "gather", "unite"]
+TOPICS = ["a cat", "the sea", "a robot", "a city at night", "a lost key", "winter", "a train",
+          "an old map"]
+
+
+def copy_body(i: int, max_tokens: int) -> tuple[str, dict]:
+    code = CODE.format(a=NAMES[i % 8], b=f"minus_{i}", c=f"double_{i}")
+    prompt = f"Here is some code:\n\n```python\n{code}```\n\nThe same code again:\n\n```python\n"
+    return "/v1/completions", {"prompt": prompt, "temperature": 0, "max_tokens": max_tokens}
+
+
+def free_body(i: int, max_tokens: int) -> tuple[str, dict]:
+    return "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": f"Write a short story about {TOPICS[i % 8]}."}],
+        "temperature": 0, "max_tokens": max_tokens}
+
+
+WORKLOADS = {"copy": copy_body, "free": free_body}
+
+
+def run(base: str, workload: str, c: int, rounds: int, max_tokens: int) -> dict:
+    """``rounds`` x ``c`` requests, ``c`` at a time; tokens per second and draft counts."""
+    make = WORKLOADS[workload]
+
+    def one(i: int) -> dict:
+        path, body = make(i, max_tokens)
+        r = requests.post(base + path, json=body, timeout=600)
+        r.raise_for_status()
+        return r.json()
+
+    one(99)  # warm: the first request's compute buffers, caches
+    tokens = drafted = accepted = 0
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(c) as pool:
+        for rnd in range(rounds):
+            for body in pool.map(one, range(rnd * c, rnd * c + c)):
+                tokens += body["usage"]["completion_tokens"]
+                t = body.get("timings") or {}
+                drafted += t.get("draft_n", 0)
+                accepted += t.get("draft_n_accepted", 0)
+    wall = time.perf_counter() - t0
+    return {"tok_s": tokens / wall, "tokens": tokens, "drafted": drafted, "accepted": accepted}
+
+
+def servers(args, draft: Path) -> list[tuple[str, str, contextlib.AbstractContextManager[str]]]:
+    """(server, mode, a context giving its base URL) for every server of the run."""
+    common = {"PARALLEL": "8", "CTX_SIZE": "2048", "THREADS": str(args.threads),
+              "SPEC_DRAFT_MAX": str(args.n_max), "SPEC_P_MIN": str(args.p_min),
+              "MODEL": args.model, "SLOTS_PER_REQUEST": "1"}
+    out = [("vertex-gguf", "none", serve(ROOT, common)),
+           ("vertex-gguf", "ngram", serve(ROOT, {**common, "SPEC_NGRAM": "1"})),
+           ("vertex-gguf", "draft", serve(ROOT, {**common, "DRAFT_MODEL": str(draft)}))]
+    if args.llama_server:
+        base = [args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", "{port}",
+                "-np", "8", "-c", str(8 * 2048), "-t", str(args.threads), "-tb",
+                str(args.threads), "--no-webui"]
+        spec = ["--spec-draft-n-max", str(args.n_max), "--spec-draft-p-min", str(args.p_min)]
+        for mode, extra in (("none", []), ("ngram", ["--spec-type", "ngram-simple", *spec]),
+                            ("draft", ["-md", str(draft), *spec])):
+            out.append(("llama-server", mode,
+                        process(base + extra, None, "/health", f"llama-server-{mode}", 300)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(Path(os.environ.get("MODEL_CACHE_DIR", "/tmp/vertex-gguf"))
+                                           / "default" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--llama-server")
+    ap.add_argument("--draft-layers", type=int, default=8)
+    ap.add_argument("--n-max", type=int, default=8)
+    ap.add_argument("--p-min", type=float, default=0.5)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    from gguf import GGMLQuantizationType
+
+    from tests.support.gguf_requant import requantize
+
+    results: dict[tuple[str, str, str, int], dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        draft = requantize(Path(args.model), Path(tmp) / "draft.gguf",
+                           GGMLQuantizationType.Q4_1, layers=args.draft_layers)
+        for name, mode, ctx in servers(args, draft):
+            with ctx as base:
+                for workload in WORKLOADS:
+                    for c in (1, 8):
+                        r = run(base, workload, c, args.rounds, args.max_tokens)
+                        results[(name, mode, workload, c)] = r
+                        print(f"{name:12} {mode:5} {workload:4} c={c}: {r['tok_s']:7.1f} tok/s, "
+                              f"{r['accepted']}/{r['drafted']} drafted kept", flush=True)
+    print("\n| server | mode | workload | c | tok/s | vs its own none | drafts kept |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, mode, workload, c), r in results.items():
+        ref = results.get((name, "none", workload, c))
+        ratio = f"{r['tok_s'] / ref['tok_s']:.2f}x" if ref else "-"
+        kept = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "-"
+        print(f"| {name} | {mode} | {workload} | {c} | {r['tok_s']:.1f} | {ratio} | {kept} |")
+    print("\nvertex-gguf over llama-server, same mode:")
+    for (name, mode, workload, c), r in results.items():
+        peer = results.get(("llama-server", mode, workload, c))
+        if name == "vertex-gguf" and peer:
+            print(f"  {mode:5} {workload:4} c={c}: {r['tok_s'] / peer['tok_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
