@@ -111,6 +111,7 @@ def create_app(
             on_fatal=on_fatal,
             resolve_projector=partial(source.resolve_projector, settings),
             resolve_draft=partial(source.resolve_draft, settings),
+            resolve_adapters=partial(source.resolve_adapters, settings),
         )
         engine.start()
     app = Flask(__name__)

@@ -164,6 +164,25 @@ class Settings(BaseSettings):
         **_env("SPEC_P_MIN"),
     )
 
+    # --- LoRA adapters -------------------------------------------------------------------------
+    lora_adapters: str | None = Field(
+        None,
+        description="LoRA adapters loaded over the model at start: comma-separated "
+        "name=path-or-gs://[:scale] (the scale when a request chooses the adapter; default 1). "
+        "/v1/models lists each as a model whose parent is the base; a request picks one by "
+        "naming it as its model, or with llama-server's lora field.",
+        max_length=8192,
+        **_env("LORA_ADAPTERS"),
+    )
+    admin_api_key: str | None = Field(
+        None,
+        description="The operator key: the only key POST /lora-adapters answers to (it sets "
+        "the adapter scales of every request that names none). Unset: that route is off.",
+        min_length=16,
+        max_length=512,
+        **_env("ADMIN_API_KEY"),
+    )
+
     # --- llama.cpp ---------------------------------------------------------------------------
     ctx_size: int = Field(
         4096,
@@ -1008,6 +1027,13 @@ class Settings(BaseSettings):
                 "to auto or on, or keep the V cache at f16")
         return self
 
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_list(cls, value: str | None) -> str | None:
+        if value is not None:
+            lora_entries(value)  # raises ValueError naming the bad entry
+        return value
+
     @field_validator("embedding_task_prefixes", mode="before")
     @classmethod
     def _json_map(cls, value: Any) -> Any:
@@ -1060,6 +1086,38 @@ class Settings(BaseSettings):
         if "<" in route or ">" in route:
             raise ValueError("a route may not contain '<' or '>'")
         return route
+
+
+def lora_entries(value: str | None) -> list[tuple[str, str, float]]:
+    """LORA_ADAPTERS as (name, source, scale) triples. A trailing ``:number`` is the scale
+    (``gs://b/a.gguf:0.5``); names are unique, and plain enough to be a model name."""
+    import math
+    import re
+
+    out: list[tuple[str, str, float]] = []
+    for entry in (value or "").split(","):
+        name, eq, source = entry.strip().partition("=")
+        name = name.strip()
+        if not eq or not name or not source.strip():
+            raise ValueError(f"{entry!r}: LORA_ADAPTERS takes name=path-or-gs://[:scale]")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}", name):
+            raise ValueError(f"{name!r}: an adapter's name is letters, digits and ._:/- "
+                             "(it is a model name)")
+        scale = 1.0
+        head, colon, tail = source.strip().rpartition(":")
+        if colon and head and head not in ("gs", "file"):
+            try:
+                scale = float(tail)
+            except ValueError:
+                head = ""
+            if head:
+                source = head
+        if not math.isfinite(scale) or abs(scale) > 16:
+            raise ValueError(f"{name}: scale {tail} is not a number between -16 and 16")
+        if any(name == n for n, _, _ in out):
+            raise ValueError(f"{name}: two adapters with one name")
+        out.append((name, source.strip(), scale))
+    return out
 
 
 def max_tokens_default(settings: Settings) -> int | None:

@@ -65,6 +65,12 @@ class Unauthorized(ServiceError):
     code = "invalid_api_key"
 
 
+class Forbidden(ServiceError):
+    """A route only the operator's key may call (ADMIN_API_KEY), called without it."""
+
+    code = "forbidden"
+
+
 class NotFound(ServiceError):
     code = "not_found"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -65,6 +66,9 @@ class Service:
         self.prepare_timeout = prepare_timeout
         # runs open to reasoning control, by id, with the API key's scope that started each
         self._live: dict[str, tuple[str, _ThoughtGuard]] = {}
+        # LORA_ADAPTERS' scales for a request that names neither an adapter nor a lora field
+        # (POST /lora-adapters sets them; none applied until then: the base model)
+        self.lora_defaults: dict[int, float] = {}
 
     def info(self) -> ModelInfo:
         info = self.engine.info
@@ -77,12 +81,13 @@ class Service:
         aliases, else the id. With STRICT_MODEL_NAME a name that is none of them is a 404
         (ModelNotFound); a request that names no model is always served."""
         info = self.info()
-        if requested is not None and requested in info.names:
+        if requested is not None and (requested in info.names
+                                      or any(requested == a for a, _ in info.adapters)):
             return requested
         if requested is not None and self.options.strict_model_name:
             raise ModelNotFound(
                 f"The model {requested[:100]!r} does not exist: this server serves "
-                f"{', '.join(repr(n) for n in info.names)}",
+                f"{', '.join(repr(n) for n in (*info.names, *(a for a, _ in info.adapters)))}",
                 param="model",
             )
         return info.name
@@ -118,7 +123,31 @@ class Service:
         else:
             plan = plan_chat(self.info(), inp, self.options)
         plan.model = model
+        lora = self.lora_set(inp.model, inp.params.lora)
+        if lora:
+            plan.generation = replace(plan.generation, lora=lora)
         return plan
+
+    def lora_set(self, model: str | None,
+                 asked: tuple[tuple[int, float], ...] | None) -> tuple[tuple[int, float], ...]:
+        """The adapters a request runs with: the one its ``model`` names (at its LORA_ADAPTERS
+        scale, the others off), else the defaults; then its ``lora`` entries over them."""
+        adapters = self.info().adapters
+        names = [name for name, _ in adapters]
+        if model in names:
+            k = names.index(model)
+            scales = {k: adapters[k][1]}
+        else:
+            scales = dict(self.lora_defaults)
+        for idx, scale in asked or ():
+            if not 0 <= idx < len(adapters):
+                raise BadRequest(
+                    f"lora: no adapter with id {idx}; " + (
+                        f"this server has {len(adapters)} (ids 0-{len(adapters) - 1}: "
+                        f"{', '.join(names)})" if adapters else "this server loads none "
+                        "(LORA_ADAPTERS)"), param="lora")
+            scales[idx] = scale
+        return tuple((i, s) for i, s in sorted(scales.items()) if s != 0)
 
     def prepare(self, build: Build) -> Plan:
         """:meth:`plan` on a worker thread, so a costly request cannot stall the others'

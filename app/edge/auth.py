@@ -56,6 +56,15 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
+def is_admin(settings: Settings) -> bool:
+    """Whether the request presents ADMIN_API_KEY (False when none is set): compared as a
+    digest in constant time, as every key is."""
+    if settings.admin_api_key is None:
+        return False
+    want = _digest(settings.admin_api_key)
+    return any(hmac.compare_digest(_digest(k), want) for k in KeyCheck.presented_keys())
+
+
 def scope_of(key: str) -> str:
     """The cache scope of a key: a digest of it (16 hex digits; the key cannot be read back)."""
     return hashlib.sha256(b"vertex-gguf cache scope\0" + key.encode()).hexdigest()[:16]
@@ -67,6 +76,10 @@ class KeyCheck:
         self.exempt = frozenset(exempt)
 
     def presented(self) -> list[str]:
+        return self.presented_keys()
+
+    @staticmethod
+    def presented_keys() -> list[str]:
         """The keys the request presents (either header, or both)."""
         out: list[str] = []
         auth = request.headers.get("Authorization", "")
@@ -112,6 +125,8 @@ def register(app: Flask, settings: Settings) -> KeyCheck | None:
     keys = load_keys(settings)
     if not keys:
         return None
+    if settings.admin_api_key is not None:  # the operator's key passes the door too
+        keys = (*keys, settings.admin_api_key)
     exempt = {"/health", settings.health_route}
     if settings.metrics_public:
         exempt.add("/metrics")

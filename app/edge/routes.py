@@ -17,10 +17,11 @@ from app.api.anthropic.stream import error_body as anthropic_error
 from app.api.base import read_body
 from app.api.gemini.stream import error_body as gemini_error
 from app.base import reqctx
-from app.base.errors import BadRequest, ModelNotFound
+from app.base.errors import BadRequest, Forbidden, ModelNotFound
 from app.base.state import LoadState
 from app.core.service import Service
-from app.protocol import openai, sse
+from app.edge import auth
+from app.protocol import openai, sse, validate
 from app.protocol.sse import HEADERS
 from app.settings import max_tokens_bounds
 
@@ -141,6 +142,8 @@ def model(model_id: str) -> Response:
     info = _service().info()
     google = gemini.speaks_gemini(request.headers)
     name = gemini.model_of(model_id) if google else model_id
+    if not google and not _anthropic() and any(name == a for a, _ in info.adapters):
+        return jsonify(openai.adapter_card(info, name))
     if name not in info.names:
         err = ModelNotFound(f"The model {name[:100]!r} does not exist: this server serves "
                             f"{', '.join(repr(n) for n in info.names)}")
@@ -154,6 +157,35 @@ def model(model_id: str) -> Response:
     if google:
         return jsonify(gemini.card(info, name))
     return jsonify(openai.model_card(info, _length()))
+
+
+def lora_adapters() -> Response:
+    """GET: the LoRA adapters (llama-server's list: id and the scale a request naming none
+    gets, with each adapter's name and its scale when named). POST (ADMIN_API_KEY only): the
+    scales a request naming none gets, as a list of {id, scale}; adapters not listed get 0."""
+    svc = _service()
+    adapters = svc.info().adapters
+    if request.method == "POST":
+        settings = current_app.extensions["vertex_gguf_settings"]
+        if settings.admin_api_key is None:
+            raise Forbidden("POST /lora-adapters is off: the operator sets ADMIN_API_KEY to "
+                            "turn it on")
+        if not auth.is_admin(settings):
+            raise Forbidden("POST /lora-adapters takes the operator's key (ADMIN_API_KEY) only")
+        body = read_body()
+        if not isinstance(body, list):
+            raise BadRequest("the body is a list of {\"id\", \"scale\"}")
+        entries = [validate.parse(openai.LoraEntry, e, {}) for e in body]
+        scales = {}
+        for e in entries:
+            if not 0 <= e.id < len(adapters):
+                raise BadRequest(f"no adapter with id {e.id} (this server has {len(adapters)})",
+                                 param="id")
+            scales[e.id] = e.scale
+        svc.lora_defaults = {i: s for i, s in scales.items() if s != 0}
+        log.info("LoRA default scales set: %s", svc.lora_defaults or "none (the base model)")
+    return jsonify([{"id": i, "name": name, "scale": svc.lora_defaults.get(i, 0.0),
+                     "scale_when_named": scale} for i, (name, scale) in enumerate(adapters)])
 
 
 def control() -> Response:
@@ -184,6 +216,7 @@ def register(app: Flask, health_route: str) -> None:
     app.add_url_rule("/v1/models", "models", models, methods=["GET"])
     app.add_url_rule("/v1/models/<path:model_id>", "model", model, methods=["GET"])
     app.add_url_rule("/v1/chat/completions/control", "control", control, methods=["POST"])
+    app.add_url_rule("/lora-adapters", "lora_adapters", lora_adapters, methods=["GET", "POST"])
     introspect.register(app)
     streams.register(app)
     app.register_error_handler(Exception, error_response)

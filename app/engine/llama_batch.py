@@ -26,6 +26,7 @@ from app.base.errors import EngineFailure, GenerationTimeout, ServiceError
 from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
+from app.engine.lora import Adapters, LoraSet
 from app.engine.prefix import common_prefix
 from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
 from app.engine.speculative import DraftModel, SpecConfig, ngram_draft
@@ -129,6 +130,9 @@ class Batch:
         self.spec: SpecConfig | None = None
         self.draft_model: DraftModel | None = None
         self.drafted = 0  # tokens drafted, and of them accepted, since start (/metrics)
+        # LORA_ADAPTERS: None without; a step serves one adapter set, the sets in turn
+        self.adapters: Adapters | None = None
+        self._served: LoraSet = ()
         self.accepted = 0
         self.n_batch = 0  # the batch's capacity (an image's decode is split to fit it)
 
@@ -171,13 +175,16 @@ class Batch:
             job = self.waiting.popleft()
             job.queued = time.monotonic() - job.submitted
             prompt = np.asarray(job.tokens, dtype=np.int32)
-            scope = job.request.cache_scope
+            lora = job.request.lora
+            # KV computed under adapters is theirs: the cache is partitioned by adapter set
+            scope = job.request.cache_scope + (f"\0lora{lora}" if lora else "")
             # KV is reused only within a scope (an API key): cached_tokens is no oracle for
             # another key's prompts; a prompt to score needs logits where a reused prefix has
             # none
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
             shared = {id(s): min(common_prefix(s.cached, prompt), len(job.tokens) - 1)
-                      if reuse and s.scope in (scope, PUBLIC) and s.follows is None else 0
+                      if reuse and (s.scope == scope or s.scope == PUBLIC and not lora)
+                      and s.follows is None else 0
                       for s in self.slots}
             slot, source = self._place(free, shared)
             n_common = _before_image(job, shared[id(source)])
@@ -258,11 +265,15 @@ class Batch:
         n = 0
         budget = self.prefill_chunk
         scorer: Slot | None = None  # the prompt scored this step
+        lora = self._step_lora()  # the adapter set this step serves (() without adapters)
+        if lora is None:
+            return
         # 1. one token for every sequence that is generating, and its draft when speculating
-        drafts = self._propose() if self.spec is not None else {}
+        drafts = self._propose(lora) if self.spec is not None else {}
         for slot in self.slots:
             job = slot.job
-            if job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens):
+            if (job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens)
+                    or job.request.lora != lora):
                 continue
             extra = self._take_injection(slot, budget - 1)
             for tok in [slot.last_token, *extra]:
@@ -283,7 +294,8 @@ class Batch:
         # 2. prompt chunks for sequences being admitted, within the step's token budget
         for slot in self.slots:
             job = slot.job
-            if job is None or slot.follows is not None or slot.n_prompt_done >= len(job.tokens):
+            if (job is None or slot.follows is not None or slot.n_prompt_done >= len(job.tokens)
+                    or job.request.lora != lora):
                 continue
             if job.request.params.prompt_logprobs is not None:
                 scorer = scorer or slot
@@ -462,7 +474,27 @@ class Batch:
             self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, slot.n_past, -1)
             slot.draft, slot.speculating = [], False
 
-    def _propose(self) -> dict[int, list[int]]:
+    def _step_lora(self) -> LoraSet | None:
+        """The adapter set this step serves: with adapters loaded, the sets of the jobs in
+        slots taken in turn (the next after the last served, in a fixed order), so a request
+        waits at most one step per other set in use between its own steps. Set on the context
+        when it changes; None, with that set's jobs failed, if llama.cpp refused it."""
+        if self.adapters is None:
+            return ()
+        sets = sorted({s.job.request.lora for s in self.slots if s.job is not None})
+        if not sets:
+            return self.adapters.current
+        later = [k for k in sets if k > self._served]
+        wanted = self._served = later[0] if later else sets[0]
+        if self.adapters.apply(self.ctx, wanted):
+            return wanted
+        for slot in self.slots:
+            if slot.job is not None and slot.job.request.lora == wanted:
+                self.fail_job(slot.job, EngineFailure("llama.cpp refused the LoRA adapters"))
+                self.release(slot, keep_cache=False)
+        return None
+
+    def _propose(self, lora: LoraSet) -> dict[int, list[int]]:
         """This step's drafts, by sequence id: for each generating sequence whose request lets
         it speculate, from the draft model (all of them in one batch per drafted position) or
         from its own earlier tokens (n-gram lookup). None shorter than its minimum."""
@@ -472,7 +504,7 @@ class Batch:
         for slot in self.slots:
             job = slot.job
             if (job is None or slot.follows is not None or job.inject
-                    or slot.n_prompt_done < len(job.tokens)):
+                    or slot.n_prompt_done < len(job.tokens) or job.request.lora != lora):
                 continue
             want = job.request.params.speculative
             n_max = spec.draft_max if want.n_max is None else want.n_max

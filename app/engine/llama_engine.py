@@ -51,6 +51,7 @@ from app.engine.llama_batch import PUBLIC, Batch, Job, drop
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
+from app.engine.lora import AdapterFile
 from app.engine.types import (
     Accepted,
     Event,
@@ -101,6 +102,7 @@ class LlamaEngine:
         on_fatal: Callable[[str], None] | None = None,
         resolve_projector: Callable[[LoadState], str | None] | None = None,
         resolve_draft: Callable[[LoadState], str | None] | None = None,
+        resolve_adapters: Callable[[LoadState], list[AdapterFile]] | None = None,
     ):
         self.config = config
         self.state = state
@@ -111,6 +113,9 @@ class LlamaEngine:
         # DRAFT_MODEL's local path, fetched and checked the same way; None: none
         self._resolve_draft = resolve_draft or (lambda state: None)
         self._draft: str | None = None
+        # LORA_ADAPTERS, each a local file; [] without
+        self._resolve_adapters = resolve_adapters or (lambda state: [])
+        self._adapters: list[AdapterFile] = []
         self._on_fatal = on_fatal
         self._info: ModelInfo | None = None
         self._prep: deque[Job] = deque()  # submitted, to be prepared on a prep thread
@@ -367,6 +372,7 @@ class LlamaEngine:
             self._path = path  # a reload after sleep reads this local file, never the network
             self._mmproj = self._resolve_projector(self.state)
             self._draft = self._resolve_draft(self.state)
+            self._adapters = self._resolve_adapters(self.state)
             self._load(path)
             if self._generates:
                 self._warm_up()
@@ -412,7 +418,8 @@ class LlamaEngine:
         m = LlamaModel(ll, self.config, self._stage)
         self._m = m
         try:
-            m.load(path, self._turns, self._job_over, self._mmproj, self._draft)
+            m.load(path, self._turns, self._job_over, self._mmproj, self._draft,
+                   self._adapters)
         except BaseException:
             m.free()
             raise

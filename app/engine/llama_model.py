@@ -29,6 +29,7 @@ from app.engine.llama_embed import (
 )
 from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
+from app.engine.lora import AdapterFile, Adapters
 from app.engine.sampling import Vocab
 from app.engine.speculative import DraftModel, SpecConfig
 from app.engine.types import ModelInfo
@@ -63,12 +64,14 @@ class LlamaModel:
         self.cuda: dict | None = None  # what a CUDA build found (cuda_check), None otherwise
         self.projector: Projector | None = None  # MMPROJ, when set
         self.draft_model: DraftModel | None = None  # DRAFT_MODEL, when set
+        self.adapters: Adapters | None = None  # LORA_ADAPTERS, when set
         # KV_CACHE_TYPE_*, N_UBATCH and the tensor overrides as loaded: /props "placement"
         self.placement: dict = {}
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
-             mmproj: str | None = None, draft: str | None = None) -> None:
+             mmproj: str | None = None, draft: str | None = None,
+             adapters: list[AdapterFile] | None = None) -> None:
         """Open ``path``: the model, then the generation context (unless embedding-only), then
         the embedding context (when EMBEDDINGS asks for one). Raises ModelLoadError."""
         ll, cfg = self.ll, self.cfg
@@ -128,6 +131,9 @@ class LlamaModel:
             if mmproj:
                 self._open_projector(mmproj)
             self._open_speculation(draft)
+            if adapters:
+                self.adapters = Adapters(ll, model, adapters)
+                self.sched.adapters = self.adapters
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -184,6 +190,8 @@ class LlamaModel:
             vision=self.projector is not None and self.projector.vision,
             audio_rate=self.projector.audio_rate if self.projector is not None else 0,
             placement=self.placement,
+            adapters=tuple((f.name, f.scale) for f in self.adapters.files)
+            if self.adapters is not None else (),
         )
 
     def _split_params(self, mparams) -> None:
@@ -366,6 +374,9 @@ class LlamaModel:
         if self.draft_model is not None:
             self.draft_model.free()
             self.draft_model = None
+        if self.adapters is not None:  # before the model they were made for
+            self.adapters.free()
+            self.adapters = None
         for slot in self.sched.slots if self.sched is not None else []:
             slot.cached.clear()
         if self.ctx:

@@ -94,6 +94,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     # speculative decoding's limits for this request (where the server speculates at all)
     speculative: Speculation = field(default_factory=Speculation)
+    # llama-server's ``lora``: (adapter id, scale) pairs over the server's default scales;
+    # None: not asked (the planner turns it into GenerationRequest.lora)
+    lora: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class GenerationRequest:
     # "" without keys), so cached_tokens tells nobody about another key's prompts
     cache_scope: str = ""
     media: tuple[Image | Audio, ...] = ()  # what stands at the prompt's MEDIA marks, in order
+    # the LoRA adapters applied: (adapter index, scale) with nonzero scales, in index order;
+    # () is the base model (app.engine.lora)
+    lora: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,8 @@ class ModelInfo:
     audio_rate: int = 0  # ... that hears: the sample rate it takes (0: it reads no audio)
     # KV cache types and size, micro-batch, tensor overrides and what they moved (llama_model)
     placement: dict | None = None
+    # LORA_ADAPTERS: (name, scale when chosen) by adapter index
+    adapters: tuple[tuple[str, float], ...] = ()
 
     @property
     def modalities(self) -> dict[str, bool]:

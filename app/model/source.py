@@ -7,9 +7,10 @@ from pathlib import Path
 
 from app.base.errors import ModelLoadError
 from app.base.state import LoadState
+from app.engine.lora import AdapterFile
 from app.model import gcs
 from app.model.default import SHA256, default_model_path, sha256_of
-from app.settings import Settings
+from app.settings import Settings, lora_entries
 
 
 def resolve(settings: Settings, state: LoadState) -> str:
@@ -83,6 +84,13 @@ def resolve_draft(settings: Settings, state: LoadState) -> str | None:
         return None
     return _one_file(settings.draft_model, "DRAFT_MODEL", gcs.DownloadOptions.from_settings(
         settings), state)
+
+
+def resolve_adapters(settings: Settings, state: LoadState) -> list[AdapterFile]:
+    """LORA_ADAPTERS, each a local file (fetched and verified as the model is)."""
+    opts = gcs.DownloadOptions.from_settings(settings)
+    return [AdapterFile(name, _one_file(source, f"LORA_ADAPTERS {name}", opts, state), scale)
+            for name, source, scale in lora_entries(settings.lora_adapters)]
 
 
 def _one_file(source: str, setting: str, opts: gcs.DownloadOptions, state: LoadState) -> str:

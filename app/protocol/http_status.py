@@ -6,6 +6,7 @@ from __future__ import annotations
 from app.base.errors import (
     BadRequest,
     ClientGone,
+    Forbidden,
     GenerationTimeout,
     Internal,
     MethodNotAllowed,
@@ -23,6 +24,7 @@ from app.base.errors import (
 STATUS: dict[type[ServiceError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     MethodNotAllowed: 405,
     RequestTimeout: 408,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from app.base.errors import (
     BadRequest,
     ClientGone,
+    Forbidden,
     GenerationTimeout,
     Internal,
     ModelNotFound,
@@ -43,6 +44,14 @@ MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024
 MAX_PROMPT_TOKEN_LISTS = 1  # one prompt per completions request
 _INT64 = 2**63
+
+
+class LoraEntry(BaseModel):
+    """One entry of llama-server's ``lora`` field: an adapter's id and its scale."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: int = Field(ge=0, lt=2**31)
+    scale: float = Field(ge=-16, le=16)
 
 
 class _Sampling(BaseModel):
@@ -87,6 +96,8 @@ class _Sampling(BaseModel):
     spec_n_max: int | None = Field(None, ge=0, le=128, alias="speculative.n_max")
     spec_n_min: int | None = Field(None, ge=0, le=128, alias="speculative.n_min")
     spec_p_min: float | None = Field(None, ge=0, le=1, alias="speculative.p_min")
+    # llama-server's extension: LoRA adapter scales for this request (LORA_ADAPTERS' ids)
+    lora: list[LoraEntry] | None = Field(None, max_length=64)
 
     @field_validator("stop")
     @classmethod
@@ -147,6 +158,7 @@ class _Sampling(BaseModel):
             logit_bias=tuple((int(k), float(b)) for k, b in (self.logit_bias or {}).items()),
             ignore_eos=self.ignore_eos,
             speculative=Speculation(self.spec_n_max, self.spec_n_min, self.spec_p_min),
+            lora=None if self.lora is None else tuple((e.id, e.scale) for e in self.lora),
         )
 
 
@@ -410,7 +422,15 @@ Length = tuple[int | None, int | None]
 
 
 def models_list(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(info, length)]}
+    """The model, then each LoRA adapter as a model of its own whose parent is the model
+    (vLLM's listing: a client picks an adapter by its ``model`` alone)."""
+    return {"object": "list", "data": [model_card(info, length),
+                                       *(adapter_card(info, name) for name, _ in info.adapters)]}
+
+
+def adapter_card(info: ModelInfo, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": info.created, "owned_by": "vertex-gguf",
+            "parent": info.name, "root": info.name}
 
 
 def model_card(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
@@ -451,6 +471,7 @@ def model_meta(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
 ERROR_TYPES: dict[type[ServiceError], str] = {
     BadRequest: "invalid_request_error",
     Unauthorized: "invalid_request_error",  # OpenAI's, with code invalid_api_key
+    Forbidden: "permission_error",
     NotFound: "not_found_error",
     ModelNotFound: "invalid_request_error",  # OpenAI's own type for code model_not_found
     NotSupported: "not_supported_error",  # llama-server's (a disabled /slots)
