@@ -1095,7 +1095,7 @@ def lora_entries(value: str | None) -> list[tuple[str, str, float]]:
     import re
 
     out: list[tuple[str, str, float]] = []
-    for entry in (value or "").split(","):
+    for entry in value.split(",") if value else ():
         name, eq, source = entry.strip().partition("=")
         name = name.strip()
         if not eq or not name or not source.strip():

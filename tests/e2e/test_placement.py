@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from tests.support.server import ServerProcess, running_server
+from tests.support.tiny_moe import build_moe
 
 SMALL = {"PARALLEL": "2", "CTX_SIZE": "1024"}
 # short prompts with a clear answer: on this 135M model a q8_0 cache changes the greedy reply
@@ -55,6 +56,27 @@ def test_an_override_moves_the_tensors_it_names():
         assert placed["tensors_moved"] == {"CPU": 4}  # blk.0-3.ffn_up.weight
         assert "tensor overrides: 4 tensors to CPU (blk.0.ffn_up.weight" in srv.logs()
         assert answer(srv)
+
+
+@pytest.fixture(scope="module")
+def moe(default_model, tmp_path_factory):
+    """A 3-layer mixture-of-experts model: 3 expert tensors (gate, up, down) per layer."""
+    return build_moe(tmp_path_factory.mktemp("moe") / "moe.gguf", default_model, n_layer=3)
+
+
+@pytest.mark.parametrize(("env", "moved"), [
+    ({"CPU_MOE": "true"}, 9),  # every layer's experts
+    ({"N_CPU_MOE": "2"}, 6),  # the first two layers'
+    ({"N_CPU_MOE": "1", "OVERRIDE_TENSOR": r"blk\.2\.ffn_up_exps=CPU"}, 4),
+])
+def test_moe_experts_go_where_the_settings_say(moe, env, moved):
+    with running_server({**SMALL, "MODEL": str(moe), **env}) as srv:
+        placed = props(srv)["placement"]
+        assert placed["tensors_moved"] == {"CPU": moved}
+        assert f"tensor overrides: {moved} tensors to CPU (blk.0.ffn_" in srv.logs()
+        r = requests.post(srv.url("/v1/completions"), timeout=60,
+                          json={"prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
 @pytest.mark.parametrize(("env", "says"), [

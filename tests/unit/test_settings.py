@@ -138,3 +138,14 @@ def test_placement_settings_reach_the_engine_config():
     assert rules(cfg.override_tensor, cfg.cpu_moe, cfg.n_cpu_moe) == [
         Rule("token_embd", "CPU"), Rule(r"blk\.0\.attn", "CUDA0"), Rule(EXPERTS, "CPU"),
         Rule(r"blk\.0" + EXPERTS, "CPU"), Rule(r"blk\.1" + EXPERTS, "CPU")]
+
+
+def test_lora_adapters_parse_names_sources_and_scales():
+    from app.settings import lora_entries
+
+    assert lora_entries(None) == [] and lora_entries("") == []
+    assert lora_entries("a=/x/y.gguf, b=gs://bk/z.gguf:0.5,c=file:///q.gguf:2") == [
+        ("a", "/x/y.gguf", 1.0), ("b", "gs://bk/z.gguf", 0.5), ("c", "file:///q.gguf", 2.0)]
+    for bad in ("a", "a=", "a=x,a=y", "a b=x", "a=x:99", "a=x,,b=y"):
+        with pytest.raises(ValidationError):
+            Settings(lora_adapters=bad)
