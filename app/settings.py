@@ -140,6 +140,13 @@ class Settings(BaseSettings):
         "with DRAFT_MODEL it drafts for the requests the draft model cannot (images).",
         **_env("SPEC_NGRAM"),
     )
+    spec_adaptive: bool = Field(
+        True,
+        description="Draft only where it pays: the engine measures, per batch width, the "
+        "tokens a step emits per second with drafting and without, and drafts where that is "
+        "higher (trying the other choice every 16th step). Off: draft on every step.",
+        **_env("SPEC_ADAPTIVE"),
+    )
     spec_draft_max: int = Field(
         8,
         description="Most tokens drafted per sequence per step (a request's speculative.n_max "

@@ -51,6 +51,7 @@ class EngineConfig:
     n_cpu_moe: int
     override_tensor: str | None
     spec_ngram: bool
+    spec_adaptive: bool
     spec_draft_max: int
     spec_draft_min: int
     spec_p_min: float

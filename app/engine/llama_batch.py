@@ -29,7 +29,7 @@ from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet
 from app.engine.prefix import common_prefix
 from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
-from app.engine.speculative import DraftModel, SpecConfig, ngram_draft
+from app.engine.speculative import DraftModel, SpecConfig, SpecGate, ngram_draft
 from app.engine.text import TextAssembler
 from app.engine.types import (
     Failed,
@@ -130,6 +130,8 @@ class Batch:
         self.spec: SpecConfig | None = None
         self.draft_model: DraftModel | None = None
         self.drafted = 0  # tokens drafted, and of them accepted, since start (/metrics)
+        self.gate = SpecGate()  # whether drafting pays, per batch width (SPEC_ADAPTIVE)
+        self.emitted = 0  # tokens sampled since start (what a step's speculation bought)
         # LORA_ADAPTERS: None without; a step serves one adapter set, the sets in turn
         self.adapters: Adapters | None = None
         self._served: LoraSet = ()
@@ -269,7 +271,13 @@ class Batch:
         if lora is None:
             return
         # 1. one token for every sequence that is generating, and its draft when speculating
-        drafts = self._propose(lora) if self.spec is not None else {}
+        t0, emitted = time.perf_counter(), self.emitted
+        generating = [s for s in self.slots if s.job is not None and s.follows is None
+                      and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora]
+        drafting = (self.spec is not None and bool(generating)
+                    and (not self.spec.adaptive or self.gate.choose(len(generating))))
+        drafts = self._propose(lora) if drafting else {}
+        chunked = False
         for slot in self.slots:
             job = slot.job
             if (job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens)
@@ -313,11 +321,15 @@ class Batch:
             self._add_chunk(slot, n, take, every=False)
             n += take
             budget -= take
+            chunked = True
         width = 0
         if n:
             if not self._decode(n):
                 return
             width += self._sample()
+            if self.spec is not None and generating and not chunked:
+                self.gate.record(len(generating), drafting, self.emitted - emitted,
+                                 time.perf_counter() - t0)
         # 3. the prompt being scored, alone: logits at every position of its chunk
         if scorer is not None and scorer.job is not None:
             job = scorer.job
@@ -591,6 +603,7 @@ class Batch:
     def _on_token(self, slot: Slot, tok: int) -> None:
         job = slot.job
         assert job is not None and job.assembler is not None
+        self.emitted += 1
         # every sampled token counts, an end-of-generation one too (OpenAI, vLLM and
         # llama-server count it: a reply that ends at once has 1 completion token); a stop
         # string or max_tokens ends a reply with no such token

@@ -52,6 +52,7 @@ from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
+from app.engine.speculative import SpecGate
 from app.engine.types import (
     Accepted,
     Event,
@@ -245,7 +246,9 @@ class LlamaEngine:
             "decode_seconds": round(sched.decode_seconds, 6) if sched is not None else 0.0,
             "step_seconds": round(sched.step_seconds, 6) if sched is not None else 0.0,
             **self._image_stats(),
-            **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted}
+            **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted,
+                # tokens per second of generation steps, by batch width, drafting or not
+                "spec_rates": sched.gate.as_dict()}
                if sched is not None and sched.spec is not None else {}),
         }
 
@@ -477,6 +480,7 @@ class LlamaEngine:
         sched.widths.clear()
         sched.decode_seconds = sched.step_seconds = 0.0
         sched.drafted = sched.accepted = 0
+        sched.gate = SpecGate()  # the warm-up's steps measured nothing a request will see
 
     def _prime(self) -> None:
         """Decode the text every chat starts with (``config.opening``) into one slot and leave

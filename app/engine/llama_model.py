@@ -262,7 +262,7 @@ class LlamaModel:
                 flash_attn=FLASH[cfg.flash_attn], open_context=open_context)
             self.sched.draft_model = self.draft_model
         self.sched.spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
-                                     cfg.spec_ngram)
+                                     cfg.spec_ngram, cfg.spec_adaptive)
         log.info("speculative decoding: %s, up to %d tokens drafted per step",
                  f"draft model {draft}" + (" and n-gram lookup" if cfg.spec_ngram else "")
                  if draft else "n-gram lookup", cfg.spec_draft_max)

@@ -35,6 +35,7 @@ class SpecConfig:
     draft_min: int  # a shorter draft is not checked (not worth the batch room)
     p_min: float  # the draft model stops drafting below this confidence in its next token
     ngram: bool  # draft from the sequence itself when there is no draft model
+    adaptive: bool = True  # SPEC_ADAPTIVE: draft only where it measured faster (SpecGate)
 
 
 def ngram_draft(history: list[int], n_max: int) -> list[int]:
@@ -223,3 +224,45 @@ def check_same_vocab(ll, target, draft, path: str) -> None:
                 f"DRAFT_MODEL {path}: token {tok} is {b!r} there and {a!r} in the model: a draft "
                 "must share the model's vocabulary")
 
+
+
+class SpecGate:
+    """Whether drafting pays on this device now, learned from the steps themselves.
+
+    Checking k drafted tokens costs little where a decode is bound by memory bandwidth (a GPU)
+    and about k decoded tokens where it is bound by compute (a small CPU, or a wide batch).
+    Rather than model the device, the gate measures: for each batch width (in powers of two),
+    the tokens a generation step emits per second with drafting and without (a moving
+    average), and drafts where that is higher. Every EXPLORE-th step of a width tries the
+    other choice, so a change in the traffic (a copy-heavy phase, wider batches) is seen.
+    Only steps that decode no prompt chunk are measured (a chunk's time buys no tokens)."""
+
+    EXPLORE = 16
+    WEIGHT = 0.1  # of a new measurement in the average
+
+    def __init__(self) -> None:
+        self.rate: dict[tuple[int, bool], float] = {}
+        self.steps: dict[int, int] = {}
+
+    def choose(self, width: int) -> bool:
+        """Whether a step of ``width`` generating sequences drafts."""
+        b = width.bit_length()
+        n = self.steps[b] = self.steps.get(b, 0) + 1
+        on, off = self.rate.get((b, True)), self.rate.get((b, False))
+        if on is None or off is None:
+            return on is None  # measure each choice once first
+        best = on >= off
+        return not best if n % self.EXPLORE == 0 else best
+
+    def record(self, width: int, drafted: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        key = (width.bit_length(), drafted)
+        rate = tokens / seconds
+        old = self.rate.get(key)
+        self.rate[key] = rate if old is None else old + self.WEIGHT * (rate - old)
+
+    def as_dict(self) -> dict[str, float]:
+        """The averages, for /health's engine stats: "8:on" is 8-15 sequences, drafting."""
+        return {f"{1 << (b - 1)}:{'on' if on else 'off'}": round(r, 1)
+                for (b, on), r in sorted(self.rate.items())}

@@ -46,9 +46,12 @@ def draft(default_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(draft):
+    # SPEC_ADAPTIVE off: every step drafts, so every test checks speculated output (on this
+    # CPU the gate would mostly, and rightly, turn drafting off)
+    spec = {**BASE, "SPEC_ADAPTIVE": "false"}
     with (running_server(BASE) as plain,
-          running_server({**BASE, "SPEC_NGRAM": "1"}) as ngram,
-          running_server({**BASE, "DRAFT_MODEL": str(draft), "SPEC_P_MIN": "0"}) as model):
+          running_server({**spec, "SPEC_NGRAM": "1"}) as ngram,
+          running_server({**spec, "DRAFT_MODEL": str(draft), "SPEC_P_MIN": "0"}) as model):
         yield {"plain": plain, "ngram": ngram, "draft": model}
 
 
@@ -148,10 +151,14 @@ def test_a_stream_and_the_anthropic_api_are_the_same(servers):
 def test_side_by_side_each_reply_is_its_own(servers):
     """Three requests at once in one speculating batch: each as it is alone."""
     asks = [ASKS[0], ASKS[1], [{"role": "user", "content": "Count from one to twenty."}]]
-    alone = [chat(servers["plain"], m)["choices"][0]["message"]["content"] for m in asks]
+    # cache_prompt false, as in test_batching: a reused prefix decodes the prompt's last token
+    # in another batch shape, which can move logits in the last bits
+    fresh = {"cache_prompt": False}
+    alone = [chat(servers["plain"], m, **fresh)["choices"][0]["message"]["content"]
+             for m in asks]
     for name in ("ngram", "draft"):
         with cf.ThreadPoolExecutor(3) as pool:
-            got = list(pool.map(lambda m, srv=servers[name]: chat(srv, m), asks))
+            got = list(pool.map(lambda m, srv=servers[name]: chat(srv, m, **fresh), asks))
         assert [g["choices"][0]["message"]["content"] for g in got] == alone, name
 
 
@@ -167,6 +174,20 @@ def test_a_request_may_turn_it_off_or_narrow_it(servers):
         r = requests.post(srv.url("/v1/chat/completions"), timeout=30,
                           json={"messages": ASKS[0], **bad})
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_adaptive_gate_measures_both_choices_and_keeps_the_bytes(servers):
+    """SPEC_ADAPTIVE (the default): the engine times generation steps with drafting and
+    without, per batch width, and /health shows both rates; the reply is unchanged."""
+    with running_server({**BASE, "SPEC_NGRAM": "1"}) as gated:
+        for messages in ASKS:
+            assert text_of(chat(gated, messages)) == text_of(chat(servers["plain"], messages))
+        rates = requests.get(gated.url("/health"), timeout=30).json()["engine"]["spec_rates"]
+    assert rates.get("1:on", 0) > 0 and rates.get("1:off", 0) > 0, rates
+
+
+def text_of(body: dict) -> str:
+    return body["choices"][0]["message"]["content"]
 
 
 def test_metrics_count_drafted_and_accepted_tokens(servers):
