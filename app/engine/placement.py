@@ -10,7 +10,6 @@ libraries llama-cpp-python loaded.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from dataclasses import dataclass
 
@@ -83,35 +82,32 @@ def buffer_types(ll) -> dict[str, int]:
     """Every device's buffer type by name (CPU, CUDA0, ...), as llama-server's -ot reads them.
     "CPU" is ggml's CPU buffer type itself: the one llama.cpp compares against to keep using
     its repacked CPU layouts for an overridden tensor."""
-    base, ggml = _libs(ll)
+    ggml = _ggml(ll)
     out: dict[str, int] = {}
     for i in range(ggml.ggml_backend_dev_count()):
-        buft = base.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_get(i))
+        buft = ggml.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_get(i))
         if buft:
-            out[base.ggml_backend_buft_name(buft).decode()] = buft
-    out["CPU"] = base.ggml_backend_cpu_buffer_type()
+            out[ggml.ggml_backend_buft_name(buft).decode()] = buft
+    out["CPU"] = ggml.ggml_backend_cpu_buffer_type()
     return out
 
 
-def _libs(ll) -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    """libggml-base and libggml, beside the libllama ``ll`` loaded (the same handles: a
-    library is loaded once per process)."""
+def _ggml(ll) -> ctypes.CDLL:
+    """ggml's functions, looked up through the libllama ``ll`` loaded, so they are the very
+    ggml it uses. (Opening libggml-base.so by path would load a second copy: the wheel ships
+    the unversioned names as copies, not links, and the copy's CPU buffer type is not the one
+    llama.cpp compares against.)"""
     lib = getattr(getattr(ll, "llama_cpp", ll), "_lib", None)
-    if lib is None or not getattr(lib, "_name", None):
+    if lib is None or not getattr(lib, "_handle", None):
         raise ModelLoadError("tensor overrides need llama-cpp-python's shared libraries")
-    here = os.path.dirname(lib._name)
-    try:
-        base = ctypes.CDLL(os.path.join(here, "libggml-base.so"))
-        ggml = ctypes.CDLL(os.path.join(here, "libggml.so"))
-    except OSError as exc:
-        raise ModelLoadError(f"tensor overrides: ggml's libraries not found: {exc}") from None
+    ggml = ctypes.CDLL(lib._name, handle=lib._handle)  # its own function objects, one library
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
     ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
-    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-    base.ggml_backend_buft_name.restype = ctypes.c_char_p
-    base.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
-    base.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
-    base.ggml_backend_cpu_buffer_type.argtypes = []
-    return base, ggml
+    ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_buft_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_cpu_buffer_type.argtypes = []
+    return ggml

@@ -130,6 +130,13 @@ def test_other_apis_pick_an_adapter_by_model(server):
                                  extra_body={"temperature": 0})
     assert got.model == "sql"
     assert got.content[0].text == text(chat(server, "sql"))
+    # a Vertex predict envelope: the instance's model picks it
+    r = requests.post(server.url("/predict"), headers=AUTH, timeout=120, json={"instances": [
+        {"messages": ASK, "model": "sql", "temperature": 0, "max_tokens": 16},
+        {"messages": ASK, "temperature": 0, "max_tokens": 16}]})
+    assert r.status_code == 200, r.text
+    named, plain = r.json()["predictions"]
+    assert text(named) == text(chat(server, "sql")) and text(plain) == text(chat(server))
 
 
 @pytest.mark.parametrize("bad", [

@@ -79,6 +79,16 @@ def test_moe_experts_go_where_the_settings_say(moe, env, moved):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
+def test_cpu_is_llama_cpps_own_cpu_buffer_type(moe):
+    """CPU names the very buffer type llama.cpp compares against (looked up through the ggml
+    libllama loaded, not a second copy of the library): llama.cpp then treats the experts as
+    overridden to the CPU, keeping its CPU layouts, and says so in its mmap warning."""
+    with running_server({**SMALL, "MODEL": str(moe), "CPU_MOE": "true",
+                         "LOG_LEVEL": "debug"}) as srv:
+        assert props(srv)["placement"]["tensors_moved"] == {"CPU": 9}
+        assert "tensor overrides to CPU are used with mmap enabled" in srv.logs()
+
+
 @pytest.mark.parametrize(("env", "says"), [
     ({"OVERRIDE_TENSOR": "blk.(=CPU"}, "is not a valid regular expression"),
     ({"OVERRIDE_TENSOR": "ffn_up=CUDA7"}, "names the buffer type CUDA7, which this machine does "

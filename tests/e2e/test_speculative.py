@@ -148,6 +148,34 @@ def test_a_stream_and_the_anthropic_api_are_the_same(servers):
     assert all(text == plain for text in spec.values())
 
 
+def test_responses_gemini_and_ollama_are_the_same(servers):
+    prompt = ASKS[0][0]["content"]
+
+    def responses(srv):
+        r = requests.post(srv.url("/v1/responses"), timeout=120, json={
+            "input": prompt, "temperature": 0, "max_output_tokens": 64})
+        assert r.status_code == 200, r.text
+        return r.json()["output"][-1]["content"][0]["text"]
+
+    def gemini(srv):
+        r = requests.post(srv.url("/v1beta/models/m:generateContent"), timeout=120, json={
+            "contents": [{"role": "user", "parts": [{"text": prompt}]}],
+            "generationConfig": {"temperature": 0, "maxOutputTokens": 64}})
+        assert r.status_code == 200, r.text
+        return r.json()["candidates"][0]["content"]["parts"][0]["text"]
+
+    def ollama(srv):
+        r = requests.post(srv.url("/api/chat"), timeout=120, json={
+            "model": "m", "messages": ASKS[0], "stream": False,
+            "options": {"temperature": 0, "num_predict": 64}})
+        assert r.status_code == 200, r.text
+        return r.json()["message"]["content"]
+
+    for fn in (responses, gemini, ollama):
+        plain, spec = each(servers, fn)
+        assert plain and all(text == plain for text in spec.values()), fn.__name__
+
+
 def test_side_by_side_each_reply_is_its_own(servers):
     """Three requests at once in one speculating batch: each as it is alone."""
     asks = [ASKS[0], ASKS[1], [{"role": "user", "content": "Count from one to twenty."}]]

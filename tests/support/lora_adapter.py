@@ -1,9 +1,8 @@
 """A random-weight LoRA adapter GGUF for a model, written with gguf-py (no package ships one
 for the suite's model): low-rank A and B matrices on each block's feed-forward up and down
 projections, shaped to the model's tensors as llama.cpp's adapter loader checks them
-(lora_a ne = [n_in, rank], lora_b ne = [rank, n_out]). Not the attention projections: this
-llama.cpp fuses SmolLM2's q, k and v into one tensor at load, and an adapter on attn_q and
-attn_v left its greedy output unchanged (docs/lora.md)."""
+(lora_a ne = [n_in, rank], lora_b ne = [rank, n_out]). At the default size, scale 1 moves the
+135M model's greedy reply within a few tokens, and scale 0 leaves it as it was."""
 
 from __future__ import annotations
 
