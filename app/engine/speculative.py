@@ -124,13 +124,14 @@ class DraftModel:
                     break
             if not self._decode(n):
                 return {}
-        # ``at`` now holds the sequences whose last token was decoded in the final round; the
-        # others finished in an earlier round and their logits are gone: decode their last
-        # token again (rare: only when one step's sync overflows a batch)
-        lost = [seq for seq, *_ in asks if seq not in at]
-        if lost:
+        # ``at`` now holds the sequences whose last token was decoded in the final round. If
+        # some finished in an earlier round (one step's sync overflowed a batch: after steps
+        # without drafting, say), their logits are gone: decode every sequence's last token
+        # again, in one batch, so all the indexes point into the same, last decode
+        if any(seq not in at for seq, *_ in asks):
+            at.clear()
             n = 0
-            for seq in lost:
+            for seq, *_ in asks:
                 have = self.cached[seq]
                 last = have.pop()
                 ll.llama_memory_seq_rm(self.mem, seq, len(have), -1)

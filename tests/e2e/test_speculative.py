@@ -192,6 +192,23 @@ def test_side_by_side_each_reply_is_its_own(servers):
         assert [g["choices"][0]["message"]["content"] for g in got] == alone, name
 
 
+def test_a_draft_sync_larger_than_a_batch(servers, draft):
+    """The draft model catches up with each sequence's tokens in batches: with a 20-token
+    batch, every prompt overflows one, and two at once overflow it together. Each reply is still
+    what the plain server gives."""
+    small = {**BASE, "SPEC_ADAPTIVE": "false", "DRAFT_MODEL": str(draft), "SPEC_P_MIN": "0",
+             "BATCH_SIZE": "8", "PREFILL_CHUNK": "16"}
+    asks = [ASKS[1], [{"role": "user", "content": "Count from one to twenty."}]]
+    fresh = {"cache_prompt": False}
+    with running_server(small) as srv:
+        alone = [text_of(chat(srv, m, **fresh)) for m in asks]
+        with cf.ThreadPoolExecutor(2) as pool:
+            together = [text_of(b) for b in pool.map(lambda m: chat(srv, m, **fresh), asks)]
+        drafted = requests.get(srv.url("/health"), timeout=30).json()["engine"]["draft_tokens"]
+    assert alone == together == [text_of(chat(servers["plain"], m, **fresh)) for m in asks]
+    assert drafted > 0
+
+
 def test_a_request_may_turn_it_off_or_narrow_it(servers):
     srv = servers["ngram"]
     off = chat(srv, ASKS[0], **{"speculative.n_max": 0})
