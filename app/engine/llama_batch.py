@@ -27,10 +27,10 @@ from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet
-from app.engine.prefix import common_prefix
 from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
 from app.engine.speculative import DraftModel, SpecConfig, SpecGate, ngram_draft
 from app.engine.text import TextAssembler
+from app.engine.tokens import common_prefix, put
 from app.engine.types import (
     Failed,
     Finished,
@@ -273,10 +273,11 @@ class Batch:
         # 1. one token for every sequence that is generating, and its draft when speculating
         t0, emitted = time.perf_counter(), self.emitted
         generating = [s for s in self.slots if s.job is not None and s.follows is None
-                      and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora]
-        drafting = (self.spec is not None and bool(generating)
+                      and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora
+                      ] if self.spec is not None else []  # (what speculation looks at)
+        drafting = (bool(generating)
                     and (not self.spec.adaptive or self.gate.choose(len(generating))))
-        drafts = self._propose(lora) if drafting else {}
+        drafts = self._propose(generating) if drafting else {}
         chunked = False
         for slot in self.slots:
             job = slot.job
@@ -285,7 +286,7 @@ class Batch:
                 continue
             extra = self._take_injection(slot, budget - 1)
             for tok in [slot.last_token, *extra]:
-                self._batch_add(n, tok, slot.n_past, slot.seq_id, False)
+                put(self.batch, n, tok, slot.n_past, slot.seq_id, False)
                 slot.cached.append(tok)
                 slot.n_past += 1
                 n += 1
@@ -295,7 +296,7 @@ class Batch:
             draft = [] if extra else drafts.get(slot.seq_id, [])[: max(0, budget)]
             if draft:  # checked in this decode: logits after each drafted token too
                 for k, tok in enumerate(draft):
-                    self._batch_add(n + k, tok, slot.n_past + k, slot.seq_id, True)
+                    put(self.batch, n + k, tok, slot.n_past + k, slot.seq_id, True)
                 n += len(draft)
                 budget -= len(draft)
                 slot.draft, slot.speculating = draft, True
@@ -372,7 +373,7 @@ class Batch:
         for k in range(take):
             i = slot.n_prompt_done + k
             last = i == len(job.tokens) - 1
-            self._batch_add(n + k, job.tokens[i], i + shift, slot.seq_id, last or every)
+            put(self.batch, n + k, job.tokens[i], i + shift, slot.seq_id, last or every)
             slot.cached.append(job.tokens[i])
             if last:
                 slot.i_batch = n + k
@@ -506,44 +507,39 @@ class Batch:
                 self.release(slot, keep_cache=False)
         return None
 
-    def _propose(self, lora: LoraSet) -> dict[int, list[int]]:
-        """This step's drafts, by sequence id: for each generating sequence whose request lets
-        it speculate, from the draft model (all of them in one batch per drafted position) or
-        from its own earlier tokens (n-gram lookup). None shorter than its minimum."""
+    def _propose(self, generating: list[Slot]) -> dict[int, list[int]]:
+        """This step's drafts, by sequence id, for the ``generating`` sequences whose requests
+        let them speculate: from the draft model (all of them in one batch per drafted
+        position), else from their own earlier tokens (n-gram lookup). None shorter than its
+        request's minimum."""
         spec = self.spec
         assert spec is not None
-        asks: list[tuple[Slot, int, int]] = []  # (slot, most to draft, least worth checking)
-        for slot in self.slots:
+        asks: list[tuple[Slot, int, float]] = []  # (slot, most to draft, least confidence)
+        least: dict[int, int] = {}  # seq id -> the shortest draft worth checking
+        for slot in generating:
             job = slot.job
-            if (job is None or slot.follows is not None or job.inject
-                    or slot.n_prompt_done < len(job.tokens) or job.request.lora != lora):
+            if job.inject:
                 continue
             want = job.request.params.speculative
             n_max = spec.draft_max if want.n_max is None else want.n_max
             if job.draft_len:  # as the sequence's last drafts fared, within the limit
                 n_max = min(n_max, job.draft_len)
-            n_min = spec.draft_min if want.n_min is None else want.n_min
             # room: the reply's length, and the context (the last token and a bonus one)
             n_max = min(n_max, job.max_new - job.n_generated - 1,
                         self.n_ctx - len(slot.cached) - 2)
-            if n_max >= max(1, n_min):
-                asks.append((slot, n_max, n_min))
-        if not asks:
-            return {}
+            least[slot.seq_id] = max(1, spec.draft_min if want.n_min is None else want.n_min)
+            if n_max >= least[slot.seq_id]:
+                asks.append((slot, n_max, spec.p_min if want.p_min is None else want.p_min))
         out: dict[int, list[int]] = {}
         by_model = [a for a in asks if self.draft_model is not None and not a[0].job.images]
         if by_model:
-            out.update(self.draft_model.draft([
-                (s.seq_id, [*s.cached, s.last_token], n,
-                 spec.p_min if s.job.request.params.speculative.p_min is None
-                 else s.job.request.params.speculative.p_min)
-                for s, n, _ in by_model]))
+            out.update(self.draft_model.draft(
+                [(s.seq_id, [*s.cached, s.last_token], n, p) for s, n, p in by_model]))
         if spec.ngram:  # n-gram lookup for the rest (all of them without a draft model)
             for slot, n_max, _ in asks:
                 if slot.seq_id not in out:
                     out[slot.seq_id] = ngram_draft([*slot.cached, slot.last_token], n_max)
-        return {seq: d for seq, d in out.items()
-                if len(d) >= max(1, next(m for s, _, m in asks if s.seq_id == seq))}
+        return {seq: d for seq, d in out.items() if len(d) >= least[seq]}
 
     def _score_prompt(self, slot: Slot, first: int, pos: int, count: int) -> None:
         """Score the prompt positions ``pos..pos+count-1`` just decoded (from batch index
@@ -591,14 +587,6 @@ class Batch:
         if piece:
             self._send(job, piece)
         return toks
-
-    def _batch_add(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        b = self.batch
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq_id
-        b.logits[i] = logits
 
     def _on_token(self, slot: Slot, tok: int) -> None:
         job = slot.job

@@ -30,6 +30,9 @@ class Seen:
     the tensors moved by overrides, by buffer type."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.kv_cache_mib = 0.0
         self.overridden: dict[str, list[str]] = {}
 
@@ -63,6 +66,6 @@ def install(ll, verbose: bool) -> None:
         elif PLACEMENT.search(line) and not line.startswith("~"):  # not the teardown's
             log.info("placement: %s", line.strip())
 
-    seen.__init__()  # a new load
+    seen.reset()  # a new load
     _callback = forward
     ll.llama_log_set(forward, None)

@@ -67,6 +67,7 @@ class LlamaModel:
         self.adapters: Adapters | None = None  # LORA_ADAPTERS, when set
         # KV_CACHE_TYPE_*, N_UBATCH and the tensor overrides as loaded: /props "placement"
         self.placement: dict = {}
+        self._kv_mib = 0.0  # the generation context's KV cache, as llama.cpp's log gave it
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
@@ -259,7 +260,7 @@ class LlamaModel:
             self.draft_model = DraftModel(
                 self.ll, draft, self.vocab, n_ctx=self.n_ctx, n_seq=cfg.parallel,
                 n_batch=self.sched.n_batch, gpu_layers=self.gpu_layers, threads=self.n_threads,
-                flash_attn=FLASH[cfg.flash_attn], open_context=open_context)
+                flash_attn=FLASH[cfg.flash_attn])
             self.sched.draft_model = self.draft_model
         self.sched.spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
                                      cfg.spec_ngram, cfg.spec_adaptive)
@@ -274,7 +275,7 @@ class LlamaModel:
         self.placement = {
             "kv_cache_type_k": self.cfg.kv_cache_type_k,
             "kv_cache_type_v": self.cfg.kv_cache_type_v,
-            "kv_cache_mib": getattr(self, "_kv_mib", 0.0),
+            "kv_cache_mib": self._kv_mib,
             "n_ubatch": self.ll.llama_n_ubatch(self.ctx) if self.ctx else None,
             "tensor_overrides": [{"pattern": r.pattern, "buffer_type": r.buft} for r in chosen],
             "tensors_moved": {buft: len(names) for buft, names in moved.items()},

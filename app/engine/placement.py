@@ -10,7 +10,6 @@ libraries llama-cpp-python loaded.
 from __future__ import annotations
 
 import ctypes
-import re
 from dataclasses import dataclass
 
 from app.base.errors import ModelLoadError
@@ -52,7 +51,8 @@ def rules(override_tensor: str | None, cpu_moe: bool, n_cpu_moe: int) -> list[Ru
 
 class Overrides:
     """The ctypes array for ``llama_model_params.tensor_buft_overrides``, alive as long as this
-    object (llama.cpp reads it while loading)."""
+    object (llama.cpp reads it while loading). The patterns are valid: OVERRIDE_TENSOR's are
+    checked with the settings, the others are this module's."""
 
     def __init__(self, ll, chosen: list[Rule]):
         types = buffer_types(ll)
@@ -61,12 +61,6 @@ class Overrides:
             raise ModelLoadError(
                 f"OVERRIDE_TENSOR names the buffer type {', '.join(unknown)}, which this "
                 f"machine does not have; it has {', '.join(sorted(types))}")
-        for r in chosen:
-            try:
-                re.compile(r.pattern)
-            except re.error as exc:
-                raise ModelLoadError(f"OVERRIDE_TENSOR: {r.pattern!r} is not a valid regular "
-                                     f"expression: {exc}") from None
         self._patterns = [r.pattern.encode() for r in chosen]
         self.array = (_Override * (len(chosen) + 1))(
             *(_Override(p, types[r.buft]) for p, r in zip(self._patterns, chosen, strict=True)),

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.base.errors import ModelLoadError
-from app.engine.prefix import common_prefix
+from app.engine.llama_embed import open_context
+from app.engine.tokens import common_prefix, put
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class DraftModel:
     one decode per drafted position, every sequence in the same batch."""
 
     def __init__(self, ll, path: str, target_vocab, n_ctx: int, n_seq: int, n_batch: int,
-                 gpu_layers: int, threads: int, flash_attn: int, open_context):
+                 gpu_layers: int, threads: int, flash_attn: int):
         self.ll = ll
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = gpu_layers
@@ -114,7 +115,7 @@ class DraftModel:
             for seq, rest in pending.items():
                 take = rest[: self.n_batch - n]
                 for k, tok in enumerate(take):
-                    self._add(n, tok, len(self.cached[seq]), seq, k == len(rest) - 1)
+                    put(self.batch, n, tok, len(self.cached[seq]), seq, k == len(rest) - 1)
                     self.cached[seq].append(tok)
                     n += 1
                 if take and len(take) == len(rest):
@@ -135,7 +136,7 @@ class DraftModel:
                 have = self.cached[seq]
                 last = have.pop()
                 ll.llama_memory_seq_rm(self.mem, seq, len(have), -1)
-                self._add(n, last, len(have), seq, True)
+                put(self.batch, n, last, len(have), seq, True)
                 have.append(last)
                 at[seq] = n
                 n += 1
@@ -156,7 +157,7 @@ class DraftModel:
                 out[seq].append(tok)
                 if len(out[seq]) >= want[seq] or len(self.cached[seq]) + 1 >= self.n_ctx:
                     continue
-                self._add(n, tok, len(self.cached[seq]), seq, True)
+                put(self.batch, n, tok, len(self.cached[seq]), seq, True)
                 self.cached[seq].append(tok)
                 nxt[seq] = n
                 n += 1
@@ -173,14 +174,6 @@ class DraftModel:
         top = row[tok]
         p = 1.0 / float(np.exp(row - top).sum())
         return tok, p
-
-    def _add(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
-        b = self.batch
-        b.token[i] = token
-        b.pos[i] = pos
-        b.n_seq_id[i] = 1
-        b.seq_id[i][0] = seq
-        b.logits[i] = logits
 
     def _decode(self, n: int) -> bool:
         """A draft decode; on failure the draft's KV is dropped (it is rebuilt at the next

@@ -9,25 +9,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFWriter
 
 from tests.support.tiny_mmproj import finish
-from tests.support.tiny_qwen2vl import _rand
+from tests.support.tiny_qwen2vl import _rand, copy_tokenizer
 
 N_EMBD, N_LAYER, N_HEAD, N_FF, N_EXPERT, N_USED = 64, 2, 4, 128, 4, 2
 
 
 def build_moe(path: Path, vocab_src: Path, n_layer: int = N_LAYER, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
-    reader = GGUFReader(str(vocab_src))
     w = GGUFWriter(str(path), "llama")
     w.add_name("tiny-moe")
-    for key, field in reader.fields.items():  # the tokenizer and chat template
-        if key.startswith("tokenizer."):
-            vtype = field.types[0]
-            w.add_key_value(key, field.contents(), vtype,
-                            sub_type=field.types[1] if vtype == GGUFValueType.ARRAY else None)
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    n_vocab = copy_tokenizer(w, vocab_src)
     w.add_context_length(2048)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(n_layer)

@@ -24,17 +24,22 @@ def _rand(rng: np.random.Generator, *dims: int, scale: float = 0.2) -> np.ndarra
     return (rng.standard_normal(dims[::-1], dtype=np.float32) * scale).astype(np.float32)
 
 
-def build_text(path: Path, vocab_src: Path, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
+def copy_tokenizer(w: GGUFWriter, vocab_src: Path) -> int:
+    """``vocab_src``'s tokenizer and chat template into ``w``; its vocabulary's size."""
     reader = GGUFReader(str(vocab_src))
-    w = GGUFWriter(str(path), "qwen2vl")
-    w.add_name("tiny-qwen2vl")
-    for key, field in reader.fields.items():  # the tokenizer and chat template
+    for key, field in reader.fields.items():
         if key.startswith("tokenizer."):
             vtype = field.types[0]
             w.add_key_value(key, field.contents(), vtype,
                             sub_type=field.types[1] if vtype == GGUFValueType.ARRAY else None)
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    return len(reader.fields["tokenizer.ggml.tokens"].contents())
+
+
+def build_text(path: Path, vocab_src: Path, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "qwen2vl")
+    w.add_name("tiny-qwen2vl")
+    n_vocab = copy_tokenizer(w, vocab_src)
     w.add_context_length(4096)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER)
