@@ -5,10 +5,23 @@ of the first variant that dies).
 
     python bench/gpu/diag_load.py MODEL            # every variant, one line each
     python bench/gpu/diag_load.py MODEL VARIANT    # one, in this process
+    DIAG_ALL=1 python bench/gpu/diag_load.py MODEL # the rehearsal: what follows, even if all pass
+
+Where the engine dies, three more things are tried, so that one device call both narrows the
+cause and finds a way round it:
+- the engine with llama.cpp's library loaded before anything else (engine-llamafirst), and with
+  libstdc++ or libllama preloaded into the process's global scope (engine@stdcxx, engine@llama:
+  LD_PRELOAD). The first of those that passes is printed as ``workaround: LD_PRELOAD=...``,
+  which run.sh then applies to the benchmark and the end-to-end stages.
+- the dynamic linker's bindings of C++ standard library symbols (LD_DEBUG=bindings) in a plain
+  load and in the engine's, side by side: a symbol of libllama's bound to another library in one
+  and not the other (two copies of a libstdc++ template or facet) is the usual reason a
+  std::regex compile jumps into foreign code, which is what cuda-gdb showed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import subprocess
@@ -17,11 +30,14 @@ import threading
 import time
 
 # each a third-party module the engine's process imports, then a plain load (imports-NAME)
-IMPORTS = ["gevent", "numpy", "google.cloud.storage", "flask", "pydantic_settings", "jinja2",
+IMPORTS = ["greenlet", "gevent", "numpy", "google.cloud.storage", "flask", "pydantic_settings", "jinja2",
            "PIL.Image", "prometheus_client", "redis"]
 VARIANTS = ["plain", "thread", "log", "probe", "imports", *(f"imports-{m}" for m in IMPORTS),
             "model", "engine", "engine-noprobe", "engine-nolog",
-            "engine-nocb", "engine-bigstack", "engine-probe-after", "gevent", "server"]
+            "engine-nocb", "engine-bigstack", "engine-probe-after", "engine-llamafirst", "gevent",
+            "server"]
+# the engine with a library preloaded (LD_PRELOAD): ways round a crash, tried only if it dies
+PRELOADS = ["stdcxx", "llama"]
 
 
 def without(step: str) -> None:
@@ -168,6 +184,10 @@ def main() -> None:
             in_thread(model, path)
         elif v == "engine":
             engine(path)
+        elif v == "engine-llamafirst":  # libllama loaded before numpy, greenlet and the rest
+            from llama_cpp import llama_cpp  # noqa: F401
+
+            engine(path)
         elif v.startswith("engine-"):
             without(v.split("-", 1)[1])
             engine(path)
@@ -180,15 +200,96 @@ def main() -> None:
             engine(path)
         print(f"{v}: ok", flush=True)
         return
-    for v in VARIANTS:
-        try:
-            r = subprocess.run([sys.executable, __file__, path, v], capture_output=True, text=True,
-                               timeout=45)
-            keep = 60 if v == "server" else 12
-            tail = [ln for ln in (r.stdout + r.stderr).strip().splitlines() if "input tensor" not in ln][-keep:]
-            print(f"== {v}: rc {r.returncode}", *("   " + line for line in tail), sep="\n", flush=True)
-        except subprocess.TimeoutExpired:
-            print(f"== {v}: timed out", flush=True)
+    results = {v: run_variant(path, v) for v in VARIANTS}
+    if results.get("engine") == 0 and not os.environ.get("DIAG_ALL"):  # DIAG_ALL: a rehearsal
+        return
+    for name in PRELOADS:  # the engine died: is there a way round it?
+        lib = preload_path(name)
+        if lib and run_variant(path, f"engine@{name}", {"LD_PRELOAD": lib}) == 0:
+            print(f"workaround: LD_PRELOAD={lib}", flush=True)
+            break
+    if results.get("plain") == 0:
+        compare_bindings(path)
+
+
+def run_variant(path: str, v: str, env: dict[str, str] | None = None) -> int | None:
+    """One variant in its own process (VARIANT@NAME: VARIANT with ``env``); its exit status,
+    None if it timed out. Prints the status and the output's tail."""
+    real = v.split("@", 1)[0]
+    try:
+        r = subprocess.run([sys.executable, __file__, path, real], capture_output=True, text=True,
+                           timeout=45, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        print(f"== {v}: timed out", flush=True)
+        return None
+    keep = 60 if v == "server" else 12
+    tail = [ln for ln in (r.stdout + r.stderr).strip().splitlines() if "input tensor" not in ln][-keep:]
+    print(f"== {v}: rc {r.returncode}", *("   " + line for line in tail), sep="\n", flush=True)
+    return r.returncode
+
+
+def preload_path(name: str) -> str | None:
+    """The file LD_PRELOAD names for PRELOADS' ``name``, found without loading it here."""
+    if name == "stdcxx":
+        import ctypes.util
+
+        return ctypes.util.find_library("stdc++")  # a soname the loader finds on its own
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = os.path.join(spec.submodule_search_locations[0], "lib", "libllama.so")
+    return os.path.realpath(lib) if os.path.exists(lib) else None
+
+
+# C++ standard library symbols as the linker prints them: std::, its vtables, typeinfo, guards
+_STD = ("_ZNSt", "_ZNKSt", "_ZSt", "_ZTVSt", "_ZTISt", "_ZTSSt", "_ZNSs", "_ZNKSs", "_ZNSi",
+        "_ZNSo", "_ZGVNSt", "_ZTVN9__gnu_cxx", "_ZNSt7__cxx11", "_ZNKSt7__cxx11")
+
+
+def bindings(path: str, variant: str) -> dict[tuple[str, str], str]:
+    """Which library each C++ standard library symbol was bound to, per (library, symbol), in
+    one run of ``variant`` (LD_DEBUG=bindings; a crash still leaves what was bound before it)."""
+    import glob
+    import re
+    import tempfile
+
+    line = re.compile(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: \S+ symbol `([^']+)'")
+    out: dict[tuple[str, str], str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "LD_DEBUG": "bindings", "LD_DEBUG_OUTPUT": f"{tmp}/ld"}
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run([sys.executable, __file__, path, variant], capture_output=True,
+                           timeout=45, env=env)
+        for name in glob.glob(f"{tmp}/ld.*"):
+            with open(name, errors="replace") as fh:
+                for text in fh:
+                    m = line.search(text)
+                    if m and m.group(3).startswith(_STD):
+                        src, dst = (os.path.basename(x) for x in m.group(1, 2))
+                        out[(src, m.group(3))] = dst
+    return out
+
+
+def compare_bindings(path: str) -> None:
+    """Print the standard library symbols that llama.cpp's libraries bound to different files
+    in the engine's run than in a plain load's, and every one bound in the engine's run to a
+    file that is neither libstdc++ nor the library itself."""
+    plain_b, engine_b = bindings(path, "plain"), bindings(path, "engine")
+    llama = ("libllama", "libggml", "libmtmd")
+    moved = sorted((k, plain_b[k], v) for k, v in engine_b.items()
+                   if k[0].startswith(llama) and k in plain_b and plain_b[k] != v)
+    print(f"== bindings: {len(plain_b)} std symbols bound in plain, {len(engine_b)} in engine; "
+          f"{len(moved)} bound elsewhere in engine", flush=True)
+    for (src, sym), was, now in moved[:40]:
+        print(f"   {src}: {sym}: {was} (plain) -> {now} (engine)", flush=True)
+    foreign: dict[tuple[str, str], list[str]] = {}
+    for (src, sym), dst in engine_b.items():
+        if src.startswith(llama) and not dst.startswith(("libstdc++", src.split(".so")[0])):
+            foreign.setdefault((src, dst), []).append(sym)
+    for (src, dst), syms in sorted(foreign.items(), key=lambda kv: -len(kv[1]))[:12]:
+        print(f"   engine: {src} -> {dst}: {len(syms)} std symbols, e.g. {syms[0]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU proof in one device call of at most 10 minutes, the stages in the order of their worth,
 # each given what is left of a deadline: the CUDA build (with the models made beside it), the
-# load diagnosis (run.sh diag: about 40 s, with cuda-gdb's backtrace if a load step dies), the
+# load diagnosis (run.sh diag: about 40 s, 90 if the engine dies: then cuda-gdb's backtrace, the
+# linker's bindings and a way round it that the later stages use), the
 # benchmark on the 8B shape, then the small and the near-free ones, llama-batched-bench, and as
 # much of the end-to-end suite as the time left allows. GPU memory is sampled every second into
 # $OUT/gpumem.csv. Everything else is bench/gpu/run.sh's; its variables pass through.

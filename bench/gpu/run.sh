@@ -7,7 +7,7 @@
 #   bench/gpu/prepare.sh                          # here, once: fills bench/gpu/kit (33 MiB)
 #   bench/gpu/run.sh [STAGE...]                   # there: device run, carry ["bench/gpu/kit"]
 #
-# STAGE: build, models, bench, batched, e2e, diag (default: all of them, in that order). Each stage
+# STAGE: build, models, bench, batched, e2e, diag (default: all but diag, in that order). Each stage
 # builds what it needs and finds missing, so a command holding any one of them stands alone, and
 # a warm machine reuses what an earlier command built (WORK is inside the repository, ignored).
 #
@@ -137,10 +137,19 @@ make_models() {
   done
 }
 
+# A way round a load crash that diag found (LD_PRELOAD=...), for the stages that start vertex-gguf
+workaround() {
+  [ -f "$work/workaround.env" ] || return 0
+  export "$(cat "$work/workaround.env")"
+  log "using diag's workaround: $(cat "$work/workaround.env")"
+  printf '| workaround | %s |\n' "$(cat "$work/workaround.env")" >>"$summary"
+}
+
 # ---- bench: vertex-gguf against llama-server, same build, same model, same run -------------------
 bench() {
   use_llama
   make_models
+  workaround
   for shape in ${MODELS//,/ }; do
     log "bench $shape: levels $LEVELS, $PARALLEL slots x $CTX, $MAX_TOKENS tokens"
     timed "bench $shape" "$py" "$root/bench/batching.py" --model "$(model_path "$shape")" \
@@ -171,6 +180,7 @@ e2e() {
   local model
   model="$(model_path "$E2E_SHAPE")"
   [ -f "$model" ] || MODELS="$E2E_SHAPE" make_models
+  workaround
   log "e2e on $model: $E2E_FILES"
   local files
   read -ra files -d '' <<<"$E2E_FILES" || true
@@ -188,6 +198,13 @@ diag() {
   model="$(model_path small)"
   log "diag: each load step alone"
   GPU_LAYERS="$NGL" "$py" "$root/bench/gpu/diag_load.py" "$model" 2>&1 | tee -a "$out/diag.log"
+  local wa
+  wa="$(sed -n 's/^workaround: //p' "$out/diag.log" | tail -1)"
+  rm -f "$work/workaround.env"
+  if [ -n "$wa" ]; then
+    echo "$wa" >"$work/workaround.env"
+    log "diag: the engine died, and loads with $wa; bench and e2e will use it"
+  fi
   local first
   first="$(sed -n 's/^== \([a-z]*\): rc -\?[1-9].*/\1/p' "$out/diag.log" | head -1)"
   if [ -n "$first" ] && command -v cuda-gdb >/dev/null; then
