@@ -17,90 +17,33 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from app.base.errors import EngineFailure, GenerationTimeout, ServiceError
-from app.engine.llama_media import ImageSpan, Projector
+from app.base.errors import EngineFailure, ServiceError
+from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
-from app.engine.lora import Adapters, LoraSet
-from app.engine.sampling import GrammarStepTooSlow, Sampler, Vocab
-from app.engine.speculative import DraftModel, SpecConfig, SpecGate, ngram_draft
-from app.engine.text import TextAssembler
-from app.engine.tokens import common_prefix, put
-from app.engine.types import (
-    Failed,
-    Finished,
-    GenerationRequest,
-    PromptScored,
-    Sink,
-    TextPiece,
-    TokenScore,
+from app.engine.lora import Adapters, LoraSet, next_set
+from app.engine.sampling import GrammarStepTooSlow, Vocab
+from app.engine.slots import (
+    PUBLIC,
+    Job,
+    Slot,
+    before_image,
+    drop,
+    fail,
+    place,
+    spread,
+    taken,
+    timeout_error,
 )
+from app.engine.speculative import DraftModel, SpecConfig, SpecGate, next_draft_len, propose
+from app.engine.tokens import common_prefix, put
+from app.engine.types import Finished, PromptScored, TextPiece, TokenScore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Job:
-    request: GenerationRequest
-    sink: Sink
-    tokens: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    done: bool = False
-    deadline: float | None = None
-    cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
-    index: int = 0  # the choice (n > 1)
-    followers: list[Job] = field(default_factory=list)  # the other choices, led by this job
-    leader: Job | None = None  # for a follower, the job that leads it
-    inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
-    inject_unless: bytes = b""  # ... dropped if the generated text already has this
-    generated: bytearray = field(default_factory=bytearray)  # the raw text, for inject_unless
-    max_new: int = 0
-    n_generated: int = 0
-    assembler: TextAssembler | None = None
-    sampler: Sampler | None = None  # built on a prep thread; freed when the job is over
-    submitted: float = field(default_factory=time.monotonic)
-    queued: float = 0.0  # seconds from submission to a slot (for /metrics)
-    # logprobs, when the request asked: the sampled tokens' scores not sent yet, the prompt's
-    # scores so far, and the characters generated so far (where the next token's text starts)
-    scores: list[TokenScore] = field(default_factory=list)
-    prompt_scores: list[TokenScore] = field(default_factory=list)
-    n_chars: int = 0
-    images: list[ImageSpan] = field(default_factory=list)  # the prompt's images, in order
-    draft_n: int = 0  # tokens drafted for this choice (speculative decoding) ...
-    draft_accepted: int = 0  # ... and of them, kept: the target sampled the same token
-    # the next draft's length: halved after a draft the model turned down at its first token,
-    # one past what it kept after a partial one, doubled after a whole one (0: not yet set)
-    draft_len: int = 0
-
-    def pos_at(self, i: int) -> int:
-        """The position of prompt token ``i``: its index, less what images before it saved
-        (an M-RoPE image of n tokens moves the position by n_pos, its grid's longer side)."""
-        return i + sum(s.n_pos - s.n for s in self.images if s.start + s.n <= i)
-
-
-@dataclass(eq=False)
-class Slot:
-    seq_id: int
-    job: Job | None = None
-    cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
-    last_used: float = 0.0
-    follows: Slot | None = None  # a choice waiting for its leader's prompt KV
-    # the position the sequence's next token takes: its token count, except after an image of
-    # a projector that places image tokens in 2-D (M-RoPE), which moves it by fewer
-    n_past: int = 0
-    n_prompt_done: int = 0  # prompt tokens decoded so far
-    last_token: int = -1
-    i_batch: int = -1  # index in the current batch whose logits this slot samples
-    scope: str = ""  # cache_scope of the request whose KV the slot holds (an API key's digest)
-    # this step's drafted tokens, in the batch after last_token at positions n_past.. but not
-    # in ``cached`` until the target samples the same token; the rest are dropped by _settle
-    draft: list[int] = field(default_factory=list)
-    speculating: bool = False
 
 
 class Batch:
@@ -168,7 +111,7 @@ class Batch:
 
     def admit(self) -> None:
         """FIFO: each waiting job, in order, takes a free slot that keeps the running sequences'
-        ids close together (``_place``), with the longest cached prefix of its prompt, and
+        ids close together (``slots.place``), with the longest cached prefix of its prompt, and
         decodes only the rest."""
         while self.waiting:
             free = [s for s in self.slots if s.job is None]
@@ -188,8 +131,8 @@ class Batch:
                       if reuse and (s.scope == scope or s.scope == PUBLIC and not lora)
                       and s.follows is None else 0
                       for s in self.slots}
-            slot, source = self._place(free, shared)
-            n_common = _before_image(job, shared[id(source)])
+            slot, source = place(self.slots, free, shared)
+            n_common = before_image(job, shared[id(source)])
             if source is not slot:  # the prefix is in a slot too far off: copy it over
                 self.ll.llama_memory_seq_cp(self.mem, source.seq_id, slot.seq_id, -1, -1)
                 slot.cached = list(source.cached)
@@ -212,7 +155,7 @@ class Batch:
             for follower in job.followers:
                 # each other choice gets a slot of its own; it takes a copy of the leader's prompt
                 # KV (llama_memory_seq_cp into its own stream) once the prompt is decoded
-                span = self._span()
+                span = spread(self.slots)
                 fslot = min(free, key=lambda s: (span(s), len(s.cached)))
                 free.remove(fslot)
                 self.ll.llama_memory_seq_rm(self.mem, fslot.seq_id, -1, -1)
@@ -223,37 +166,6 @@ class Batch:
                 fslot.n_past = fslot.n_prompt_done = 0
                 fslot.last_token = -1
                 fslot.last_used = time.monotonic()
-
-    def _place(self, free: list[Slot], shared: dict[int, int]) -> tuple[Slot, Slot]:
-        """The slot a new prompt goes to, and the slot whose cached prefix it reuses.
-
-        With one KV stream per slot, llama.cpp attends over every stream from the lowest to the
-        highest sequence id in a batch: eight sequences spread over sixteen slots cost twice
-        the attention of eight side by side (at 8 streams on the default model: 120 against
-        227 tok/s). So the prompt goes where the running sequences' id span grows least, and
-        there to the slot whose cache loses least: an empty one before another conversation's
-        KV, which its next turn would reuse. The longest cached prefix of the prompt, in any
-        slot (a running one's too: between steps its KV holds exactly its ``cached`` tokens),
-        comes with it: taken in place when it is there, else copied over when it saves at
-        least RELOCATE_MIN_TOKENS (a whole stream copied: a memory copy, far cheaper than
-        decoding the prefix again, and the sequence it came from keeps its own)."""
-        source = max(self.slots, key=lambda s: (shared[id(s)], s.job is None, -s.last_used))
-        span = self._span()
-        narrowest = min(span(s) for s in free)
-        slot = min((s for s in free if span(s) == narrowest),
-                   key=lambda s: (len(s.cached) - shared[id(s)], -shared[id(s)], s.last_used))
-        if shared[id(source)] - shared[id(slot)] >= RELOCATE_MIN_TOKENS:
-            return slot, source
-        return slot, slot
-
-    def _span(self) -> Callable[[Slot], int]:
-        """How far apart the running sequences' ids would be with a given slot running too
-        (the running ones read once, not once per candidate slot)."""
-        ids = [s.seq_id for s in self.slots if s.job is not None]
-        if not ids:
-            return lambda slot: 0
-        lo, hi = min(ids), max(ids)
-        return lambda slot: max(hi, slot.seq_id) - min(lo, slot.seq_id)
 
     def decode_step(self) -> None:
         """One step: the next token of every generating sequence and the prompt chunks of those
@@ -277,7 +189,8 @@ class Batch:
                       ] if self.spec is not None else []  # (what speculation looks at)
         drafting = (bool(generating)
                     and (not self.spec.adaptive or self.gate.choose(len(generating))))
-        drafts = self._propose(generating) if drafting else {}
+        drafts = (propose(self.spec, self.draft_model, self.n_ctx, generating) if drafting
+                  else {})
         chunked = False
         for slot in self.slots:
             job = slot.job
@@ -471,8 +384,7 @@ class Batch:
             if slot.job is not job:
                 return  # finished, and settled
             if j == len(draft) or tok != draft[j]:
-                job.draft_len = (min(2 * len(draft), 128) if j == len(draft)
-                                 else max(1, len(draft) // 2) if j == 0 else j + 1)
+                job.draft_len = next_draft_len(len(draft), j)
                 break
             slot.cached.append(tok)  # the drafted token's KV is the target's own: kept
             slot.n_past += 1
@@ -494,11 +406,10 @@ class Batch:
         when it changes; None, with that set's jobs failed, if llama.cpp refused it."""
         if self.adapters is None:
             return ()
-        sets = sorted({s.job.request.lora for s in self.slots if s.job is not None})
+        sets = {s.job.request.lora for s in self.slots if s.job is not None}
         if not sets:
             return self.adapters.current
-        later = [k for k in sets if k > self._served]
-        wanted = self._served = later[0] if later else sets[0]
+        wanted = self._served = next_set(sets, self._served)
         if self.adapters.apply(self.ctx, wanted):
             return wanted
         for slot in self.slots:
@@ -506,40 +417,6 @@ class Batch:
                 self.fail_job(slot.job, EngineFailure("llama.cpp refused the LoRA adapters"))
                 self.release(slot, keep_cache=False)
         return None
-
-    def _propose(self, generating: list[Slot]) -> dict[int, list[int]]:
-        """This step's drafts, by sequence id, for the ``generating`` sequences whose requests
-        let them speculate: from the draft model (all of them in one batch per drafted
-        position), else from their own earlier tokens (n-gram lookup). None shorter than its
-        request's minimum."""
-        spec = self.spec
-        assert spec is not None
-        asks: list[tuple[Slot, int, float]] = []  # (slot, most to draft, least confidence)
-        least: dict[int, int] = {}  # seq id -> the shortest draft worth checking
-        for slot in generating:
-            job = slot.job
-            if job.inject:
-                continue
-            want = job.request.params.speculative
-            n_max = spec.draft_max if want.n_max is None else want.n_max
-            if job.draft_len:  # as the sequence's last drafts fared, within the limit
-                n_max = min(n_max, job.draft_len)
-            # room: the reply's length, and the context (the last token and a bonus one)
-            n_max = min(n_max, job.max_new - job.n_generated - 1,
-                        self.n_ctx - len(slot.cached) - 2)
-            least[slot.seq_id] = max(1, spec.draft_min if want.n_min is None else want.n_min)
-            if n_max >= least[slot.seq_id]:
-                asks.append((slot, n_max, spec.p_min if want.p_min is None else want.p_min))
-        out: dict[int, list[int]] = {}
-        by_model = [a for a in asks if self.draft_model is not None and not a[0].job.images]
-        if by_model:
-            out.update(self.draft_model.draft(
-                [(s.seq_id, [*s.cached, s.last_token], n, p) for s, n, p in by_model]))
-        if spec.ngram:  # n-gram lookup for the rest (all of them without a draft model)
-            for slot, n_max, _ in asks:
-                if slot.seq_id not in out:
-                    out[slot.seq_id] = ngram_draft([*slot.cached, slot.last_token], n_max)
-        return {seq: d for seq, d in out.items() if len(d) >= least[seq]}
 
     def _score_prompt(self, slot: Slot, first: int, pos: int, count: int) -> None:
         """Score the prompt positions ``pos..pos+count-1`` just decoded (from batch index
@@ -563,7 +440,7 @@ class Batch:
 
     def _send(self, job: Job, text: str) -> None:
         """A piece of text, with the scores of the tokens sampled since the last one."""
-        job.sink(TextPiece(text, job.n_generated, job.index, _taken(job)))
+        job.sink(TextPiece(text, job.n_generated, job.index, taken(job)))
 
     def _take_injection(self, slot: Slot, room: int) -> list[int]:
         """Tokens of text injected into this sequence (already sent to the client as text)."""
@@ -629,7 +506,7 @@ class Batch:
             self._send(job, tail)
         job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
                           job.assembler.stopped_by, queue_seconds=job.queued,
-                          scores=_taken(job),
+                          scores=taken(job),
                           draft=(job.draft_n, job.draft_accepted) if self.spec else None))
         self.release(slot, keep_cache=True)
 
@@ -667,50 +544,3 @@ class Batch:
                 self.release(slot)
 
 
-def _taken(job: Job) -> tuple[TokenScore, ...]:
-    """The job's scores not sent yet, now to be sent."""
-    if not job.scores:
-        return ()
-    out = tuple(job.scores)
-    job.scores.clear()
-    return out
-
-
-def fail(job: Job, err: ServiceError, over: Callable[[Job], None]) -> None:
-    """End one choice with an error event (unless it already ended)."""
-    if not job.done:
-        job.sink(Failed(err))
-    over(job)
-
-
-def drop(job: Job, over: Callable[[Job], None], err: ServiceError | None = None) -> None:
-    """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
-    if err is not None:
-        fail(job, err, over)
-    for j in (job, *job.followers):
-        over(j)
-
-
-# the scope of KV any request may reuse: the chat template's opening the engine decodes at load
-# (server text every client already sees in its own prompts, so reusing it tells nothing)
-PUBLIC = "\0public"
-
-# a cached prefix in a slot away from the running ones is copied over when it saves at least
-# this many tokens of prompt (below it, decoding them again costs about what the copy does)
-RELOCATE_MIN_TOKENS = 16
-
-
-def _before_image(job: Job, n_common: int) -> int:
-    """A reused prefix cut back to the start of an image it would end inside: an image's KV
-    is decoded whole."""
-    for span in job.images:
-        if span.start < n_common < span.start + span.n:
-            return span.start
-    return n_common
-
-
-def timeout_error(job: Job) -> GenerationTimeout:
-    return GenerationTimeout(
-        f"generation exceeded the request timeout of {job.request.timeout:g} s "
-        f"after {job.n_generated} tokens"
-    )

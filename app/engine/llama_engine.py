@@ -47,11 +47,12 @@ from app.base.errors import (
 from app.base.state import LoadState
 from app.engine.config import EngineConfig
 from app.engine.handle import ChannelHandle
-from app.engine.llama_batch import PUBLIC, Batch, Job, drop
+from app.engine.llama_batch import Batch
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
+from app.engine.slots import PUBLIC, Job, drop
 from app.engine.speculative import SpecGate
 from app.engine.types import (
     Accepted,

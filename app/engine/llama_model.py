@@ -18,7 +18,7 @@ from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, cuda_check, llama_log, placement
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
-from app.engine.llama_batch import Batch, Job
+from app.engine.llama_batch import Batch
 from app.engine.llama_embed import (
     DEFAULT_MAX_CTX,
     GENERATIVE_MAX_CTX,
@@ -31,6 +31,7 @@ from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.lora import AdapterFile, Adapters
 from app.engine.sampling import Vocab
+from app.engine.slots import Job
 from app.engine.speculative import DraftModel, SpecConfig
 from app.engine.types import ModelInfo
 

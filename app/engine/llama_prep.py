@@ -9,10 +9,10 @@ recurses). It only reads the vocabulary and the model's sizes, so it runs beside
 from __future__ import annotations
 
 from app.base.errors import BadRequest, ContextOverflow
-from app.engine.llama_batch import Job
 from app.engine.llama_media import ImageSpan
 from app.engine.llama_model import LlamaModel
 from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
+from app.engine.slots import Job
 from app.engine.text import TextAssembler
 from app.engine.types import MEDIA, GenerationRequest, SamplingParams, outside_vocab
 

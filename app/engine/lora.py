@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 LoraSet = tuple[tuple[int, float], ...]
 
 
+def next_set(in_use: set[LoraSet], served: LoraSet) -> LoraSet:
+    """The set a step serves after one that served ``served``: the next of those ``in_use``
+    in a fixed order, round to the first, so each waits at most one step per other set."""
+    later = sorted(k for k in in_use if k > served)
+    return later[0] if later else min(in_use)
+
+
 @dataclass(frozen=True)
 class AdapterFile:
     """One LORA_ADAPTERS entry, resolved to a local file."""

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from app.base.errors import ModelLoadError
 from app.engine.llama_embed import open_context
 from app.engine.tokens import common_prefix, put
+
+if TYPE_CHECKING:
+    from app.engine.slots import Slot
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +200,49 @@ class DraftModel:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+
+
+def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
+            generating: list[Slot]) -> dict[int, list[int]]:
+    """This step's drafts, by sequence id, for the ``generating`` sequences whose requests
+    let them speculate: from the draft model (all of them in one batch per drafted
+    position), else from their own earlier tokens (n-gram lookup). None shorter than its
+    request's minimum."""
+    asks: list[tuple[Slot, int, float]] = []  # (slot, most to draft, least confidence)
+    least: dict[int, int] = {}  # seq id -> the shortest draft worth checking
+    for slot in generating:
+        job = slot.job
+        if job.inject:
+            continue
+        want = job.request.params.speculative
+        n_max = spec.draft_max if want.n_max is None else want.n_max
+        if job.draft_len:  # as the sequence's last drafts fared, within the limit
+            n_max = min(n_max, job.draft_len)
+        # room: the reply's length, and the context (the last token and a bonus one)
+        n_max = min(n_max, job.max_new - job.n_generated - 1,
+                    n_ctx - len(slot.cached) - 2)
+        least[slot.seq_id] = max(1, spec.draft_min if want.n_min is None else want.n_min)
+        if n_max >= least[slot.seq_id]:
+            asks.append((slot, n_max, spec.p_min if want.p_min is None else want.p_min))
+    out: dict[int, list[int]] = {}
+    by_model = [a for a in asks if draft_model is not None and not a[0].job.images]
+    if by_model:
+        out.update(draft_model.draft(
+            [(s.seq_id, [*s.cached, s.last_token], n, p) for s, n, p in by_model]))
+    if spec.ngram:  # n-gram lookup for the rest (all of them without a draft model)
+        for slot, n_max, _ in asks:
+            if slot.seq_id not in out:
+                out[slot.seq_id] = ngram_draft([*slot.cached, slot.last_token], n_max)
+    return {seq: d for seq, d in out.items() if len(d) >= least[seq]}
+
+
+def next_draft_len(drafted: int, kept: int) -> int:
+    """A sequence's next draft length after ``kept`` of ``drafted`` tokens matched: halved
+    when the first was turned down, one past what was kept after a partial match, doubled
+    (to 128 at most) after a whole one."""
+    if kept == drafted:
+        return min(2 * drafted, 128)
+    return max(1, drafted // 2) if kept == 0 else kept + 1
 
 
 def check_same_vocab(ll, target, draft, path: str) -> None:

@@ -181,7 +181,8 @@ def test_each_key_has_its_own_cache_scope(keyed, engine):
 def test_the_engine_reuses_kv_only_within_a_scope():
     """The scheduler's admission on a stand-in for the model: a slot holding another scope's
     KV counts as sharing nothing."""
-    from app.engine.llama_batch import Batch, Job, Slot
+    from app.engine.llama_batch import Batch
+    from app.engine.slots import Job, Slot
     from app.engine.types import GenerationRequest
 
     class Memory:

@@ -12,7 +12,8 @@ import pytest
 
 from app.base.errors import BadRequest, Internal, NotSupported, QueueFull, ServiceError
 from app.engine.fake import FakeEngine
-from app.engine.llama_batch import Batch, Job
+from app.engine.llama_batch import Batch
+from app.engine.slots import Job
 from app.engine.text import TextAssembler
 from app.engine.types import Finished, GenerationRequest, TextPiece
 from app.process.worker import error_response

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.llama_batch import Batch, Job
+from app.engine.llama_batch import Batch
+from app.engine.slots import Job
 from app.engine.text import TextAssembler
 from app.engine.types import GenerationRequest, SamplingParams
 

@@ -8,7 +8,7 @@ lowest and the highest id in a batch), a cached prefix in a slot away from them 
 
 from __future__ import annotations
 
-from app.engine.llama_batch import Job
+from app.engine.slots import Job
 from app.engine.text import TextAssembler
 from app.engine.types import GenerationRequest, SamplingParams
 from tests.support.fake_llama import Sampler, run, scheduler
@@ -161,7 +161,7 @@ def test_a_cancelled_reply_leaves_its_kv_for_the_next_turn():
 
 
 def test_kv_of_the_public_scope_serves_every_scope_and_a_keys_serves_its_own():
-    from app.engine.llama_batch import PUBLIC
+    from app.engine.slots import PUBLIC
 
     sched, ll = scheduler(parallel=3, chunk=64)
     opening = job(TEMPLATE + SYSTEM, ll)

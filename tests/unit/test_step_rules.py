@@ -1,0 +1,91 @@
+"""The scheduler's rules that need no model: n-gram drafts, each step's drafts and their limits,
+the next draft's length, the gate, the LoRA sets' turns and where a prompt goes. The end-to-end
+files (test_speculative, test_lora, test_batching) check the same rules through real servers;
+these pin each rule's edges."""
+
+from __future__ import annotations
+
+from app.engine.lora import next_set
+from app.engine.slots import Job, Slot, place
+from app.engine.speculative import SpecConfig, SpecGate, next_draft_len, ngram_draft, propose
+from app.engine.types import GenerationRequest, SamplingParams, Speculation
+
+
+def test_ngram_draft_copies_what_followed_the_latest_match():
+    #         the suffix [7, 8, 9] appeared twice before; the latest one is followed by 4, 5
+    history = [7, 8, 9, 1, 2, 7, 8, 9, 4, 5, 6, 7, 8, 9]
+    assert ngram_draft(history, 2) == [4, 5]
+    assert ngram_draft(history, 10) == [4, 5, 6, 7, 8, 9]
+    assert ngram_draft(history, 0) == []
+    assert ngram_draft([1, 2, 3, 4, 5], 4) == []  # no suffix seen before
+    assert ngram_draft([1, 2], 4) == []
+
+
+def test_next_draft_len_halves_follows_or_doubles():
+    assert next_draft_len(8, 0) == 4  # turned down at once
+    assert next_draft_len(1, 0) == 1  # never below one
+    assert next_draft_len(8, 3) == 4  # one past what was kept
+    assert next_draft_len(8, 8) == 16  # all kept
+    assert next_draft_len(100, 100) == 128  # within the limit
+
+
+def _generating(seq_id: int, cached: list[int], spec: Speculation | None = None,
+                max_new: int = 100) -> Slot:
+    params = SamplingParams(speculative=spec or Speculation())
+    job = Job(GenerationRequest("x", params), sink=lambda e: None)
+    job.max_new = max_new
+    return Slot(seq_id=seq_id, job=job, cached=cached[:-1], last_token=cached[-1])
+
+
+def test_propose_keeps_each_requests_limits_and_the_room_left():
+    spec = SpecConfig(draft_max=4, draft_min=2, p_min=0.5, ngram=True, adaptive=False)
+    copy = [5, 6, 7, 1, 2, 3, 4, 5, 6, 7]  # after 5 6 7 came 1 2 3 4
+    slots = [
+        _generating(0, copy),
+        _generating(1, copy, Speculation(n_max=2)),
+        _generating(2, copy, Speculation(n_max=0)),  # off for this request
+        _generating(3, copy, max_new=2),  # one token left to generate: no room for a draft
+        _generating(4, [1, 2, 3, 4]),  # nothing to copy
+    ]
+    drafts = propose(spec, None, 4096, slots)
+    assert drafts == {0: [1, 2, 3, 4], 1: [1, 2]}
+    slots[0].job.draft_len = 1  # its last draft fared badly: shorter, and under the minimum
+    assert 0 not in propose(spec, None, 4096, slots)
+    assert propose(spec, None, len(copy) + 3, slots[:1]) == {}  # the context is nearly full
+
+
+def test_the_gate_measures_both_choices_then_keeps_the_faster_and_explores():
+    gate = SpecGate()
+    assert gate.choose(8) is True  # not measured with drafting yet
+    gate.record(8, True, 40, 1.0)
+    assert gate.choose(8) is False  # then without
+    gate.record(8, False, 20, 1.0)
+    picks = [gate.choose(8) for _ in range(2 * SpecGate.EXPLORE)]
+    assert picks.count(False) == 2  # the slower choice is tried every EXPLORE-th step
+    assert gate.choose(1) is True  # another width is measured apart
+    assert gate.as_dict() == {"8:on": 40.0, "8:off": 20.0}
+
+
+def test_lora_sets_take_turns_in_a_fixed_order():
+    a, b, c = (), ((0, 1.0),), ((1, 0.5),)
+    in_use = {a, b, c}
+    order = [a]
+    for _ in range(4):
+        order.append(next_set(in_use, order[-1]))
+    assert order == [a, b, c, a, b]
+    assert next_set({c}, b) == c
+    assert next_set({a, b}, c) == a  # round to the first
+
+
+def test_a_prompt_goes_beside_the_running_sequences():
+    slots = [Slot(seq_id=i) for i in range(6)]
+    slots[2].job = slots[3].job = Job(GenerationRequest("x"), sink=lambda e: None)
+    free = [s for s in slots if s.job is None]
+    none = {id(s): 0 for s in slots}
+    slot, source = place(slots, free, none)
+    assert slot.seq_id in (1, 4) and source is slot
+    # a long cached prefix far away is copied over, not decoded again
+    slots[0].cached = list(range(40))
+    shared = {**none, id(slots[0]): 40}
+    slot, source = place(slots, free, shared)
+    assert slot.seq_id in (1, 4) and source is slots[0]
