@@ -3,7 +3,7 @@ locals {
   # (a mutable tag: the deployments run local.image_by_digest, build.tf, which resolves it).
   image     = "${var.region}-docker.pkg.dev/${var.project_id}/${var.repository}/${var.image_name}:${var.image_tag}"
   model_uri = "gs://${google_storage_bucket.models.name}/${var.model_path}"
-  # The server's own routes (app/settings.py defaults) and port.
+  # The server's own routes (app/settings/serving.py defaults) and port.
   port          = 8080
   health_route  = "/health"
   predict_route = "/predict"
