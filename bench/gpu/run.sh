@@ -196,6 +196,16 @@ diag() {
   MODELS=small make_models
   local model
   model="$(model_path small)"
+  # which C++ runtime each library of the build carries: a libggml-cuda.so that defines
+  # libstdc++'s locale or codecvt code itself has a second copy of it beside libstdc++.so
+  local lib
+  for lib in "$build"/bin/lib{llama,ggml,ggml-base,ggml-cpu,ggml-cuda}.so; do
+    [ -e "$lib" ] || continue
+    printf '%s: needs %s; defines %s std::locale/codecvt/ctype/collate symbols\n' "$(basename "$lib")" \
+      "$(readelf -d "$lib" 2>/dev/null | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')" \
+      "$(nm -C --defined-only "$lib" 2>/dev/null | grep -cE 'std::(locale|codecvt|ctype|collate|__cxx11::collate)')" \
+      | tee -a "$out/diag.log"
+  done
   log "diag: each load step alone"
   GPU_LAYERS="$NGL" "$py" "$root/bench/gpu/diag_load.py" "$model" 2>&1 | tee -a "$out/diag.log"
   local wa
