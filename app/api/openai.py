@@ -85,7 +85,7 @@ def chat_delta(ev: Event, reasoning_field: str = "reasoning_content") -> dict[st
 
 
 def _usage(u: Usage) -> dict[str, Any]:
-    return openai.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
+    return openai.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.predicted)
 
 
 class _OpenAI(Api):
@@ -153,7 +153,7 @@ class _OpenAI(Api):
                     yield from w.finish(last.index, last.reason, last.completion_tokens,
                                         ev.cached_tokens,
                                         self._scores(req, pending.pop(last.index, None)),
-                                        ev.timings())
+                                        ev.timings(), ev.predicted)
                     last = None
             elif isinstance(ev, Failure):
                 yield from w.error(ev.error)

@@ -311,8 +311,11 @@ class Run:
                 self.cached_tokens = first.cached_tokens
                 drafts = [e.draft for e in self._ended.values() if e.draft is not None]
                 draft = (sum(d[0] for d in drafts), sum(d[1] for d in drafts)) if drafts else None
+                preds = [e.predicted for e in self._ended.values() if e.predicted is not None]
+                predicted = ((sum(a for _, a in preds), sum(max(0, n - a) for n, a in preds))
+                             if preds else None)
                 out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens,
-                                 draft))
+                                 draft, predicted))
                 self._end(self.finish_reason or "stop", first)
             return out
         if isinstance(ev, PromptScored):

@@ -39,7 +39,14 @@ from app.engine.slots import (
     taken,
     timeout_error,
 )
-from app.engine.speculative import DraftModel, SpecConfig, SpecGate, next_draft_len, propose
+from app.engine.speculative import (
+    DraftModel,
+    SpecConfig,
+    SpecGate,
+    follow_prediction,
+    next_draft_len,
+    propose,
+)
 from app.engine.tokens import common_prefix, put
 from app.engine.types import Finished, PromptScored, TextPiece, TokenScore
 
@@ -70,7 +77,8 @@ class Batch:
         self.step_seconds = 0.0
         self.projector: Projector | None = None  # MMPROJ: decodes a prompt's images
         # speculative decoding (SPEC_*, DRAFT_MODEL): None when off
-        self.spec: SpecConfig | None = None
+        self.spec: SpecConfig | None = None  # None: this model cannot drop a drafted tail
+        self.predicting = 0  # jobs in slots with a prediction (Predicted Outputs)
         self.draft_model: DraftModel | None = None
         self.drafted = 0  # tokens drafted, and of them accepted, since start (/metrics)
         self.gate = SpecGate()  # whether drafting pays, per batch width (SPEC_ADAPTIVE)
@@ -146,6 +154,7 @@ class Batch:
             for follower in job.followers:
                 follower.cached_tokens = n_common
             slot.job = job
+            self.predicting += job.prediction is not None
             slot.scope = scope
             slot.n_past = job.pos_at(n_common)
             slot.n_prompt_done = n_common
@@ -161,6 +170,7 @@ class Batch:
                 self.ll.llama_memory_seq_rm(self.mem, fslot.seq_id, -1, -1)
                 fslot.cached.clear()
                 fslot.job = follower
+                self.predicting += follower.prediction is not None
                 fslot.scope = scope
                 fslot.follows = slot
                 fslot.n_past = fslot.n_prompt_done = 0
@@ -184,13 +194,17 @@ class Batch:
             return
         # 1. one token for every sequence that is generating, and its draft when speculating
         t0, emitted = time.perf_counter(), self.emitted
+        spec = self.spec
         generating = [s for s in self.slots if s.job is not None and s.follows is None
                       and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora
-                      ] if self.spec is not None else []  # (what speculation looks at)
-        drafting = (bool(generating)
-                    and (not self.spec.adaptive or self.gate.choose(len(generating))))
-        drafts = (propose(self.spec, self.draft_model, self.n_ctx, generating) if drafting
-                  else {})
+                      ] if spec is not None and (spec.server or self.predicting) else []
+        # the server's own drafts where the gate says they pay; a prediction's always (the
+        # client asked, and a prediction is kept far more often than a guess)
+        drafting = (bool(generating) and spec.server
+                    and (not spec.adaptive or self.gate.choose(len(generating))))
+        predicted = [s for s in generating if s.job.prediction is not None]
+        asking = generating if drafting else predicted
+        drafts = propose(spec, self.draft_model, self.n_ctx, asking) if asking else {}
         chunked = False
         for slot in self.slots:
             job = slot.job
@@ -241,7 +255,7 @@ class Batch:
             if not self._decode(n):
                 return
             width += self._sample()
-            if self.spec is not None and generating and not chunked:
+            if generating and spec.server and not chunked and not predicted:
                 self.gate.record(len(generating), drafting, self.emitted - emitted,
                                  time.perf_counter() - t0)
         # 3. the prompt being scored, alone: logits at every position of its chunk
@@ -501,13 +515,19 @@ class Batch:
     def _finish(self, slot: Slot, reason: str) -> None:
         job = slot.job
         assert job is not None and job.assembler is not None
+        if job.prediction is not None:  # the last step's tokens, checked against it too
+            follow_prediction(job, slot.cached[len(job.tokens):])
         tail = job.assembler.flush()
         if tail:
             self._send(job, tail)
         job.sink(Finished(reason, len(job.tokens), job.n_generated, job.cached_tokens, job.index,
                           job.assembler.stopped_by, queue_seconds=job.queued,
                           scores=taken(job),
-                          draft=(job.draft_n, job.draft_accepted) if self.spec else None))
+                          draft=(job.draft_n, job.draft_accepted)
+                          if self.spec and (self.spec.server or job.prediction is not None)
+                          else None,
+                          predicted=None if job.prediction is None
+                          else (len(job.prediction), job.pred_matched)))
         self.release(slot, keep_cache=True)
 
     def release(self, slot: Slot, keep_cache: bool = False) -> None:
@@ -515,6 +535,8 @@ class Batch:
         ``keep_cache`` (it holds exactly ``cached``), else it is dropped."""
         job = slot.job
         self._settle(slot)  # a drafted tail not kept leaves the KV first
+        if job is not None:
+            self.predicting -= job.prediction is not None
         for other in self.slots:  # choices still waiting for this slot's prompt go with it
             if other.follows is slot and other.job is not None:
                 other.job.cancelled = True

@@ -247,10 +247,13 @@ class LlamaEngine:
             "decode_seconds": round(sched.decode_seconds, 6) if sched is not None else 0.0,
             "step_seconds": round(sched.step_seconds, 6) if sched is not None else 0.0,
             **self._image_stats(),
-            **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted,
-                # tokens per second of generation steps, by batch width, drafting or not
-                "spec_rates": sched.gate.as_dict()}
-               if sched is not None and sched.spec is not None else {}),
+            # drafts: the server's own (SPEC_NGRAM, DRAFT_MODEL), or requests' predictions
+            **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted}
+               if sched is not None and sched.spec is not None
+               and (sched.spec.server or sched.drafted) else {}),
+            # tokens per second of generation steps, by batch width, drafting or not
+            **({"spec_rates": sched.gate.as_dict()}
+               if sched is not None and sched.spec is not None and sched.spec.server else {}),
         }
 
     def _image_stats(self) -> dict[str, int]:

@@ -244,17 +244,19 @@ class LlamaModel:
         self.sched.n_batch = n_batch
 
     def _open_speculation(self, draft: str | None) -> None:
-        """Speculative decoding, when DRAFT_MODEL or SPEC_NGRAM asks for it: the draft model
-        opened beside the model (its layers where the model's are, one sequence per slot)."""
+        """Speculative decoding: the draft model, when DRAFT_MODEL names one, opened beside the
+        model (its layers where the model's are, one sequence per slot), and the limits. The
+        server drafts on its own with DRAFT_MODEL or SPEC_NGRAM; without either, only
+        requests that bring a prediction (Predicted Outputs) are drafted for."""
         cfg = self.cfg
         assert self.sched is not None
-        if draft is None and not cfg.spec_ngram:
-            return
         ll = self.ll
+        server = draft is not None or cfg.spec_ngram
         if ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model):
             # its memory cannot drop a rejected draft's tail: the cache would hold it
-            log.warning("speculative decoding is off: this model's recurrent memory cannot "
-                        "drop a rejected draft")
+            if server:
+                log.warning("speculative decoding is off: this model's recurrent memory cannot "
+                            "drop a rejected draft")
             return
         if draft is not None:
             self._stage("loading", detail=os.path.basename(draft))
@@ -264,7 +266,9 @@ class LlamaModel:
                 flash_attn=FLASH[cfg.flash_attn])
             self.sched.draft_model = self.draft_model
         self.sched.spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
-                                     cfg.spec_ngram, cfg.spec_adaptive)
+                                     cfg.spec_ngram, cfg.spec_adaptive, server)
+        if not server:
+            return
         log.info("speculative decoding: %s, up to %d tokens drafted per step",
                  f"draft model {draft}" + (" and n-gram lookup" if cfg.spec_ngram else "")
                  if draft else "n-gram lookup", cfg.spec_draft_max)

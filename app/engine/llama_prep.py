@@ -137,11 +137,13 @@ class Preparer:
             job.max_new = max_tokens
         else:  # to the end of the context, or the server's default when it comes first
             job.max_new = min(m.n_ctx - n_prompt, params.max_tokens_default or m.n_ctx)
+        prediction = self._prediction(params.speculative.prediction)
         limit = float("inf") if warming else self._limit
         try:
             for j in (job, *job.followers):
                 j.tokens = job.tokens
                 j.max_new = job.max_new
+                j.prediction = prediction  # read, never changed: each choice keeps its place
                 j.assembler = TextAssembler(params.stop)
                 j.sampler = self._sampler(params, j.index, probe=j is job, limit=limit)
         except BaseException:
@@ -150,6 +152,19 @@ class Preparer:
                     j.sampler.free()
                     j.sampler = None
             raise
+
+    def _prediction(self, text: str) -> list[int] | None:
+        """Predicted Outputs: the prediction's tokens, as plain text (a special token's text in
+        it is text), at most a context's worth; None without one. Over the prompt's byte limit
+        it is refused: it could not all be used."""
+        if not text:
+            return None
+        m = self._m
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > m.max_prompt_bytes:
+            raise BadRequest(f"prediction is {size} bytes: over {m.max_prompt_bytes} bytes it "
+                             f"cannot fit the context of {m.n_ctx} tokens", param="prediction")
+        return m.tok.tokens(text, add_bos=False, special=False)[: m.n_ctx]
 
     def _sampler(self, p: SamplingParams, index: int, probe: bool, limit: float) -> Sampler:
         """A choice's sampler; with a grammar, compiled here and, for the first choice, probed

@@ -59,6 +59,13 @@ class Job:
     # the next draft's length: halved after a draft the model turned down at its first token,
     # one past what it kept after a partial one, doubled after a whole one (0: not yet set)
     draft_len: int = 0
+    # Predicted Outputs: the prediction's tokens (None without one), where the reply stands in
+    # it (the index of the token expected next; -1: lost until a later match), how many
+    # generated tokens that was checked against, and how many of those were the prediction's
+    prediction: list[int] | None = None
+    pred_at: int = 0
+    pred_seen: int = 0
+    pred_matched: int = 0
 
     def pos_at(self, i: int) -> int:
         """The position of prompt token ``i``: its index, less what images before it saved

@@ -54,6 +54,9 @@ class Speculation:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+    # OpenAI's Predicted Outputs: text the reply is expected to repeat (a file being edited),
+    # drafted from where the reply follows it; the reply itself is what it would be without
+    prediction: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,8 @@ class Finished:
     scores: tuple[TokenScore, ...] = ()  # the scores no piece carried (an end token's, say)
     # speculative decoding: (tokens drafted, of them accepted); None when it was off
     draft: tuple[int, int] | None = None
+    # Predicted Outputs: (the prediction's tokens, of them the reply's); None without one
+    predicted: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,26 @@ class LoraEntry(BaseModel):
     scale: float = Field(ge=-16, le=16)
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: text the reply is expected to repeat. It only makes the
+    reply faster (its tokens are drafted and checked), never different."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
 class _Sampling(BaseModel):
     """Fields common to chat and completions. Strict: a field of the wrong type is a 400, not
     coerced (``"stream": "yes"`` does not stream), and an unknown field is a 400 (see
@@ -187,6 +207,8 @@ class ChatRequest(_Sampling):
     # extra variables for the chat template (vLLM's and llama.cpp's; e.g. enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
     modalities: list[Literal["text"]] | None = None
+    # OpenAI's Predicted Outputs: drafted from, checked token by token (docs/speculative.md)
+    prediction: Prediction | None = None
 
     @field_validator("response_format")
     @classmethod
@@ -215,6 +237,9 @@ class ChatRequest(_Sampling):
 
     def sampling(self) -> SamplingParams:
         params = super().sampling()
+        if self.prediction is not None:
+            params = replace(params, speculative=replace(params.speculative,
+                                                         prediction=self.prediction.text()))
         if not self.logprobs:
             return params
         return replace(params, logprobs=self.top_logprobs or 0)
@@ -316,7 +341,6 @@ UNSUPPORTED = {
     "functions": "use 'tools'",
     "function_call": "use 'tool_choice'",
     "audio": "this server generates text only",
-    "prediction": "predicted outputs are not supported",
     "web_search_options": "this server has no web search",
     "typical_p": "not supported",
     "mirostat": "not supported",
@@ -348,9 +372,12 @@ def new_id(prefix: str) -> str:
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+    predicted: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """OpenAI usage; ``cached_tokens`` (prompt tokens served from the KV cache) when known."""
+    """OpenAI usage; ``cached_tokens`` (prompt tokens served from the KV cache) when known;
+    ``predicted`` (Predicted Outputs: the prediction's tokens accepted, and the rest of them)
+    when the request brought a prediction."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -358,6 +385,9 @@ def usage(
     }
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if predicted is not None:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": predicted[0],
+                                            "rejected_prediction_tokens": predicted[1]}
     return out
 
 

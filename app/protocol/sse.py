@@ -209,7 +209,8 @@ class ChunkWriter:
 
     def finish(self, index: int, reason: str, completion_tokens: int,
                cached_tokens: int = 0, logprobs: dict[str, Any] | None = None,
-               timings: dict[str, Any] | None = None) -> list[bytes]:
+               timings: dict[str, Any] | None = None,
+               predicted: tuple[int, int] | None = None) -> list[bytes]:
         """A choice's finish chunk (with the ``logprobs`` of tokens no chunk carried yet, and
         llama-server's ``timings`` on the last); after the last choice, the usage chunk (with
         ``cached_tokens``: the prompt tokens the cache served) and [DONE]."""
@@ -222,7 +223,8 @@ class ChunkWriter:
         if self.include_usage:
             obj = dict(self._base)
             obj["choices"] = []
-            obj["usage"] = usage(self.prompt_tokens, self.completion_tokens, cached_tokens)
+            obj["usage"] = usage(self.prompt_tokens, self.completion_tokens, cached_tokens,
+                                 predicted)
             out.append(frame(obj))
         if self.policy.send_done:
             out.append(DONE)

@@ -1,5 +1,6 @@
 """The scheduler's rules that need no model: n-gram drafts, each step's drafts and their limits,
-the next draft's length, the gate, the LoRA sets' turns and where a prompt goes. The end-to-end
+a prediction followed through edits, the next draft's length, the gate, the LoRA sets' turns
+and where a prompt goes. The end-to-end
 files (test_speculative, test_lora, test_batching) check the same rules through real servers;
 these pin each rule's edges."""
 
@@ -7,7 +8,15 @@ from __future__ import annotations
 
 from app.engine.lora import next_set
 from app.engine.slots import Job, Slot, place
-from app.engine.speculative import SpecConfig, SpecGate, next_draft_len, ngram_draft, propose
+from app.engine.speculative import (
+    SpecConfig,
+    SpecGate,
+    follow_prediction,
+    next_draft_len,
+    ngram_draft,
+    prediction_draft,
+    propose,
+)
 from app.engine.types import GenerationRequest, SamplingParams, Speculation
 
 
@@ -89,3 +98,39 @@ def test_a_prompt_goes_beside_the_running_sequences():
     shared = {**none, id(slots[0]): 40}
     slot, source = place(slots, free, shared)
     assert slot.seq_id in (1, 4) and source is slots[0]
+
+
+def _predicting(prediction: list[int]) -> Job:
+    job = Job(GenerationRequest("x"), sink=lambda e: None)
+    job.prediction = prediction
+    return job
+
+
+def test_a_prediction_is_followed_while_the_reply_repeats_it():
+    job = _predicting([1, 2, 3, 4, 5, 6, 7, 8])
+    assert prediction_draft(job, [1], 3) == [2, 3, 4]
+    assert prediction_draft(job, [1, 2, 3, 4], 3) == [5, 6, 7]  # three drafts kept at once
+    assert job.pred_matched == 4
+    follow_prediction(job, [1, 2, 3, 4, 5, 6, 7, 8])  # the reply's end
+    assert job.pred_matched == 8 and prediction_draft(job, [1, 2, 3, 4, 5, 6, 7, 8], 3) == []
+
+
+def test_after_an_edit_the_place_is_found_again_forward_first():
+    #              the reply drops 9 9 and repeats 3 4 further on: 3 4 5 is found after it
+    job = _predicting([1, 2, 9, 9, 3, 4, 5, 3, 4, 6])
+    assert prediction_draft(job, [1, 2], 4) == [9, 9, 3, 4]
+    assert prediction_draft(job, [1, 2, 3], 4) == []  # lost: 2 3 is nowhere in it
+    assert prediction_draft(job, [1, 2, 3, 4], 4) == [5, 3, 4, 6]  # 3 4 found again
+    assert prediction_draft(job, [1, 2, 3, 4, 5, 3, 4], 2) == [6]
+    assert job.pred_matched == 2 + 1 + 3  # 1 2; the 4 that found the place; 5 3 4
+
+
+def test_without_server_drafting_only_predictions_are_drafted():
+    spec = SpecConfig(draft_max=4, draft_min=1, p_min=0.5, ngram=False, adaptive=True,
+                      server=False)
+    copy = [5, 6, 7, 1, 2, 3, 4, 5, 6, 7]
+    with_pred = _generating(0, copy)
+    with_pred.job.tokens = copy[:-1]  # the prompt: all but the first generated token
+    with_pred.job.prediction = [7, 8, 9]
+    drafts = propose(spec, None, 4096, [with_pred, _generating(1, copy)])
+    assert drafts == {0: [8, 9]}
