@@ -13,19 +13,9 @@ import openai
 import pytest
 import requests
 
+from tests.e2e.test_speculative import CODE  # the code block the speculation tests copy
 from tests.support.server import ServerProcess, running_server
 
-CODE = """def add(a, b):
-    return a + b
-
-
-def sub(a, b):
-    return a - b
-
-
-def mul(a, b):
-    return a * b
-"""
 ASK = [{"role": "user", "content": f"Repeat this code exactly:\n\n{CODE}"}]
 # cache_prompt off: each reply decodes its prompt afresh, as its twin without a prediction did
 SAME = {"temperature": 0, "max_tokens": 96, "cache_prompt": False}
