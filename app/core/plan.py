@@ -302,6 +302,10 @@ def _checked(plan: Plan, opts: PlanOptions) -> Plan:
             param="n",
         )
     params = sampling(bounded(plan.generation.params, opts), opts)
+    if plan.reasoning_budget is not None and plan.reply is not None and plan.reply.think:
+        # a thought budget ends the thought after the step that used it up, and a step that
+        # keeps a draft emits several tokens: drafting would change where the thought ends
+        params = replace(params, speculative=replace(params.speculative, n_max=0))
     if params is not plan.generation.params:
         plan.generation = replace(plan.generation, params=params)
     if params.grammar is not None:

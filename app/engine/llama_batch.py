@@ -43,7 +43,6 @@ from app.engine.speculative import (
     DraftModel,
     SpecConfig,
     SpecGate,
-    follow_prediction,
     next_draft_len,
     propose,
 )
@@ -198,13 +197,19 @@ class Batch:
         generating = [s for s in self.slots if s.job is not None and s.follows is None
                       and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora
                       ] if spec is not None and (spec.server or self.predicting) else []
-        # the server's own drafts where the gate says they pay; a prediction's always (the
-        # client asked, and a prediction is kept far more often than a guess)
-        drafting = (bool(generating) and spec.server
-                    and (not spec.adaptive or self.gate.choose(len(generating))))
-        predicted = [s for s in generating if s.job.prediction is not None]
+        # a prediction is always drafted from (the client asked, and a prediction is kept far
+        # more often than a guess); the server's own drafts where the gate says they pay (a
+        # step with a prediction's drafts measures nothing, so it follows what was measured)
+        predicted = ([s for s in generating if s.job.prediction is not None]
+                     if self.predicting else [])
+        drafting = bool(generating) and spec.server and (
+            not spec.adaptive or (self.gate.prefers(len(generating)) if predicted
+                                  else self.gate.choose(len(generating))))
         asking = generating if drafting else predicted
         drafts = propose(spec, self.draft_model, self.n_ctx, asking) if asking else {}
+        # while prompts are being decoded, drafts take at most half the step's budget: a wide
+        # batch of long drafts must not hold back the prompts of requests just admitted
+        room = self.prefill_chunk // 2 if drafts and self._prefilling(lora) else budget
         chunked = False
         for slot in self.slots:
             job = slot.job
@@ -220,12 +225,13 @@ class Batch:
                 budget -= 1
             self.batch.logits[n - 1] = True
             slot.i_batch = n - 1
-            draft = [] if extra else drafts.get(slot.seq_id, [])[: max(0, budget)]
+            draft = [] if extra else drafts.get(slot.seq_id, [])[: max(0, min(budget, room))]
             if draft:  # checked in this decode: logits after each drafted token too
                 for k, tok in enumerate(draft):
                     put(self.batch, n + k, tok, slot.n_past + k, slot.seq_id, True)
                 n += len(draft)
                 budget -= len(draft)
+                room -= len(draft)
                 slot.draft, slot.speculating = draft, True
         # 2. prompt chunks for sequences being admitted, within the step's token budget
         for slot in self.slots:
@@ -270,6 +276,11 @@ class Batch:
             width += self._sample()
         self.steps += 1
         self.widths[width] += 1
+
+    def _prefilling(self, lora: LoraSet) -> bool:
+        """Whether a sequence of this step's adapter set has prompt left to decode."""
+        return any(s.job is not None and s.follows is None and s.job.request.lora == lora
+                   and s.n_prompt_done < len(s.job.tokens) for s in self.slots)
 
     def _decode_images(self, slot: Slot) -> bool:
         """The image at the slot's next prompt position, if one is there, decoded into its
@@ -500,23 +511,26 @@ class Batch:
         if job.assembler.stopped:
             if text:
                 self._send(job, text)
-            self._finish(slot, "stop")
+            self._finish(slot, "stop", tok)
             return
         if job.n_generated >= job.max_new or len(slot.cached) >= self.n_ctx:
             text += job.assembler.flush()
             if text:
                 self._send(job, text)
-            self._finish(slot, "length")
+            self._finish(slot, "length", tok)
             return
         if text:
             self._send(job, text)
         slot.last_token = tok
 
-    def _finish(self, slot: Slot, reason: str) -> None:
+    def _finish(self, slot: Slot, reason: str, last: int | None = None) -> None:
+        """End the slot's job; ``last``: the token that ended it, if it is text (a stop
+        string's, the length limit's), not yet in ``cached``."""
         job = slot.job
         assert job is not None and job.assembler is not None
-        if job.prediction is not None:  # the last step's tokens, checked against it too
-            follow_prediction(job, slot.cached[len(job.tokens):])
+        place = job.prediction
+        if place is not None and self.spec is not None:  # the last tokens, checked against it
+            place.follow([*slot.cached[len(job.tokens):], *(() if last is None else (last,))])
         tail = job.assembler.flush()
         if tail:
             self._send(job, tail)
@@ -526,8 +540,7 @@ class Batch:
                           draft=(job.draft_n, job.draft_accepted)
                           if self.spec and (self.spec.server or job.prediction is not None)
                           else None,
-                          predicted=None if job.prediction is None
-                          else (len(job.prediction), job.pred_matched)))
+                          predicted=None if place is None else place.usage()))
         self.release(slot, keep_cache=True)
 
     def release(self, slot: Slot, keep_cache: bool = False) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from app.base.errors import BadRequest, ContextOverflow
 from app.engine.llama_media import ImageSpan
 from app.engine.llama_model import LlamaModel
+from app.engine.prediction import Place, Prediction
 from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
 from app.engine.slots import Job
 from app.engine.text import TextAssembler
@@ -143,7 +144,7 @@ class Preparer:
             for j in (job, *job.followers):
                 j.tokens = job.tokens
                 j.max_new = job.max_new
-                j.prediction = prediction  # read, never changed: each choice keeps its place
+                j.prediction = None if prediction is None else Place(prediction)  # its own place
                 j.assembler = TextAssembler(params.stop)
                 j.sampler = self._sampler(params, j.index, probe=j is job, limit=limit)
         except BaseException:
@@ -153,10 +154,10 @@ class Preparer:
                     j.sampler = None
             raise
 
-    def _prediction(self, text: str) -> list[int] | None:
+    def _prediction(self, text: str) -> Prediction | None:
         """Predicted Outputs: the prediction's tokens, as plain text (a special token's text in
-        it is text), at most a context's worth; None without one. Over the prompt's byte limit
-        it is refused: it could not all be used."""
+        it is text), at most a context's worth, indexed; None without one. Over the prompt's
+        byte limit it is refused: it could not all be used."""
         if not text:
             return None
         m = self._m
@@ -164,7 +165,7 @@ class Preparer:
         if size > m.max_prompt_bytes:
             raise BadRequest(f"prediction is {size} bytes: over {m.max_prompt_bytes} bytes it "
                              f"cannot fit the context of {m.n_ctx} tokens", param="prediction")
-        return m.tok.tokens(text, add_bos=False, special=False)[: m.n_ctx]
+        return Prediction(m.tok.tokens(text, add_bos=False, special=False)[: m.n_ctx])
 
     def _sampler(self, p: SamplingParams, index: int, probe: bool, limit: float) -> Sampler:
         """A choice's sampler; with a grammar, compiled here and, for the first choice, probed

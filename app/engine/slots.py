@@ -8,12 +8,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from app.base.errors import GenerationTimeout, ServiceError
 from app.engine.llama_media import ImageSpan
 from app.engine.sampling import Sampler
 from app.engine.text import TextAssembler
 from app.engine.types import Failed, GenerationRequest, Sink, TokenScore
+
+if TYPE_CHECKING:
+    from app.engine.prediction import Place
 
 # the scope of KV any request may reuse: the chat template's opening the engine decodes at load
 # (server text every client already sees in its own prompts, so reusing it tells nothing)
@@ -59,13 +63,7 @@ class Job:
     # the next draft's length: halved after a draft the model turned down at its first token,
     # one past what it kept after a partial one, doubled after a whole one (0: not yet set)
     draft_len: int = 0
-    # Predicted Outputs: the prediction's tokens (None without one), where the reply stands in
-    # it (the index of the token expected next; -1: lost until a later match), how many
-    # generated tokens that was checked against, and how many of those were the prediction's
-    prediction: list[int] | None = None
-    pred_at: int = 0
-    pred_seen: int = 0
-    pred_matched: int = 0
+    prediction: Place | None = None  # Predicted Outputs: where the reply stands in it
 
     def pos_at(self, i: int) -> int:
         """The position of prompt token ``i``: its index, less what images before it saved

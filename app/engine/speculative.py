@@ -23,16 +23,13 @@ from app.engine.llama_embed import open_context
 from app.engine.tokens import common_prefix, put
 
 if TYPE_CHECKING:
-    from app.engine.slots import Job, Slot
+    from app.engine.slots import Slot
 
 log = logging.getLogger(__name__)
 
 # n-gram drafting: the longest suffix of the sequence (of these lengths, longest first) found
 # earlier in it proposes what followed it there
 NGRAM_SIZES = (4, 3, 2)
-# Predicted Outputs: where the reply has left the prediction, the longest of its last tokens
-# (of these lengths) found in the prediction says where it stands in it again
-PREDICTION_SYNC = (8, 4, 3, 2)
 
 
 @dataclass(frozen=True)
@@ -221,7 +218,7 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
         if job.inject:
             continue
         want = job.request.params.speculative
-        n_max = spec.draft_max if want.n_max is None else want.n_max
+        n_max = spec.draft_max if want.n_max is None else min(want.n_max, spec.draft_max)
         if job.draft_len:  # as the sequence's last drafts fared, within the limit
             n_max = min(n_max, job.draft_len)
         # room: the reply's length, and the context (the last token and a bonus one)
@@ -234,8 +231,8 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
     for slot, n_max, _ in asks:  # a request with a prediction drafts from it alone
         job = slot.job
         if job.prediction is not None:
-            out[slot.seq_id] = prediction_draft(
-                job, [*slot.cached[len(job.tokens):], slot.last_token], n_max)
+            out[slot.seq_id] = job.prediction.draft(
+                [*slot.cached[len(job.tokens):], slot.last_token], n_max)
     by_model = [a for a in asks if draft_model is not None and not a[0].job.images
                 and a[0].job.prediction is None]
     if by_model:
@@ -246,51 +243,6 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
             if slot.seq_id not in out:
                 out[slot.seq_id] = ngram_draft([*slot.cached, slot.last_token], n_max)
     return {seq: d for seq, d in out.items() if len(d) >= least[seq]}
-
-
-def prediction_draft(job: Job, generated: list[int], n_max: int) -> list[int]:
-    """Predicted Outputs: the prediction's next ``n_max`` tokens after where the reply
-    (``generated``, its tokens so far) stands in it (``follow_prediction``); none while the
-    reply's place in it is lost."""
-    follow_prediction(job, generated)
-    pred, at = job.prediction, job.pred_at
-    assert pred is not None
-    return pred[at:at + n_max] if at >= 0 else []
-
-
-def follow_prediction(job: Job, generated: list[int]) -> None:
-    """Move the reply's place in its prediction past the tokens generated since the last call.
-    While the reply repeats the prediction the place moves along with it, and those tokens
-    count as the prediction's (``pred_matched``, OpenAI's accepted prediction tokens). Where
-    the reply leaves it (an edit), the place is found again from the reply's last tokens,
-    forward of the old place first, and the new tokens among those that found it count too."""
-    pred = job.prediction
-    assert pred is not None
-    new = generated[job.pred_seen:]
-    at = job.pred_at
-    if at >= 0 and pred[at:at + len(new)] == new:
-        at += len(new)
-        job.pred_matched += len(new)
-    else:
-        at, size = _find_in_prediction(pred, generated, max(at, 0))
-        job.pred_matched += min(size, len(new))
-    job.pred_at, job.pred_seen = at, len(generated)
-
-
-def _find_in_prediction(pred: list[int], generated: list[int], after: int) -> tuple[int, int]:
-    """Where in ``pred`` the reply goes on, and how many of its last tokens said so: the end
-    of the first occurrence of its longest last tokens (PREDICTION_SYNC) that ends at
-    ``after`` or later, else of the first anywhere; (-1, 0) where none occurs."""
-    arr = np.asarray(pred, dtype=np.int64)
-    for size in PREDICTION_SYNC:
-        if len(generated) < size or len(pred) < size:
-            continue
-        suffix = np.asarray(generated[-size:], dtype=np.int64)
-        starts = np.flatnonzero(arr[: len(pred) - size + 1] == suffix[0])
-        ends = [int(s) + size for s in starts if np.array_equal(arr[s:s + size], suffix)]
-        if ends:
-            return next((e for e in ends if e >= after), ends[0]), size
-    return -1, 0
 
 
 def next_draft_len(drafted: int, kept: int) -> int:
@@ -351,6 +303,12 @@ class SpecGate:
             return on is None  # measure each choice once first
         best = on >= off
         return not best if n % self.EXPLORE == 0 else best
+
+    def prefers(self, width: int) -> bool:
+        """Whether drafting measured faster at ``width``, without counting a step (a step
+        that also drafts from a prediction measures nothing: its figures are left out)."""
+        on, off = self.rate.get((width.bit_length(), True)), self.rate.get((width.bit_length(), False))
+        return on is not None and off is not None and on >= off
 
     def record(self, width: int, drafted: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:

@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from tests.e2e.test_speculative import CODE  # the code block the speculation tests copy
+from tests.support.bodies import CODE
 from tests.support.server import ServerProcess, running_server
 
 ASK = [{"role": "user", "content": f"Repeat this code exactly:\n\n{CODE}"}]

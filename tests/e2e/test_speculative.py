@@ -15,21 +15,11 @@ import pytest
 import requests
 from gguf import GGMLQuantizationType
 
+from tests.support.bodies import CODE
 from tests.support.gguf_requant import requantize
 from tests.support.server import ServerProcess, running_server
 
 BASE = {"PARALLEL": "4", "SLOTS_PER_REQUEST": "2", "CTX_SIZE": "2048"}
-CODE = """def add(a, b):
-    return a + b
-
-
-def sub(a, b):
-    return a - b
-
-
-def mul(a, b):
-    return a * b
-"""
 COPY = f"Here is some code:\n\n```python\n{CODE}```\n\nThe same code again:\n\n```python\n"
 ASKS = [
     [{"role": "user", "content": f"Repeat this code exactly:\n\n{CODE}"}],

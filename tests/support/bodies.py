@@ -1,4 +1,5 @@
-"""Request parts that tests of more than one tier send: tool definitions, a JSON schema."""
+"""Request parts that tests of more than one tier or file send: tool definitions, a JSON schema,
+a code block to copy."""
 
 ADD = {"type": "function", "function": {"name": "add_two_numbers", "description": "Add two integers",
        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
@@ -16,3 +17,17 @@ PERSON_SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+
+# a code block the speculation tests ask to have copied (tests/e2e/test_speculative.py and
+# test_predicted_outputs.py)
+CODE = """def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+"""

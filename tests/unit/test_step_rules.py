@@ -7,16 +7,9 @@ these pin each rule's edges."""
 from __future__ import annotations
 
 from app.engine.lora import next_set
+from app.engine.prediction import Place, Prediction
 from app.engine.slots import Job, Slot, place
-from app.engine.speculative import (
-    SpecConfig,
-    SpecGate,
-    follow_prediction,
-    next_draft_len,
-    ngram_draft,
-    prediction_draft,
-    propose,
-)
+from app.engine.speculative import SpecConfig, SpecGate, next_draft_len, ngram_draft, propose
 from app.engine.types import GenerationRequest, SamplingParams, Speculation
 
 
@@ -55,9 +48,10 @@ def test_propose_keeps_each_requests_limits_and_the_room_left():
         _generating(2, copy, Speculation(n_max=0)),  # off for this request
         _generating(3, copy, max_new=2),  # one token left to generate: no room for a draft
         _generating(4, [1, 2, 3, 4]),  # nothing to copy
+        _generating(5, copy, Speculation(n_max=100)),  # a request lowers the limit, never raises
     ]
     drafts = propose(spec, None, 4096, slots)
-    assert drafts == {0: [1, 2, 3, 4], 1: [1, 2]}
+    assert drafts == {0: [1, 2, 3, 4], 1: [1, 2], 5: [1, 2, 3, 4]}
     slots[0].job.draft_len = 1  # its last draft fared badly: shorter, and under the minimum
     assert 0 not in propose(spec, None, 4096, slots)
     assert propose(spec, None, len(copy) + 3, slots[:1]) == {}  # the context is nearly full
@@ -73,6 +67,7 @@ def test_the_gate_measures_both_choices_then_keeps_the_faster_and_explores():
     assert picks.count(False) == 2  # the slower choice is tried every EXPLORE-th step
     assert gate.choose(1) is True  # another width is measured apart
     assert gate.as_dict() == {"8:on": 40.0, "8:off": 20.0}
+    assert gate.prefers(8) and not gate.prefers(64)  # measured faster; not measured
 
 
 def test_lora_sets_take_turns_in_a_fixed_order():
@@ -100,29 +95,47 @@ def test_a_prompt_goes_beside_the_running_sequences():
     assert slot.seq_id in (1, 4) and source is slots[0]
 
 
-def _predicting(prediction: list[int]) -> Job:
-    job = Job(GenerationRequest("x"), sink=lambda e: None)
-    job.prediction = prediction
-    return job
-
-
 def test_a_prediction_is_followed_while_the_reply_repeats_it():
-    job = _predicting([1, 2, 3, 4, 5, 6, 7, 8])
-    assert prediction_draft(job, [1], 3) == [2, 3, 4]
-    assert prediction_draft(job, [1, 2, 3, 4], 3) == [5, 6, 7]  # three drafts kept at once
-    assert job.pred_matched == 4
-    follow_prediction(job, [1, 2, 3, 4, 5, 6, 7, 8])  # the reply's end
-    assert job.pred_matched == 8 and prediction_draft(job, [1, 2, 3, 4, 5, 6, 7, 8], 3) == []
+    where = Place(Prediction([1, 2, 3, 4, 5, 6, 7, 8]))
+    assert where.draft([1], 3) == [2, 3, 4]
+    assert where.draft([1, 2, 3, 4], 3) == [5, 6, 7]  # three drafts kept at once
+    assert where.matched == 4
+    where.follow([1, 2, 3, 4, 5, 6, 7, 8])  # the reply's end
+    assert where.usage() == (8, 8) and where.draft([1, 2, 3, 4, 5, 6, 7, 8], 3) == []
 
 
 def test_after_an_edit_the_place_is_found_again_forward_first():
     #              the reply drops 9 9 and repeats 3 4 further on: 3 4 5 is found after it
-    job = _predicting([1, 2, 9, 9, 3, 4, 5, 3, 4, 6])
-    assert prediction_draft(job, [1, 2], 4) == [9, 9, 3, 4]
-    assert prediction_draft(job, [1, 2, 3], 4) == []  # lost: 2 3 is nowhere in it
-    assert prediction_draft(job, [1, 2, 3, 4], 4) == [5, 3, 4, 6]  # 3 4 found again
-    assert prediction_draft(job, [1, 2, 3, 4, 5, 3, 4], 2) == [6]
-    assert job.pred_matched == 2 + 1 + 3  # 1 2; the 4 that found the place; 5 3 4
+    where = Place(Prediction([1, 2, 9, 9, 3, 4, 5, 3, 4, 6]))
+    assert where.draft([1, 2], 4) == [9, 9, 3, 4]
+    assert where.draft([1, 2, 3], 4) == []  # lost: 2 3 is nowhere in it
+    assert where.draft([1, 2, 3, 4], 4) == [5, 3, 4, 6]  # 3 4 found again
+    assert where.draft([1, 2, 3, 4, 5, 3, 4], 2) == [6]
+    assert where.matched == 2 + 2 + 3  # 1 2; the 3 4 that found the where; 5 3 4
+    assert where.usage() == (10, 7)
+
+
+def test_a_reply_that_leaves_after_a_partial_draft_counts_what_it_kept():
+    where = Place(Prediction(list(range(100, 140))))
+    assert where.draft([100], 8) == list(range(101, 109))
+    where.follow([100, 101, 102, 103, 104, 999])  # four kept, then the edit
+    assert where.matched == 5 and where.lost
+
+
+def test_a_reply_repeating_the_prediction_counts_at_most_its_length():
+    where = Place(Prediction([1, 2, 3, 4]))
+    where.follow([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4])
+    assert where.usage() == (4, 4)
+
+
+def test_the_place_found_again_is_the_nearest_forward_then_backward():
+    pred = Prediction([5, 6, 1, 2, 5, 6, 3, 4, 5, 6, 7])
+    assert pred.find([9, 5, 6], 5) == (6, 2)
+    assert pred.find([9, 5, 6], 7) == (10, 2)
+    assert pred.find([9, 5, 6], 11) == (10, 2)
+    assert pred.find([2, 5, 6], 9) == (6, 3)  # a longer match wins over a nearer one
+    assert pred.find([9, 8], 0) == (-1, 0)
+    assert pred.find([6], 0) == (-1, 0)
 
 
 def test_without_server_drafting_only_predictions_are_drafted():
@@ -131,6 +144,6 @@ def test_without_server_drafting_only_predictions_are_drafted():
     copy = [5, 6, 7, 1, 2, 3, 4, 5, 6, 7]
     with_pred = _generating(0, copy)
     with_pred.job.tokens = copy[:-1]  # the prompt: all but the first generated token
-    with_pred.job.prediction = [7, 8, 9]
+    with_pred.job.prediction = Place(Prediction([7, 8, 9]))
     drafts = propose(spec, None, 4096, [with_pred, _generating(1, copy)])
     assert drafts == {0: [8, 9]}
