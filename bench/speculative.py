@@ -79,13 +79,29 @@ def edit_body(i: int, max_tokens: int, predict: bool = False) -> tuple[str, dict
     return "/v1/chat/completions", body
 
 
+_OWN: dict[tuple[str, int, int], str] = {}
+
+
+def own_body(base: str, i: int, max_tokens: int) -> tuple[str, dict]:
+    """The edit request with its own reply (asked for once, without a prediction, before the
+    timed run reaches it) as the prediction: the best a prediction can do."""
+    key = (base, i, max_tokens)
+    path, body = edit_body(i, max_tokens)
+    if key not in _OWN:
+        r = requests.post(base + path, json=body, timeout=600)
+        r.raise_for_status()
+        _OWN[key] = r.json()["choices"][0]["message"]["content"]
+    return path, {**body, "prediction": {"type": "content", "content": _OWN[key]}}
+
+
 WORKLOADS = {"copy": copy_body, "free": free_body}
 
 
 def run(base: str, workload: str, c: int, rounds: int, max_tokens: int) -> dict:
     """``rounds`` x ``c`` requests, ``c`` at a time; tokens per second and draft counts."""
     make = {**WORKLOADS, "edit": edit_body,
-            "edit+prediction": lambda i, n: edit_body(i, n, predict=True)}[workload]
+            "edit+prediction": lambda i, n: edit_body(i, n, predict=True),
+            "edit+own": lambda i, n: own_body(base, i, n)}[workload]
 
     def one(i: int) -> dict:
         path, body = make(i, max_tokens)
@@ -94,6 +110,9 @@ def run(base: str, workload: str, c: int, rounds: int, max_tokens: int) -> dict:
         return r.json()
 
     one(99)  # warm: the first request's compute buffers, caches
+    if workload == "edit+own":  # each request's own reply, asked for before the clock starts
+        for i in range(rounds * c):
+            own_body(base, i, max_tokens)
     tokens = drafted = accepted = 0
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(c) as pool:
@@ -147,25 +166,34 @@ def main() -> None:
 
 
 def predictions(args) -> None:
-    """Predicted Outputs: the edit workload with and without the prediction, one server."""
+    """Predicted Outputs on the edit workload: without a prediction, with the code as the
+    prediction (what an editor sends; the model may not repeat it exactly), and with the
+    reply itself as the prediction (the best case: all of it kept), on a server with the gate
+    (SPEC_ADAPTIVE, the default) and on one that drafts on every step."""
     common = {"PARALLEL": "8", "CTX_SIZE": "2048", "THREADS": str(args.threads),
               "SPEC_DRAFT_MAX": str(args.n_max), "MODEL": args.model, "SLOTS_PER_REQUEST": "1"}
     rows = []
-    with serve(ROOT, common) as base:
-        for c in (1, 8):
-            plain = run(base, "edit", c, args.rounds, args.max_tokens)
-            pred = run(base, "edit+prediction", c, args.rounds, args.max_tokens)
-            if pred["tokens"] != plain["tokens"]:  # batches of other shapes: a near tie
-                print(f"note: c={c} made {pred['tokens']} tokens with the prediction and "
-                      f"{plain['tokens']} without", flush=True)
-            rows.append((c, plain, pred))
-            print(f"vertex-gguf prediction c={c}: {plain['tok_s']:.1f} -> {pred['tok_s']:.1f} "
-                  f"tok/s, {pred['accepted']}/{pred['drafted']} drafted kept", flush=True)
-    print("\n| c | tok/s without | with the prediction | speedup | drafts kept |")
-    print("|---|---|---|---|---|")
-    for c, plain, pred in rows:
-        print(f"| {c} | {plain['tok_s']:.1f} | {pred['tok_s']:.1f} | "
-              f"{pred['tok_s'] / plain['tok_s']:.2f}x | {pred['accepted']}/{pred['drafted']} |")
+    for gated in (True, False):
+        env = common if gated else {**common, "SPEC_ADAPTIVE": "false"}
+        with serve(ROOT, env) as base:
+            for c in (1, 8):
+                plain = run(base, "edit", c, args.rounds, args.max_tokens)
+                code = run(base, "edit+prediction", c, args.rounds, args.max_tokens)
+                own = run(base, "edit+own", c, args.rounds, args.max_tokens)
+                for name, r in (("the code", code), ("the reply", own)):
+                    rows.append((gated, c, name, plain, r))
+                    print(f"gate {'on' if gated else 'off'} c={c} prediction {name}: "
+                          f"{plain['tok_s']:.1f} -> {r['tok_s']:.1f} tok/s, "
+                          f"{r['accepted']}/{r['drafted']} drafted kept", flush=True)
+                    if r["tokens"] != plain["tokens"]:  # batches of other shapes: a near tie
+                        print(f"note: {r['tokens']} tokens with the prediction, "
+                              f"{plain['tokens']} without", flush=True)
+    print("\n| gate | c | prediction | tok/s without | with | speedup | drafts kept |")
+    print("|---|---|---|---|---|---|---|")
+    for gated, c, name, plain, r in rows:
+        print(f"| {'on' if gated else 'off'} | {c} | {name} | {plain['tok_s']:.1f} | "
+              f"{r['tok_s']:.1f} | {r['tok_s'] / plain['tok_s']:.2f}x | "
+              f"{r['accepted']}/{r['drafted']} |")
 
 
 def compare_servers(args) -> None:

@@ -81,6 +81,7 @@ class Batch:
         self.draft_model: DraftModel | None = None
         self.drafted = 0  # tokens drafted, and of them accepted, since start (/metrics)
         self.gate = SpecGate()  # whether drafting pays, per batch width (SPEC_ADAPTIVE)
+        self.pred_gate = SpecGate()  # ... in steps where a request's prediction drafts
         self.emitted = 0  # tokens sampled since start (what a step's speculation bought)
         # LORA_ADAPTERS: None without; a step serves one adapter set, the sets in turn
         self.adapters: Adapters | None = None
@@ -197,15 +198,14 @@ class Batch:
         generating = [s for s in self.slots if s.job is not None and s.follows is None
                       and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora
                       ] if spec is not None and (spec.server or self.predicting) else []
-        # a prediction is always drafted from (the client asked, and a prediction is kept far
-        # more often than a guess); the server's own drafts where the gate says they pay (a
-        # step with a prediction's drafts measures nothing, so it follows what was measured)
+        # drafts where the gate measured that they pay: steps with a prediction's drafts are
+        # measured apart (a prediction is kept far more often than the server's own guesses)
         predicted = ([s for s in generating if s.job.prediction is not None]
                      if self.predicting else [])
-        drafting = bool(generating) and spec.server and (
-            not spec.adaptive or (self.gate.prefers(len(generating)) if predicted
-                                  else self.gate.choose(len(generating))))
-        asking = generating if drafting else predicted
+        gate = self.pred_gate if predicted else self.gate
+        drafting = bool(generating) and (spec.server or bool(predicted)) and (
+            not spec.adaptive or gate.choose(len(generating)))
+        asking = (generating if spec.server else predicted) if drafting else []
         drafts = propose(spec, self.draft_model, self.n_ctx, asking) if asking else {}
         # while prompts are being decoded, drafts take at most half the step's budget: a wide
         # batch of long drafts must not hold back the prompts of requests just admitted
@@ -261,9 +261,9 @@ class Batch:
             if not self._decode(n):
                 return
             width += self._sample()
-            if generating and spec.server and not chunked and not predicted:
-                self.gate.record(len(generating), drafting, self.emitted - emitted,
-                                 time.perf_counter() - t0)
+            if generating and (spec.server or predicted) and not chunked:
+                gate.record(len(generating), drafting, self.emitted - emitted,
+                            time.perf_counter() - t0)
         # 3. the prompt being scored, alone: logits at every position of its chunk
         if scorer is not None and scorer.job is not None:
             job = scorer.job

@@ -251,9 +251,12 @@ class LlamaEngine:
             **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted}
                if sched is not None and sched.spec is not None
                and (sched.spec.server or sched.drafted) else {}),
-            # tokens per second of generation steps, by batch width, drafting or not
+            # tokens per second of generation steps, by batch width, drafting or not: the
+            # server's own drafts, and (apart) steps where a request's prediction drafted
             **({"spec_rates": sched.gate.as_dict()}
                if sched is not None and sched.spec is not None and sched.spec.server else {}),
+            **({"prediction_rates": sched.pred_gate.as_dict()}
+               if sched is not None and sched.pred_gate.rate else {}),
         }
 
     def _image_stats(self) -> dict[str, int]:

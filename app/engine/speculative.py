@@ -304,12 +304,6 @@ class SpecGate:
         best = on >= off
         return not best if n % self.EXPLORE == 0 else best
 
-    def prefers(self, width: int) -> bool:
-        """Whether drafting measured faster at ``width``, without counting a step (a step
-        that also drafts from a prediction measures nothing: its figures are left out)."""
-        on, off = self.rate.get((width.bit_length(), True)), self.rate.get((width.bit_length(), False))
-        return on is not None and off is not None and on >= off
-
     def record(self, width: int, drafted: bool, tokens: int, seconds: float) -> None:
         if seconds <= 0:
             return

@@ -21,9 +21,14 @@ ASK = [{"role": "user", "content": f"Repeat this code exactly:\n\n{CODE}"}]
 SAME = {"temperature": 0, "max_tokens": 96, "cache_prompt": False}
 
 
+BASE = {"PARALLEL": "4", "SLOTS_PER_REQUEST": "2", "CTX_SIZE": "2048"}
+
+
 @pytest.fixture(scope="module")
 def srv():
-    with running_server({"PARALLEL": "4", "SLOTS_PER_REQUEST": "2", "CTX_SIZE": "2048"}) as s:
+    # SPEC_ADAPTIVE off: every step drafts, so every test checks drafted output (on this CPU
+    # the gate may rightly turn drafting off); the gate's own test is the last one
+    with running_server({**BASE, "SPEC_ADAPTIVE": "false"}) as s:
         yield s
 
 
@@ -169,3 +174,17 @@ def test_metrics_count_a_predictions_drafts(srv, plain):
     accepted = [ln for ln in metrics.splitlines()
                 if ln.startswith("vertex_gguf_spec_draft_tokens_accepted_total")]
     assert accepted and float(accepted[0].split()[-1]) > 0
+
+
+def test_the_gate_measures_predictions_apart_and_keeps_the_bytes(plain):
+    """With SPEC_ADAPTIVE on (the default), steps where a prediction drafts are measured with
+    and without drafting, apart from the server's own rates, and the reply stays the same."""
+    with running_server(BASE) as gated:
+        for _ in range(3):
+            body = chat(gated, **predicted(reply(plain)))
+            assert body["choices"][0]["message"] == plain["choices"][0]["message"]
+        engine = requests.get(gated.url("/health"), timeout=30).json()["engine"]
+    rates = engine["prediction_rates"]
+    assert any(k.endswith(":on") for k in rates) and any(k.endswith(":off") for k in rates)
+    assert "spec_rates" not in engine  # the server drafts nothing on its own
+
