@@ -126,11 +126,16 @@ def run(base: str, workload: str, c: int, rounds: int, max_tokens: int) -> dict:
     return {"tok_s": tokens / wall, "tokens": tokens, "drafted": drafted, "accepted": accepted}
 
 
+def vertex_env(args) -> dict[str, str]:
+    """Every vertex-gguf server's settings in this benchmark, before its mode's."""
+    return {"PARALLEL": "8", "CTX_SIZE": "2048", "THREADS": str(args.threads),
+            "SPEC_DRAFT_MAX": str(args.n_max), "SPEC_P_MIN": str(args.p_min),
+            "MODEL": args.model, "SLOTS_PER_REQUEST": "1"}
+
+
 def servers(args, draft: Path) -> list[tuple[str, str, contextlib.AbstractContextManager[str]]]:
     """(server, mode, a context giving its base URL) for every server of the run."""
-    common = {"PARALLEL": "8", "CTX_SIZE": "2048", "THREADS": str(args.threads),
-              "SPEC_DRAFT_MAX": str(args.n_max), "SPEC_P_MIN": str(args.p_min),
-              "MODEL": args.model, "SLOTS_PER_REQUEST": "1"}
+    common = vertex_env(args)
     out = [("vertex-gguf", "none", serve(ROOT, common)),
            ("vertex-gguf", "ngram", serve(ROOT, {**common, "SPEC_NGRAM": "1"})),
            ("vertex-gguf", "draft", serve(ROOT, {**common, "DRAFT_MODEL": str(draft)}))]
@@ -170,8 +175,7 @@ def predictions(args) -> None:
     prediction (what an editor sends; the model may not repeat it exactly), and with the
     reply itself as the prediction (the best case: all of it kept), on a server with the gate
     (SPEC_ADAPTIVE, the default) and on one that drafts on every step."""
-    common = {"PARALLEL": "8", "CTX_SIZE": "2048", "THREADS": str(args.threads),
-              "SPEC_DRAFT_MAX": str(args.n_max), "MODEL": args.model, "SLOTS_PER_REQUEST": "1"}
+    common = vertex_env(args)
     rows = []
     for gated in (True, False):
         env = common if gated else {**common, "SPEC_ADAPTIVE": "false"}

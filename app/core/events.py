@@ -91,7 +91,7 @@ class Usage:
     cached_tokens: int = 0
     # speculative decoding, all choices: (tokens drafted, of them accepted); None when off
     draft: tuple[int, int] | None = None
-    # Predicted Outputs, all choices: (the prediction's tokens accepted as drafts, the rest of
+    # Predicted Outputs, all choices: (the prediction's tokens the reply followed, the rest of
     # them); None when the request brought no prediction
     predicted: tuple[int, int] | None = None
 

@@ -309,13 +309,10 @@ class Run:
                 self._over = True
                 first = self._ended[0]
                 self.cached_tokens = first.cached_tokens
-                drafts = [e.draft for e in self._ended.values() if e.draft is not None]
-                draft = (sum(d[0] for d in drafts), sum(d[1] for d in drafts)) if drafts else None
-                preds = [e.predicted for e in self._ended.values() if e.predicted is not None]
-                predicted = ((sum(a for _, a in preds), sum(max(0, n - a) for n, a in preds))
-                             if preds else None)
+                ended = self._ended.values()
                 out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens,
-                                 draft, predicted))
+                                 _pair_sum([e.draft for e in ended]),
+                                 _pair_sum([e.predicted for e in ended])))
                 self._end(self.finish_reason or "stop", first)
             return out
         if isinstance(ev, PromptScored):
@@ -369,6 +366,13 @@ class Run:
             assert self._plan.reply is not None
             dec = self._decoders[index] = ReplyStream(self._plan.reply, index)
         return dec
+
+
+def _pair_sum(pairs: list[tuple[int, int] | None]) -> tuple[int, int] | None:
+    """The choices' counts added up (draft counts, prediction counts); None where no choice
+    had any."""
+    given = [p for p in pairs if p is not None]
+    return (sum(p[0] for p in given), sum(p[1] for p in given)) if given else None
 
 
 class _ThoughtGuard:

@@ -77,7 +77,6 @@ class Batch:
         self.projector: Projector | None = None  # MMPROJ: decodes a prompt's images
         # speculative decoding (SPEC_*, DRAFT_MODEL): None when off
         self.spec: SpecConfig | None = None  # None: this model cannot drop a drafted tail
-        self.predicting = 0  # jobs in slots with a prediction (Predicted Outputs)
         self.draft_model: DraftModel | None = None
         self.drafted = 0  # tokens drafted, and of them accepted, since start (/metrics)
         self.gate = SpecGate()  # whether drafting pays, per batch width (SPEC_ADAPTIVE)
@@ -154,7 +153,6 @@ class Batch:
             for follower in job.followers:
                 follower.cached_tokens = n_common
             slot.job = job
-            self.predicting += job.prediction is not None
             slot.scope = scope
             slot.n_past = job.pos_at(n_common)
             slot.n_prompt_done = n_common
@@ -170,7 +168,6 @@ class Batch:
                 self.ll.llama_memory_seq_rm(self.mem, fslot.seq_id, -1, -1)
                 fslot.cached.clear()
                 fslot.job = follower
-                self.predicting += follower.prediction is not None
                 fslot.scope = scope
                 fslot.follows = slot
                 fslot.n_past = fslot.n_prompt_done = 0
@@ -195,27 +192,25 @@ class Batch:
         # 1. one token for every sequence that is generating, and its draft when speculating
         t0, emitted = time.perf_counter(), self.emitted
         spec = self.spec
-        generating = [s for s in self.slots if s.job is not None and s.follows is None
-                      and s.n_prompt_done >= len(s.job.tokens) and s.job.request.lora == lora
-                      ] if spec is not None and (spec.server or self.predicting) else []
+        generating: list[Slot] = []  # this step's set's sequences, generating ...
+        prefilling: list[Slot] = []  # ... or with prompt left to decode
+        for s in self.slots:
+            if s.job is not None and s.follows is None and s.job.request.lora == lora:
+                (generating if s.n_prompt_done >= len(s.job.tokens) else prefilling).append(s)
         # drafts where the gate measured that they pay: steps with a prediction's drafts are
         # measured apart (a prediction is kept far more often than the server's own guesses)
         predicted = ([s for s in generating if s.job.prediction is not None]
-                     if self.predicting else [])
+                     if spec is not None else [])
+        measured = bool(generating) and spec is not None and (spec.server or bool(predicted))
         gate = self.pred_gate if predicted else self.gate
-        drafting = bool(generating) and (spec.server or bool(predicted)) and (
-            not spec.adaptive or gate.choose(len(generating)))
+        drafting = measured and (not spec.adaptive or gate.choose(len(generating)))
         asking = (generating if spec.server else predicted) if drafting else []
         drafts = propose(spec, self.draft_model, self.n_ctx, asking) if asking else {}
         # while prompts are being decoded, drafts take at most half the step's budget: a wide
         # batch of long drafts must not hold back the prompts of requests just admitted
-        room = self.prefill_chunk // 2 if drafts and self._prefilling(lora) else budget
+        room = self.prefill_chunk // 2 if drafts and prefilling else budget
         chunked = False
-        for slot in self.slots:
-            job = slot.job
-            if (job is None or slot.follows is not None or slot.n_prompt_done < len(job.tokens)
-                    or job.request.lora != lora):
-                continue
+        for slot in generating:
             extra = self._take_injection(slot, budget - 1)
             for tok in [slot.last_token, *extra]:
                 put(self.batch, n, tok, slot.n_past, slot.seq_id, False)
@@ -234,11 +229,8 @@ class Batch:
                 room -= len(draft)
                 slot.draft, slot.speculating = draft, True
         # 2. prompt chunks for sequences being admitted, within the step's token budget
-        for slot in self.slots:
+        for slot in prefilling:
             job = slot.job
-            if (job is None or slot.follows is not None or slot.n_prompt_done >= len(job.tokens)
-                    or job.request.lora != lora):
-                continue
             if job.request.params.prompt_logprobs is not None:
                 scorer = scorer or slot
                 continue
@@ -261,7 +253,7 @@ class Batch:
             if not self._decode(n):
                 return
             width += self._sample()
-            if generating and (spec.server or predicted) and not chunked:
+            if measured and not chunked:
                 gate.record(len(generating), drafting, self.emitted - emitted,
                             time.perf_counter() - t0)
         # 3. the prompt being scored, alone: logits at every position of its chunk
@@ -276,11 +268,6 @@ class Batch:
             width += self._sample()
         self.steps += 1
         self.widths[width] += 1
-
-    def _prefilling(self, lora: LoraSet) -> bool:
-        """Whether a sequence of this step's adapter set has prompt left to decode."""
-        return any(s.job is not None and s.follows is None and s.job.request.lora == lora
-                   and s.n_prompt_done < len(s.job.tokens) for s in self.slots)
 
     def _decode_images(self, slot: Slot) -> bool:
         """The image at the slot's next prompt position, if one is there, decoded into its
@@ -540,7 +527,7 @@ class Batch:
                           draft=(job.draft_n, job.draft_accepted)
                           if self.spec and (self.spec.server or job.prediction is not None)
                           else None,
-                          predicted=None if place is None else place.usage()))
+                          predicted=None if place is None else place.accepted_rejected()))
         self.release(slot, keep_cache=True)
 
     def release(self, slot: Slot, keep_cache: bool = False) -> None:
@@ -548,8 +535,6 @@ class Batch:
         ``keep_cache`` (it holds exactly ``cached``), else it is dropped."""
         job = slot.job
         self._settle(slot)  # a drafted tail not kept leaves the KV first
-        if job is not None:
-            self.predicting -= job.prediction is not None
         for other in self.slots:  # choices still waiting for this slot's prompt go with it
             if other.follows is slot and other.job is not None:
                 other.job.cancelled = True

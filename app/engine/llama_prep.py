@@ -50,15 +50,17 @@ class Preparer:
 
     def _check_size(self, req: GenerationRequest) -> None:
         """A text prompt too long in bytes to fit the context is refused before tokenizing."""
-        m = self._m
         assert isinstance(req.prompt, str)
-        size = len(req.prompt.encode("utf-8", "surrogatepass"))
+        self._check_bytes(req.prompt, "prompt", "messages", ContextOverflow)
+
+    def _check_bytes(self, text: str, what: str, param: str, error: type[BadRequest]) -> None:
+        """``text`` (the prompt, a prediction) refused with ``error`` when it is more bytes
+        than the context could hold in tokens."""
+        m = self._m
+        size = len(text.encode("utf-8", "surrogatepass"))
         if size > m.max_prompt_bytes:
-            raise ContextOverflow(
-                f"prompt is {size} bytes: over {m.max_prompt_bytes} bytes it cannot fit "
-                f"the context of {m.n_ctx} tokens",
-                param="messages",
-            )
+            raise error(f"{what} is {size} bytes: over {m.max_prompt_bytes} bytes it cannot "
+                        f"fit the context of {m.n_ctx} tokens", param=param)
 
     def _with_images(self, req: GenerationRequest) -> tuple[list[int], list[ImageSpan]]:
         """A prompt with images: the text between MEDIA marks tokenized as any prompt is, each
@@ -160,11 +162,8 @@ class Preparer:
         byte limit it is refused: it could not all be used."""
         if not text:
             return None
+        self._check_bytes(text, "prediction", "prediction", BadRequest)
         m = self._m
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > m.max_prompt_bytes:
-            raise BadRequest(f"prediction is {size} bytes: over {m.max_prompt_bytes} bytes it "
-                             f"cannot fit the context of {m.n_ctx} tokens", param="prediction")
         return Prediction(m.tok.tokens(text, add_bos=False, special=False)[: m.n_ctx])
 
     def _sampler(self, p: SamplingParams, index: int, probe: bool, limit: float) -> Sampler:

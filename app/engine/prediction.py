@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.engine.tokens import common_prefix
+
 # where the reply has left the prediction, the longest of its last tokens (of these lengths)
 # found in the prediction says where it stands in it again
 SYNC = (8, 4, 3, 2)
@@ -88,9 +90,7 @@ class Place:
         pred = self.prediction
         new = generated[self.seen:]
         if not self.lost:
-            ahead = pred.tokens[self.at:self.at + len(new)]
-            k = next((i for i, (a, b) in enumerate(zip(ahead, new, strict=False)) if a != b),
-                     len(ahead))
+            k = common_prefix(pred.tokens[self.at:self.at + len(new)], new)
             self.at += k
             self.matched += k
             if k == len(new):
@@ -108,3 +108,9 @@ class Place:
     def usage(self) -> tuple[int, int]:
         """(the prediction's tokens, of them the reply's), for the request's usage."""
         return len(self.prediction), min(self.matched, len(self.prediction))
+
+    def accepted_rejected(self) -> tuple[int, int]:
+        """OpenAI's accepted and rejected prediction tokens: those the reply followed, and the
+        rest of them."""
+        total, accepted = self.usage()
+        return accepted, total - accepted

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 
-def common_prefix(cached: list[int], prompt: np.ndarray) -> int:
-    """How many leading tokens a slot's cache shares with a prompt (vectorised: a Python loop
-    over 8 slots of 128k tokens stalled the engine thread ~50 ms per admission)."""
+def common_prefix(cached: list[int], prompt: np.ndarray | list[int]) -> int:
+    """How many leading tokens a slot's cache shares with a prompt, or a reply with its
+    prediction (vectorised: a Python loop over 8 slots of 128k tokens stalled the engine
+    thread ~50 ms per admission)."""
     n = min(len(cached), len(prompt))
     if n == 0:
         return 0

@@ -174,7 +174,7 @@ class Finished:
     scores: tuple[TokenScore, ...] = ()  # the scores no piece carried (an end token's, say)
     # speculative decoding: (tokens drafted, of them accepted); None when it was off
     draft: tuple[int, int] | None = None
-    # Predicted Outputs: (the prediction's tokens, of them the reply's); None without one
+    # Predicted Outputs: (the prediction's tokens the reply followed, the rest); None without
     predicted: tuple[int, int] | None = None
 
 
