@@ -7,11 +7,17 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-import gevent
-from flask import Flask
+# First, before anything loads C++ code (gevent's greenlet, then llama.cpp): one C++ runtime
+# for the whole process, its locale numbered before any other copy can (app.base.cxx_runtime)
+from app.base import cxx_runtime
 
-from app import formats
-from app.settings import (
+cxx_runtime.pin()
+
+import gevent  # noqa: E402
+from flask import Flask  # noqa: E402
+
+from app import formats  # noqa: E402
+from app.settings import (  # noqa: E402
     Settings,
     from_settings,
     max_tokens_default,

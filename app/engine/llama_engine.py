@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from app.base import cxx_runtime
 from app.base.bridge import (
     Channel,
     ThreadEvent,
@@ -422,6 +423,7 @@ class LlamaEngine:
 
     def _load(self, path: str) -> None:
         """Open the model (LlamaModel.load) and take what the engine reads of it."""
+        cxx_runtime.pin()  # done when app was imported; a process that loads llama.cpp needs it
         from llama_cpp import llama_cpp as ll  # imported here: loading it takes time
 
         self._ll = ll

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable
 
+from app.base import cxx_runtime
 from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, cuda_check, llama_log, placement
 from app.engine.config import EngineConfig
@@ -189,6 +190,7 @@ class LlamaModel:
             cpu_extra_buffers=self.extra_buffers,
             system_info=self.system_info,
             cuda=self.cuda,
+            cxx_runtime=cxx_runtime.runtime().as_dict(),
             vision=self.projector is not None and self.projector.vision,
             audio_rate=self.projector.audio_rate if self.projector is not None else 0,
             placement=self.placement,

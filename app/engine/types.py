@@ -225,6 +225,8 @@ class ModelInfo:
     system_info: str = ""
     # a CUDA build's driver, runtime, GPUs and problems (app.engine.cuda_check); None on a CPU build
     cuda: dict | None = None
+    # the process's C++ runtime: whether libstdc++ was pinned first (app.base.cxx_runtime)
+    cxx_runtime: dict | None = None
     vision: bool = False  # a projector (MMPROJ) is loaded that reads images
     audio_rate: int = 0  # ... that hears: the sample rate it takes (0: it reads no audio)
     # KV cache types and size, micro-batch, tensor overrides and what they moved (llama_model)

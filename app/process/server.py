@@ -7,6 +7,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from app.base import cxx_runtime
 from app.base.boot import Boot
 from app.edge import auth
 from app.process.crash_guard import CrashGuard, apply_safe_mode
@@ -52,6 +53,7 @@ def serve(settings: Settings) -> None:
         "vertex-gguf starting on %s:%d (health %s, predict %s, model %s)",
         s.host, s.port, s.health_route, s.predict_route, s.model or "default",
     )
+    log.info("%s", cxx_runtime.runtime().line())  # pinned by app/__init__ (docs/crashes.md)
     if s.aip_mode:
         log.info(
             "Vertex AI: AIP_MODE=%s endpoint=%s deployed_model=%s",

@@ -3,11 +3,20 @@ variant runs in its own process (faulthandler on) and adds one of the engine's s
 llama.cpp load. For a GPU-only crash; run by bench/gpu/run.sh diag (with cuda-gdb's backtrace
 of the first variant that dies).
 
-    python bench/gpu/diag_load.py MODEL            # every variant, one line each
+    python bench/gpu/diag_load.py MODEL            # the short diag, then the rest if the engine dies
     python bench/gpu/diag_load.py MODEL VARIANT    # one, in this process
     DIAG_ALL=1 python bench/gpu/diag_load.py MODEL # the rehearsal: what follows, even if all pass
+    DIAG_FOREIGN=LIB ...                           # LIB (a foreign libstdc++) loaded before the engine
 
-Where the engine dies, three more things are tried, so that one device call both narrows the
+First, the short diag (a minute on a GPU): the engine with the C++ runtime pinned (what the server
+does: app.base.cxx_runtime) and without it (``engine-unpinned``), each printing, at the moment it
+calls llama_model_load_from_file, every mapped object that exports std::locale or a locale facet
+id (a second C++ runtime the linker shares ids with); then the linker's bindings of those ids
+from any file in the unpinned run: ``libstdc++.so.6 -> X ...collate...id`` names the copy X that
+numbered them first. The CPU rehearsal makes such an X itself (tests/support/foreign_cxx.py,
+DIAG_FOREIGN): the unpinned engine fails, the pinned one loads, and the binding names it.
+
+Where the pinned engine dies, everything else runs, so that one device call both narrows the
 cause and finds a way round it:
 - the engine with llama.cpp's library loaded before anything else (engine-llamafirst), and with
   libstdc++ or libllama preloaded into the process's global scope (engine@stdcxx, engine@llama:
@@ -32,8 +41,9 @@ import time
 # each a third-party module the engine's process imports, then a plain load (imports-NAME)
 IMPORTS = ["greenlet", "gevent", "numpy", "google.cloud.storage", "flask", "pydantic_settings", "jinja2",
            "PIL.Image", "prometheus_client", "redis"]
-VARIANTS = ["plain", "thread", "log", "probe", "imports", *(f"imports-{m}" for m in IMPORTS),
-            "model", "engine", "engine-noprobe", "engine-nolog",
+SHORT = ["engine", "engine-unpinned", "plain"]
+VARIANTS = ["thread", "log", "probe", "imports", *(f"imports-{m}" for m in IMPORTS),
+            "model", "engine-noprobe", "engine-nolog",
             "engine-nocb", "engine-bigstack", "engine-probe-after", "engine-llamafirst", "gevent",
             "server"]
 # the engine with a library preloaded (LD_PRELOAD): ways round a crash, tried only if it dies
@@ -103,11 +113,18 @@ def engine(path: str) -> None:
     os.environ.update(MODEL=path, PARALLEL="4", CTX_SIZE="512")
     os.environ.setdefault("GPU_LAYERS", "999")
     from app import engine_config
+    from app.base import cxx_runtime
     from app.base.state import LoadState
     from app.engine.llama_engine import LlamaEngine
     from app.model import source
     from app.settings import Settings
 
+    print(cxx_runtime.runtime().line(), flush=True)
+    if os.environ.get("DIAG_FOREIGN"):  # the rehearsal's second runtime, after the app's imports
+        import ctypes
+
+        ctypes.CDLL(os.environ["DIAG_FOREIGN"])
+    watch_load()
     settings = Settings()
     state = LoadState()
     e = LlamaEngine(engine_config(settings), state, lambda s: source.resolve(settings, s))
@@ -117,6 +134,59 @@ def engine(path: str) -> None:
             break
         time.sleep(0.05)
     assert state.stage == "ready", f"engine stage {state.stage}"
+
+
+def watch_load() -> None:
+    """At the engine's call of llama_model_load_from_file, in the engine's own import order:
+    print every mapped object that exports the C++ runtime's locale."""
+    from app.engine import llama_model
+
+    load = llama_model.LlamaModel.load
+
+    def watched(self, *args, **kwargs):
+        ll = self.ll
+        real = ll.llama_model_load_from_file
+
+        def first(*a):
+            ll.llama_model_load_from_file = real
+            for line in locale_exporters():
+                print(line, flush=True)
+            return real(*a)
+
+        ll.llama_model_load_from_file = first
+        return load(self, *args, **kwargs)
+
+    llama_model.LlamaModel.load = watched
+
+
+def locale_exporters() -> list[str]:
+    """One line per mapped ELF file whose dynamic table defines std::locale's members or the
+    locale facet ids (GNU-unique ``u`` symbols ending in 2idE): each is a C++ runtime the
+    process's facet numbering is shared with. One is libstdc++.so.6; a second is the suspect."""
+    seen: set[str] = set()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                seen.add(parts[5].strip())
+    out = []
+    for name in sorted(seen):
+        try:
+            with open(name, "rb") as fh:
+                if fh.read(4) != b"\x7fELF":
+                    continue
+        except OSError:
+            continue
+        r = subprocess.run(["nm", "-D", "--defined-only", name], capture_output=True, text=True)
+        rows = [ln.split("@")[0].split() for ln in r.stdout.splitlines()]  # no @@GLIBCXX_x
+        locale = sum(1 for x in rows if len(x) == 3 and x[2].startswith("_ZNSt6locale"))
+        ids = sum(1 for x in rows if len(x) == 3 and x[1] == "u" and x[2].startswith("_ZNSt")
+                  and x[2].endswith("2idE"))
+        unique = sum(1 for x in rows if len(x) == 3 and x[1] == "u")
+        if locale or ids:
+            out.append(f"   mapped at load: {name}: {locale} std::locale symbols, {ids} facet "
+                       f"ids ({unique} unique symbols) exported")
+    return out or ["   mapped at load: no object exports std::locale or a facet id"]
 
 
 def server(path: str) -> None:
@@ -188,6 +258,12 @@ def main() -> None:
             from llama_cpp import llama_cpp  # noqa: F401
 
             engine(path)
+        elif v == "engine-unpinned":  # the engine without app.base.cxx_runtime.pin()
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+            from tests.support.foreign_cxx import unpin
+
+            unpin()
+            engine(path)
         elif v.startswith("engine-"):
             without(v.split("-", 1)[1])
             engine(path)
@@ -200,9 +276,11 @@ def main() -> None:
             engine(path)
         print(f"{v}: ok", flush=True)
         return
-    results = {v: run_variant(path, v) for v in VARIANTS}
+    results = {v: run_variant(path, v) for v in SHORT}
+    facet_bindings(path, "engine-unpinned")
     if results.get("engine") == 0 and not os.environ.get("DIAG_ALL"):  # DIAG_ALL: a rehearsal
         return
+    results.update({v: run_variant(path, v) for v in VARIANTS})
     for name in PRELOADS:  # the engine died: is there a way round it?
         lib = preload_path(name)
         if lib and run_variant(path, f"engine@{name}", {"LD_PRELOAD": lib}) == 0:
@@ -246,6 +324,23 @@ def preload_path(name: str) -> str | None:
 # C++ standard library symbols as the linker prints them: std::, its vtables, typeinfo, guards
 _STD = ("_ZNSt", "_ZNKSt", "_ZSt", "_ZTVSt", "_ZTISt", "_ZTSSt", "_ZNSs", "_ZNKSs", "_ZNSi",
         "_ZNSo", "_ZGVNSt", "_ZTVN9__gnu_cxx", "_ZNSt7__cxx11", "_ZNKSt7__cxx11")
+
+
+def facet_bindings(path: str, variant: str) -> None:
+    """The bindings of the locale's facet ids and std::locale's members, from any file, in one
+    run of ``variant``: any not bound to libstdc++ name the second runtime (libstdc++.so.6 ->
+    X ...collate...id: X numbered the ids libstdc++'s own locale uses)."""
+    b = bindings(path, variant)
+    ids = {k: v for k, v in b.items()
+           if k[1].startswith("_ZNSt6locale") or (k[1].startswith("_ZNSt") and k[1].endswith("2idE"))}
+    away: dict[tuple[str, str], list[str]] = {}
+    for (src, sym), dst in ids.items():
+        if not dst.startswith("libstdc++"):
+            away.setdefault((src, dst), []).append(sym)
+    print(f"== facet bindings ({variant}): {len(ids)} bindings of std::locale and facet ids, "
+          f"{sum(map(len, away.values()))} to a file other than libstdc++", flush=True)
+    for (src, dst), syms in sorted(away.items(), key=lambda kv: -len(kv[1]))[:12]:
+        print(f"   {src} -> {dst}: {len(syms)}, e.g. {sorted(syms)[0]}", flush=True)
 
 
 def bindings(path: str, variant: str) -> dict[tuple[str, str], str]:

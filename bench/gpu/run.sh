@@ -190,22 +190,41 @@ e2e() {
   tail -3 "$out/e2e.log" | tee -a "$out/run.log"
 }
 
+# Which C++ runtimes this machine and this build hold (docs/crashes.md, "Two C++ runtimes"): the
+# toolchain, the libstdc++ the loader finds, and for each library of the build what it needs and
+# what of libstdc++ it exports (nm -D: the dynamic table only; a hidden copy is harmless) or
+# merely carries (nm: the whole symbol table), the compilers that made it, and its link line
+runtimes() {
+  echo "== runtimes: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"); $(g++ --version 2>/dev/null | head -1)"
+  echo "   loader's libstdc++: $(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | sed 's/.*=> //') -> $(readlink -f "$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | sed 's/.*=> //')" 2>/dev/null)"
+  echo "   newest GLIBCXX: $(strings "$(ldconfig -p 2>/dev/null | grep -m1 'libstdc++.so.6 ' | sed 's/.*=> //')" 2>/dev/null | grep -E '^GLIBCXX_[0-9.]+$' | sort -V | tail -1)"
+  echo "   environment: $(env | grep -E '^(LD_|[A-Z]*FLAGS|CC|CXX|CUDAHOSTCXX)=' | tr '\n' ' ')"
+  local lib dyn exp uniq ids carried
+  for lib in "$build"/bin/lib{llama,ggml,ggml-base,ggml-cpu,ggml-cuda,mtmd}.so; do
+    [ -e "$lib" ] || continue
+    dyn="$(nm -D --defined-only "$lib" 2>/dev/null | sed 's/@.*//')"
+    exp="$(grep -cE ' (_ZN?K?St|_ZTVSt|_ZTISt)' <<<"$dyn")"
+    uniq="$(grep -c ' u ' <<<"$dyn")"
+    ids="$(grep -cE ' [TW] _ZNSt6locale| u _ZNSt[^ ]*2idE$' <<<"$dyn")"
+    carried="$(nm --defined-only "$lib" 2>/dev/null | grep -cE '_ZNSt6locale|codecvtIDsc11__mbstate_tE10do_unshift|collateIcE2idE')"
+    echo "   $(basename "$lib"): needs $(readelf -d "$lib" 2>/dev/null | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+    echo "     exports $exp std symbols, $uniq unique, $ids std::locale/facet ids; carries $carried locale/codecvt/collate-id symbols in its whole table"
+    echo "     made by: $(readelf -p .comment "$lib" 2>/dev/null | sed -n 's/^ *\[ *[0-9]*\] *//p' | sort -u | tr '\n' ';')"
+  done
+  if [ -f "$build/build.ninja" ]; then
+    echo "   ggml-cuda's link: $(ninja -C "$build" -t commands ggml-cuda 2>/dev/null | tail -1 | tr ' ' '\n' | grep -E '^-(static|Wl|l|L|shared|fuse)|\.(a|so)' | tr '\n' ' ')"
+  elif [ -f "$build/ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/link.txt" ]; then
+    echo "   ggml-cuda's link: $(cat "$build/ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/link.txt")"
+  fi
+}
+
 # ---- diag: which step of vertex-gguf's load fails here (a GPU-only crash), with a backtrace -------
 diag() {
   use_llama
   MODELS=small make_models
   local model
   model="$(model_path small)"
-  # which C++ runtime each library of the build carries: a libggml-cuda.so that defines
-  # libstdc++'s locale or codecvt code itself has a second copy of it beside libstdc++.so
-  local lib
-  for lib in "$build"/bin/lib{llama,ggml,ggml-base,ggml-cpu,ggml-cuda}.so; do
-    [ -e "$lib" ] || continue
-    printf '%s: needs %s; defines %s std::locale/codecvt/ctype/collate symbols\n' "$(basename "$lib")" \
-      "$(readelf -d "$lib" 2>/dev/null | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')" \
-      "$(nm -C --defined-only "$lib" 2>/dev/null | grep -cE 'std::(locale|codecvt|ctype|collate|__cxx11::collate)')" \
-      | tee -a "$out/diag.log"
-  done
+  runtimes | tee -a "$out/diag.log"
   log "diag: each load step alone"
   GPU_LAYERS="$NGL" "$py" "$root/bench/gpu/diag_load.py" "$model" 2>&1 | tee -a "$out/diag.log"
   local wa

@@ -135,6 +135,10 @@ def test_props(srv, default_model):
     assert meta["n_params"] > 100_000_000 and meta["size"] > 50_000_000
     assert "llama-cpp-python" in body["build_info"]
     assert body["settings"]["parallel"] == 2 and "model_cache_dir" not in body["settings"]
+    # one C++ runtime, pinned first in the master and so in the worker (app.base.cxx_runtime)
+    cxx = body["cxx_runtime"]
+    assert cxx["pinned"] and cxx["global_scope"] and cxx["library"].startswith("libstdc++.so.6")
+    assert "C++ runtime: libstdc++.so.6" in srv.logs()
 
 
 # ---- /slots ------------------------------------------------------------------------------------
