@@ -203,10 +203,10 @@ runtimes() {
   for lib in "$build"/bin/lib{llama,ggml,ggml-base,ggml-cpu,ggml-cuda,mtmd}.so; do
     [ -e "$lib" ] || continue
     dyn="$(nm -D --defined-only "$lib" 2>/dev/null | sed 's/@.*//')"
-    exp="$(grep -cE ' (_ZN?K?St|_ZTVSt|_ZTISt)' <<<"$dyn")"
-    uniq="$(grep -c ' u ' <<<"$dyn")"
-    ids="$(grep -cE ' [TW] _ZNSt6locale| u _ZNSt[^ ]*2idE$' <<<"$dyn")"
-    carried="$(nm --defined-only "$lib" 2>/dev/null | grep -cE '_ZNSt6locale|codecvtIDsc11__mbstate_tE10do_unshift|collateIcE2idE')"
+    exp="$(grep -cE ' (_ZN?K?St|_ZTVSt|_ZTISt)' <<<"$dyn" || true)"
+    uniq="$(grep -c ' u ' <<<"$dyn" || true)"
+    ids="$(grep -cE ' [TW] _ZNSt6locale| u _ZNSt[^ ]*2idE$' <<<"$dyn" || true)"
+    carried="$(nm --defined-only "$lib" 2>/dev/null | grep -cE '_ZNSt6locale|codecvtIDsc11__mbstate_tE10do_unshift|collateIcE2idE' || true)"
     echo "   $(basename "$lib"): needs $(readelf -d "$lib" 2>/dev/null | sed -n 's/.*NEEDED.*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
     echo "     exports $exp std symbols, $uniq unique, $ids std::locale/facet ids; carries $carried locale/codecvt/collate-id symbols in its whole table"
     echo "     made by: $(readelf -p .comment "$lib" 2>/dev/null | sed -n 's/^ *\[ *[0-9]*\] *//p' | sort -u | tr '\n' ';')"
