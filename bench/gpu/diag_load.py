@@ -277,6 +277,7 @@ def main() -> None:
         print(f"{v}: ok", flush=True)
         return
     results = {v: run_variant(path, v) for v in SHORT}
+    facet_bindings(path, "engine")
     facet_bindings(path, "engine-unpinned")
     if results.get("engine") == 0 and not os.environ.get("DIAG_ALL"):  # DIAG_ALL: a rehearsal
         return
@@ -301,8 +302,11 @@ def run_variant(path: str, v: str, env: dict[str, str] | None = None) -> int | N
         print(f"== {v}: timed out", flush=True)
         return None
     keep = 60 if v == "server" else 12
-    tail = [ln for ln in (r.stdout + r.stderr).strip().splitlines() if "input tensor" not in ln][-keep:]
-    print(f"== {v}: rc {r.returncode}", *("   " + line for line in tail), sep="\n", flush=True)
+    lines = [ln for ln in (r.stdout + r.stderr).strip().splitlines() if "input tensor" not in ln]
+    # what the engine said of its C++ runtimes, however long the tail after it
+    said = [ln for ln in lines[:-keep] if ln.lstrip().startswith(("C++ runtime:", "mapped at load:"))]
+    print(f"== {v}: rc {r.returncode}", *("   " + line for line in said + lines[-keep:]),
+          sep="\n", flush=True)
     return r.returncode
 
 
