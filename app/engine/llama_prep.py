@@ -12,7 +12,7 @@ from app.base.errors import BadRequest, ContextOverflow
 from app.engine.llama_media import ImageSpan
 from app.engine.llama_model import LlamaModel
 from app.engine.prediction import Place, Prediction
-from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
+from app.engine.sampling import GrammarSpec, Sampler, compile_grammar, sized
 from app.engine.slots import Job
 from app.engine.text import TextAssembler
 from app.engine.types import MEDIA, GenerationRequest, SamplingParams, outside_vocab
@@ -142,13 +142,14 @@ class Preparer:
             job.max_new = min(m.n_ctx - n_prompt, params.max_tokens_default or m.n_ctx)
         prediction = self._prediction(params.speculative.prediction)
         limit = float("inf") if warming else self._limit
+        chain = sized(params, m.n_ctx, m.n_vocab)  # no field sizes native work past the model
         try:
             for j in (job, *job.followers):
                 j.tokens = job.tokens
                 j.max_new = job.max_new
                 j.prediction = None if prediction is None else Place(prediction)  # its own place
                 j.assembler = TextAssembler(params.stop)
-                j.sampler = self._sampler(params, j.index, probe=j is job, limit=limit)
+                j.sampler = self._sampler(chain, j.index, probe=j is job, limit=limit)
         except BaseException:
             for j in (job, *job.followers):
                 if j.sampler is not None:

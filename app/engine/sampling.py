@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,24 @@ class GrammarSpec:
     takes_injection: bool = False
     prefilter: bool = True  # False when the grammar has token items (<[id]>)
     param: str = "grammar"  # the request field it came from, for errors
+
+
+def sized(params: SamplingParams, n_ctx: int, n_vocab: int) -> SamplingParams:
+    """``params`` with every field that sizes native work held to what it can mean: llama.cpp
+    allocates the penalties' ring of ``penalty_last_n`` tokens per choice up front (2^31-1 asked
+    for 8 GiB, and the worker died), and ctypes cuts an int to 32 bits without a word (top_k
+    2^32+1 became 1). A sequence never holds more than ``n_ctx`` tokens, so a longer window is
+    the context (-1 too, llama.cpp's "the context"; other negatives are off, as llama.cpp reads
+    them); a top_k of the vocabulary or more keeps every token, so it is off. The APIs refuse
+    or resolve these first; this holds for any caller."""
+    window = params.penalty_last_n
+    window = n_ctx if window == -1 or window > n_ctx else max(window, 0)
+    top_k = params.top_k
+    if top_k is not None and not 0 < top_k < n_vocab:
+        top_k = 0
+    if (window, top_k) == (params.penalty_last_n, params.top_k):
+        return params
+    return replace(params, penalty_last_n=window, top_k=top_k)
 
 
 def compile_grammar(vocab: Vocab, text: str) -> Any:

@@ -79,7 +79,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0
-    penalty_last_n: int = 64
+    penalty_last_n: int = 64  # tokens back the penalties look (0: off; more than the context: the context)
     grammar: str | None = None  # GBNF constraining the output (response_format, tools)
     # with triggers the grammar is lazy: it applies from the first of these words on
     grammar_triggers: tuple[str, ...] = ()

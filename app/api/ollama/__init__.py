@@ -13,7 +13,7 @@ it was started with.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from flask import Blueprint, Response, jsonify
@@ -89,13 +89,19 @@ class _Ollama(Api):
 
     def _sampling(self, req: _Request) -> SamplingParams:
         """``options`` as sampling; ``num_ctx`` may ask for the context a slot has, or less
-        (a larger one is a 400: it would not be given)."""
+        (a larger one is a 400: it would not be given). ``repeat_last_n`` of -1 is the context
+        (``num_ctx``, else a slot's), and a longer window is cut to it: a reply never looks
+        further back, and llama.cpp allocates the whole window per choice up front."""
         params, num_ctx = req.sampling()
         info = self.service.info()
         if num_ctx is not None and not 0 < num_ctx <= info.n_ctx:
             raise BadRequest(f"options.num_ctx: this server's context is {info.n_ctx} tokens "
                              "per request (CTX_SIZE); ask for that or less",
                              param="options.num_ctx")
+        context = num_ctx or info.n_ctx
+        window = params.penalty_last_n
+        if window == -1 or window > context:
+            params = replace(params, penalty_last_n=context)
         return params
 
     def watch(self, events: Iterator[Event], run: Run, req: OllamaReq) -> Iterator[Event]:

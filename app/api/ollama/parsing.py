@@ -89,8 +89,14 @@ class _Request(_Strict):
                 params["stop"] = _stops(value, where)
             elif key == "num_ctx":
                 params["_num_ctx"] = _number(value, where, int)  # checked by the caller
+            elif key == "repeat_last_n":
+                n = _number(value, where, int)
+                if n < -1:
+                    raise BadRequest(f"{where}: how many tokens back the penalties look: 0 (off), "
+                                     "a count, or -1 (the context)", param=where)
+                params["penalty_last_n"] = n  # -1 and past the context: resolved by the caller
             elif key in SAMPLING:
-                kind = int if key in ("top_k", "seed", "repeat_last_n") else float
+                kind = int if key in ("top_k", "seed") else float
                 params[SAMPLING[key]] = _number(value, where, kind)
             else:
                 raise BadRequest(f"{where}: Ollama defines no such option", param=where)
