@@ -50,6 +50,7 @@ def engine_config(settings: Settings) -> EngineConfig:
 
 def plan_options(settings: Settings) -> PlanOptions:
     """The planner's settings, taken by name; only the derived fields are spelled out."""
+    from app.core.decode_budget import DecodeBudget
     from app.core.media import MediaLimits
     from app.core.plan import PlanOptions
     from app.grammar import gate
@@ -66,7 +67,9 @@ def plan_options(settings: Settings) -> PlanOptions:
         media=MediaLimits(settings.images_per_request, settings.image_max_bytes,
                           settings.image_max_pixels, settings.image_max_side,
                           fetch=Fetcher.from_settings(settings),
-                          max_audio_seconds=settings.audio_max_seconds),
+                          max_audio_seconds=settings.audio_max_seconds,
+                          budget=DecodeBudget(settings.image_decode_budget,
+                                              settings.prepare_timeout / 2)),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import io
 import re
@@ -21,7 +22,8 @@ import wave
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.base.errors import BadRequest, PayloadTooLarge
+from app.base.errors import BadRequest, PayloadTooLarge, QueueFull
+from app.core.decode_budget import DecodeBudget, decode_cost
 from app.engine.types import MEDIA, Audio, Image
 
 # magic bytes -> format (Pillow's name)
@@ -45,6 +47,7 @@ class MediaLimits:
     max_side: int
     fetch: Callable[[str, str], bytes] | None = None
     max_audio_seconds: float = 60.0  # AUDIO_MAX_SECONDS
+    budget: DecodeBudget | None = None  # IMAGE_DECODE_BUDGET: the worker's, shared by requests
 
 
 @dataclass(frozen=True)
@@ -177,13 +180,14 @@ def decode(item: MediaInput, limits: MediaLimits) -> Image:
                 "(IMAGE_MAX_PIXELS)", param=param, code="image_too_large")
         img.seek(0)  # an animation's first frame
         img.draft("RGB", (limits.max_side, limits.max_side))  # JPEG: decode at a lower scale
-        rgb = img.convert("RGB")
-        if max(rgb.size) > limits.max_side:
-            rgb.thumbnail((limits.max_side, limits.max_side), PILImage.Resampling.BICUBIC)
-        pixels = rgb.tobytes()
-    except BadRequest:
+        with _held(limits.budget, decode_cost(img.mode, *img.size), param):
+            rgb = img.convert("RGB")
+            if max(rgb.size) > limits.max_side:
+                rgb.thumbnail((limits.max_side, limits.max_side), PILImage.Resampling.BICUBIC)
+            pixels = rgb.tobytes()
+    except (BadRequest, QueueFull):
         raise
-    except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as exc:
+    except Exception as exc:  # noqa: BLE001  (client bytes: whatever a decoder raises is a 400)
         raise BadRequest(f"image cannot be decoded ({fmt}): {type(exc).__name__}",
                          param=param, code="invalid_image") from None
     w, h = rgb.size
@@ -229,8 +233,9 @@ def decode_audio(item: MediaInput, limits: MediaLimits, rate: int) -> Audio:
             raw = wav.readframes(frames)
     except BadRequest:
         raise
-    except (wave.Error, EOFError, ValueError, OSError) as exc:
-        raise BadRequest(f"audio cannot be decoded (WAV): {exc}", param=param,
+    except Exception as exc:  # noqa: BLE001  (wave raises RuntimeError, struct.error and more)
+        why = str(exc) if isinstance(exc, wave.Error) else type(exc).__name__
+        raise BadRequest(f"audio cannot be decoded (WAV): {why}", param=param,
                          code="invalid_audio") from None
     if width == 3:  # 24-bit: widen to 32
         b = np.frombuffer(raw[: len(raw) // 3 * 3], dtype=np.uint8).reshape(-1, 3)
@@ -251,6 +256,11 @@ def decode_audio(item: MediaInput, limits: MediaLimits, rate: int) -> Audio:
     pcm = samples.astype(np.float32).tobytes()
     return Audio(pcm, len(pcm) // 4, rate or src_rate,
                  hashlib.sha256(b"audio:%d:" % (rate or src_rate) + pcm).hexdigest())
+
+
+def _held(budget: DecodeBudget | None, cost: int, param: str):
+    """The decode's share of IMAGE_DECODE_BUDGET (none where no budget is set: unit tests)."""
+    return budget.hold(cost, param) if budget is not None else contextlib.nullcontext()
 
 
 def _fetched(item: MediaInput, limits: MediaLimits) -> MediaInput:

@@ -85,13 +85,23 @@ class InputSettings(BaseModel):
         **env("IMAGE_MAX_BYTES"),
     )
     image_max_pixels: int = Field(
-        50_000_000,
+        25_000_000,
         description="Most pixels an image may declare (width x height, read from its header "
-        "before anything is decoded); more is a 400. Bounds decoding memory: a small file can "
-        "claim an enormous image.",
+        "before anything is decoded); more is a 400. Bounds one image's decoding memory (up "
+        "to 8 bytes a pixel: a small file can claim an enormous image); 25 M takes a 24 MP "
+        "photo, and projectors see a few hundred pixels a side.",
         ge=1,
         le=1 << 31,
         **env("IMAGE_MAX_PIXELS"),
+    )
+    image_decode_budget: int = Field(
+        512 * 1024 * 1024,
+        description="Bytes of decoded pixels all of a worker's requests may hold at once; an "
+        "image past it waits for room, up to half of PREPARE_TIMEOUT, then its request is a "
+        "429. One image alone always decodes. Bounds decoding memory per worker, not per image.",
+        ge=16 * 1024 * 1024,
+        le=1 << 40,
+        **env("IMAGE_DECODE_BUDGET"),
     )
     image_max_side: int = Field(
         2048,

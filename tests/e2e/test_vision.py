@@ -105,6 +105,46 @@ def test_different_images_differ_and_a_repeat_is_the_same_and_cached(server, cli
     assert 0 < cached <= blue.usage.prompt_tokens - N_TOKENS - 1
 
 
+def colliding_pngs() -> tuple[bytes, bytes]:
+    """Two 8 x 8 PNGs whose pixel digests (app.core.media: sha256 of size and pixels) share
+    their first 7 hex digits, the 28 bits an image's placeholder id is made of: a birthday
+    search, about 2^14 digests (10 ms), bounded and the same every run."""
+    import hashlib
+    import io
+
+    from PIL import Image as PILImage
+
+    seen: dict[str, bytes] = {}
+    for i in range(1 << 22):
+        pixels = i.to_bytes(4, "little") * 48  # 8 x 8 x RGB
+        head = hashlib.sha256(b"8x8:" + pixels).hexdigest()[:7]
+        if head in seen:
+            break
+        seen[head] = pixels
+    else:
+        raise AssertionError("no collision in 2^22 digests")
+    out = []
+    for raw in (seen[head], pixels):
+        buf = io.BytesIO()
+        PILImage.frombytes("RGB", (8, 8), raw).save(buf, "PNG")
+        out.append(buf.getvalue())
+    return out[0], out[1]
+
+
+def test_an_image_whose_placeholder_collides_is_computed_afresh(client):
+    """Two images whose ids in the prompt are equal (28 bits of their digests) but whose
+    digests are not: the second reuses the text before its image and none of the first's
+    image KV, and answers as it does with no cache at all."""
+    first, second = (data_url(raw) for raw in colliding_pngs())
+    chat(client, first)
+    b = chat(client, second)
+    fresh = chat(client, second, extra_body={"cache_prompt": False})
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached <= b.usage.prompt_tokens - N_TOKENS - 1
+    assert b.choices[0].message.content == fresh.choices[0].message.content
+
+
 def test_the_same_pixels_in_another_format_hit_the_same_cache(client):
     png = chat(client, data_url(encoded("green", fmt="PNG")))
     gif = chat(client, data_url(encoded("green", fmt="GIF"), "image/gif"))
@@ -509,3 +549,51 @@ def test_a_projector_that_hears(default_model, tmp_path, server):
         cv.chat.completions.create(model="m", messages=audio_message(wav(0.5)), **GREEDY)
     assert err.value.body["code"] == "audio_input_not_supported"
     assert err.value.body["param"] == "messages.0.content.1.input_audio.data"
+
+
+# ---- decoding memory per worker (IMAGE_DECODE_BUDGET; security3 M2) -----------------------------
+
+
+def worker_pid(server: ServerProcess) -> int:
+    """The gunicorn worker: the one child of the server's master process."""
+    pid = server.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_a_burst_of_inflating_images_is_decoded_within_the_workers_budget(mmproj):
+    """Five requests at once, each a ~100 KB PNG that decodes to 4900 x 4900 RGBA plus its RGB
+    copy (about 190 MB): with a budget of one such image, the worker's peak memory grows by
+    one image's decode and the requests' own memory (1.9 images' worth here), not by every
+    image (the review measured +2.2 GB for five 7000 x 7000 ones; with the budget but without
+    its trim it was still 5.1 images' worth: glibc kept each prep thread's decode in its
+    arena)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.new("RGBA", (4900, 4900)).save(buf, "PNG")
+    url = data_url(buf.getvalue())
+    one = 4900 * 4900 * 8 // 1024  # KiB: the decode_cost of one
+    env = {"MMPROJ": str(mmproj), "PARALLEL": "3", "IMAGE_MAX_BYTES": "2000000",
+           "IMAGE_DECODE_BUDGET": str((one + 1024) * 1024), "PREPARE_TIMEOUT": "600"}
+    with running_server(env) as srv:
+        client = openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=600)
+        chat(client, data_url(encoded("red")))  # warm: the projector's buffers are allocated
+        pid = worker_pid(srv)
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak starts again from now
+        base = kib(pid, "VmRSS")
+        with cf.ThreadPoolExecutor(5) as pool:
+            replies = list(pool.map(lambda _: chat(client, url), range(5)))
+        assert all(r.choices[0].finish_reason for r in replies)
+        grew = kib(pid, "VmHWM") - base
+        assert grew < one * 2.5, f"peak grew {grew} KiB; one image's decode is {one} KiB"

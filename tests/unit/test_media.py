@@ -195,3 +195,88 @@ def test_openai_input_audio_parts():
         audio_part({"type": "input_audio", "input_audio": {"data": b64, "format": "mp3"}},
                    "m", 1 << 20)
     assert err.value.param == "m.input_audio.format"
+
+
+def wav_with_lying_chunk() -> bytes:
+    """A WAV whose LIST chunk claims 2 GB more than the file holds: ``wave`` raises a bare
+    RuntimeError on it (security3 L3), which must be a 400 like every other decoder error."""
+    import struct
+
+    body = wav(0.1)[12:]
+    lie = b"LIST" + struct.pack("<I", 0x7FFFFFF0) + b"INFOabcd"
+    return b"RIFF" + struct.pack("<I", 4 + len(lie) + len(body)) + b"WAVE" + lie + body
+
+
+def test_a_chunk_that_lies_about_its_size_is_a_400():
+    with pytest.raises(BadRequest) as err:
+        sound(wav_with_lying_chunk())
+    assert err.value.code == "invalid_audio" and "RuntimeError" in err.value.message
+
+
+# ---- the decode budget (IMAGE_DECODE_BUDGET) ---------------------------------------------------
+
+
+def rgba_png(side: int) -> bytes:
+    """A PNG of ``side`` x ``side`` transparent pixels: a few KB that decode to 4 bytes a pixel
+    plus an RGB copy (the review's 7000 x 7000 one was 186 KB and 340 MB decoded)."""
+    import io
+
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    PILImage.new("RGBA", (side, side)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_a_decode_holds_its_estimated_bytes_while_it_runs():
+    from app.core.decode_budget import DecodeBudget, decode_cost
+
+    budget = DecodeBudget(1 << 30, wait=1.0)
+    limits = MediaLimits(2, 1 << 22, 10**8, 256, budget=budget)
+    out = decode(MediaInput(rgba_png(1500), "p"), limits)
+    assert (out.width, out.height) == (256, 256)
+    assert budget.peak == decode_cost("RGBA", 1500, 1500) == 1500 * 1500 * 8
+    assert budget.used == 0  # given back
+
+
+def test_concurrent_decodes_never_hold_more_than_the_budget():
+    """Six large images decoded at once on six threads, as the prep pool would: the bytes in
+    flight stay within the budget (one and a half images' worth), and every image decodes."""
+    import threading
+
+    from app.core.decode_budget import DecodeBudget, decode_cost
+
+    cost = decode_cost("RGBA", 1500, 1500)
+    budget = DecodeBudget(cost * 3 // 2, wait=60.0)
+    limits = MediaLimits(2, 1 << 22, 10**8, 256, budget=budget)
+    raw, results, errors = rgba_png(1500), [], []
+
+    def run():
+        try:
+            results.append(decode(MediaInput(raw, "p"), limits))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(results) == 6
+    assert budget.peak == cost  # one at a time: two would not fit
+    assert budget.used == 0
+
+
+def test_past_the_budget_a_decode_waits_then_is_a_429():
+    from app.base.errors import QueueFull
+    from app.core.decode_budget import DecodeBudget
+
+    budget = DecodeBudget(1 << 24, wait=0.05)
+    limits = MediaLimits(2, 1 << 22, 10**8, 256, budget=budget)
+    with budget.hold(1 << 24, "a"), pytest.raises(QueueFull) as err:  # another decode holds it all
+        decode(MediaInput(rgba_png(300), "messages.0.content.1"), limits)
+    assert err.value.param == "messages.0.content.1"
+    assert "IMAGE_DECODE_BUDGET" in err.value.message
+    assert budget.used == 0
+    # and one image larger than the whole budget still decodes, alone
+    assert decode(MediaInput(rgba_png(1500), "p"), limits).width == 256
