@@ -134,7 +134,9 @@ class Batch:
             # another key's prompts; a prompt to score needs logits where a reused prefix has
             # none
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
-            shared = {id(s): min(common_prefix(s.cached, prompt), len(job.tokens) - 1)
+            wanted = [span.mark for span in job.images]
+            shared = {id(s): min(common_prefix(s.cached, prompt, s.marks, wanted),
+                                 len(job.tokens) - 1)
                       if reuse and (s.scope == scope or s.scope == PUBLIC and not lora)
                       and s.follows is None else 0
                       for s in self.slots}
@@ -142,13 +144,13 @@ class Batch:
             n_common = before_image(job, shared[id(source)])
             if source is not slot:  # the prefix is in a slot too far off: copy it over
                 self.ll.llama_memory_seq_cp(self.mem, source.seq_id, slot.seq_id, -1, -1)
-                slot.cached = list(source.cached)
+                slot.copy_of(source)
             if n_common < len(slot.cached) and not self.ll.llama_memory_seq_rm(
                 self.mem, slot.seq_id, job.pos_at(n_common), -1
             ):
                 n_common = 0  # this model's memory cannot drop a suffix: start afresh
                 self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
-            del slot.cached[n_common:]
+            slot.keep(n_common)
             job.cached_tokens = n_common
             for follower in job.followers:
                 follower.cached_tokens = n_common
@@ -166,7 +168,7 @@ class Batch:
                 fslot = min(free, key=lambda s: (span(s), len(s.cached)))
                 free.remove(fslot)
                 self.ll.llama_memory_seq_rm(self.mem, fslot.seq_id, -1, -1)
-                fslot.cached.clear()
+                fslot.keep(0)
                 fslot.job = follower
                 fslot.scope = scope
                 fslot.follows = slot
@@ -285,6 +287,7 @@ class Batch:
                 self._decode_failed(EngineFailure("llama_decode failed on an image"))
                 return False
             slot.cached.extend([span.placeholder] * span.n)
+            slot.marks.append(span.mark)
             slot.n_prompt_done += span.n
             slot.n_past = after
         return True
@@ -337,7 +340,7 @@ class Batch:
             if leader is not None and leader.i_batch >= 0 and leader.job is not None:
                 # the leader's prompt is in the KV now: share it, and sample from its logits
                 ll.llama_memory_seq_cp(self.mem, leader.seq_id, slot.seq_id, -1, -1)
-                slot.cached = list(leader.cached)
+                slot.copy_of(leader)
                 slot.n_past, slot.n_prompt_done = leader.n_past, leader.n_prompt_done
                 slot.i_batch = leader.i_batch
                 slot.follows = None
@@ -542,7 +545,7 @@ class Batch:
                 self.release(other)
         if not keep_cache:
             self.ll.llama_memory_seq_rm(self.mem, slot.seq_id, -1, -1)
-            slot.cached.clear()
+            slot.keep(0)
         slot.job = None
         slot.follows = None
         slot.i_batch = -1

@@ -483,7 +483,7 @@ class LlamaEngine:
             raise ModelLoadError("warm-up generation did not finish")
         for slot in sched.slots:  # the warm-up text is no prefix anyone will reuse
             self._ll.llama_memory_seq_rm(self._m.mem, slot.seq_id, -1, -1)
-            slot.cached.clear()
+            slot.keep(0)
         self._prime()
         sched.steps = 0
         sched.widths.clear()

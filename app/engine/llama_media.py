@@ -13,8 +13,9 @@ decode of its tokens:
   to an image both ways).
 
 A prompt keeps one placeholder id per image token, negative (never a vocabulary id) and
-derived from the image's digest: the prefix cache compares prompts as token lists, so a
-repeated image matches its cached KV and a different image does not.
+derived from 28 bits of the image's digest; each span keeps the full digest beside it, and the
+prefix cache compares both (``tokens.common_prefix``): a repeated image matches its cached KV,
+and a different one does not, even where the ids collide.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from app.base.errors import BadRequest, ModelLoadError
+from app.engine.tokens import Mark
 from app.engine.types import Audio, Image
 
 log = logging.getLogger(__name__)
@@ -48,11 +50,17 @@ class ImageSpan:
     chunk: Any
     placeholder: int
     n_pos: int  # positions it takes: n, or its grid's longer side (M-RoPE)
+    digest: str  # the image's, in full: what the prefix cache compares (the id holds 28 bits)
+
+    @property
+    def mark(self) -> Mark:
+        """Where it stands in the prompt, and what it is."""
+        return Mark(self.start, self.n, self.digest)
 
 
 def placeholder(item: Image | Audio) -> int:
     """The id an image's (or a sound's) tokens take in a prompt's token list: negative, from
-    its digest."""
+    28 bits of its digest (not an identity: ``ImageSpan.digest`` is)."""
     return -1 - int(item.digest[:7], 16)
 
 
@@ -116,7 +124,7 @@ class Projector:
         tokens, spans = entry
         return list(tokens), [ImageSpan(start + s.start, s.n, s.embd,
                                         self.mt.mtmd_input_chunk_copy(s.chunk), s.placeholder,
-                                        s.n_pos)
+                                        s.n_pos, s.digest)
                               for s in spans]
 
     def _remember(self, key: tuple[str, str], tokens: list[int], spans: list[ImageSpan],
@@ -125,7 +133,7 @@ class Projector:
         if size > self._cache_limit:
             return
         kept = [ImageSpan(s.start - start, s.n, s.embd, self.mt.mtmd_input_chunk_copy(s.chunk),
-                          s.placeholder, s.n_pos) for s in spans]
+                          s.placeholder, s.n_pos, s.digest) for s in spans]
         with self._lock:
             if key in self._cache:
                 for s in kept:
@@ -191,7 +199,7 @@ class Projector:
             embd = np.ctypeslib.as_array(out, shape=(n_tok * self.n_embd,)).copy()
             spans.append(ImageSpan(start + len(tokens), n_tok, embd,
                                    mt.mtmd_input_chunk_copy(chunk), pid,
-                                   mt.mtmd_input_chunk_get_n_pos(chunk)))
+                                   mt.mtmd_input_chunk_get_n_pos(chunk), image.digest))
             tokens.extend([pid] * n_tok)
         return tokens, spans
 

@@ -14,6 +14,7 @@ from app.base.errors import GenerationTimeout, ServiceError
 from app.engine.llama_media import ImageSpan
 from app.engine.sampling import Sampler
 from app.engine.text import TextAssembler
+from app.engine.tokens import Mark
 from app.engine.types import Failed, GenerationRequest, Sink, TokenScore
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class Slot:
     seq_id: int
     job: Job | None = None
     cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
+    marks: list[Mark] = field(default_factory=list)  # the images among them, by full digest
     last_used: float = 0.0
     follows: Slot | None = None  # a choice waiting for its leader's prompt KV
     # the position the sequence's next token takes: its token count, except after an image of
@@ -91,6 +93,16 @@ class Slot:
     # in ``cached`` until the target samples the same token; the rest are dropped by _settle
     draft: list[int] = field(default_factory=list)
     speculating: bool = False
+
+    def keep(self, n: int) -> None:
+        """The KV now holds only the first ``n`` cached tokens (never the inside of an
+        image: ``before_image`` cuts there)."""
+        del self.cached[n:]
+        self.marks = [m for m in self.marks if m.start + m.n <= n]
+
+    def copy_of(self, other: Slot) -> None:
+        """The KV now holds a copy of ``other``'s."""
+        self.cached, self.marks = list(other.cached), list(other.marks)
 
 
 def place(slots: list[Slot], free: list[Slot], shared: dict[int, int]) -> tuple[Slot, Slot]:

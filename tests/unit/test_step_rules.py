@@ -6,10 +6,13 @@ these pin each rule's edges."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from app.engine.lora import next_set
 from app.engine.prediction import Place, Prediction
 from app.engine.slots import Job, Slot, place
 from app.engine.speculative import SpecConfig, SpecGate, next_draft_len, ngram_draft, propose
+from app.engine.tokens import Mark, common_prefix
 from app.engine.types import GenerationRequest, SamplingParams, Speculation
 
 
@@ -146,3 +149,14 @@ def test_without_server_drafting_only_predictions_are_drafted():
     with_pred.job.prediction = Place(Prediction([7, 8, 9]))
     drafts = propose(spec, None, 4096, [with_pred, _generating(1, copy)])
     assert drafts == {0: [8, 9]}
+
+
+def test_equal_image_ids_are_the_same_image_only_with_the_same_digest():
+    ids = [1, 2, -5, -5, -5, 3]  # an image of 3 tokens at 2: ids from 28 bits of its digest
+    prompt = np.asarray(ids, dtype=np.int32)
+    image, twin = Mark(2, 3, "a" * 64), Mark(2, 3, "a" * 7 + "b" * 57)
+    assert common_prefix(ids, prompt, [image], [image]) == 6
+    assert common_prefix(ids, prompt, [image], [twin]) == 2  # the same ids, another image
+    assert common_prefix(ids, prompt, [], [image]) == 2  # a cache that cannot say which
+    assert common_prefix(ids[:2], prompt, [], [twin]) == 2  # the prefix ends before it anyway
+    assert common_prefix([1, 9], prompt, [], [twin]) == 1
