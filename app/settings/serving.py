@@ -256,6 +256,15 @@ class ServingSettings(BaseModel):
         le=100_000,
         **env("RESPONSES_STORE_SIZE"),
     )
+    responses_store_bytes: int = Field(
+        256 * 1024 * 1024,
+        description="Most bytes (as JSON: the responses with their echoed fields, and the "
+        "conversations they continue) the Responses API store keeps in all; past it, the key "
+        "holding the most loses its oldest; a response larger than this is not kept.",
+        ge=1024,
+        le=1 << 40,
+        **env("RESPONSES_STORE_BYTES"),
+    )
     responses_store_ttl: float = Field(
         3600.0,
         description="Seconds a stored Responses API response is kept; after it, its id is a 404.",

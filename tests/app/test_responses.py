@@ -652,3 +652,36 @@ def test_a_full_store_evicts_from_the_key_holding_the_most():
     assert store.get("small", "s0") is not None and len(store) == 4
     store.put("small", "s2", {}, [])  # a tie: the writer's own oldest goes
     assert store.get("small", "s0") is None and store.get("big", "b1") is not None
+
+
+def test_the_store_is_bounded_in_bytes_too():
+    """security3 L2: twenty responses echoing megabytes of tools fit RESPONSES_STORE_SIZE's
+    count but not its bytes: the store keeps what its byte budget holds, evicting from the key
+    holding the most bytes, and keeps no response larger than the whole budget."""
+    from app.api.responses.store import ResponseStore, json_size
+
+    big = {"tools": ["x" * 100_000]}
+    store = ResponseStore(size=100, ttl=60, max_bytes=350_000)
+    for i in range(20):
+        store.put("a", f"a{i}", big, [])
+    assert len(store) == 3 and store.get("a", "a19") is not None
+    assert store.get("a", "a16") is None
+    store.put("b", "b0", {"note": "x" * 60_000}, [{"role": "user", "content": "hi"}])
+    assert store.get("b", "b0") is not None and len(store) == 3  # "a" gave up its oldest
+    assert store.get("a", "a17") is None and store.get("a", "a18") is not None
+    store.put("b", "huge", {"tools": ["x" * 400_000]}, [])
+    assert store.get("b", "huge") is None and store.get("b", "b0") is not None
+    assert store.delete("b", "b0") and store.delete("a", "a19")
+    assert store.delete("a", "a18") and len(store) == 0
+    assert json_size(big, []) > 100_000
+
+
+def test_responses_store_bytes_reaches_the_store(fake_engine):
+    client = make_client(fake_engine, RESPONSES_STORE_BYTES="4096")
+    store = api_of(client).store
+    assert store.max_bytes == 4096
+    for i in range(5):
+        r = client.post("/v1/responses", json={"model": "m", "input": f"hi {i}",
+                                               "instructions": "y" * 1500})
+        assert r.status_code == 200
+    assert 0 < len(store) < 5

@@ -79,7 +79,8 @@ class Responses(Api):
 
     def __init__(self, settings: Any, service: Any):
         super().__init__(settings, service)
-        self.store = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+        self.store = ResponseStore(settings.responses_store_size, settings.responses_store_ttl,
+                                   max_bytes=settings.responses_store_bytes)
 
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "input" in body and "messages" not in body and "prompt" not in body
