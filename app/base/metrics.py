@@ -309,10 +309,13 @@ class BootCollector:
         crashes = CounterMetricFamily(
             PREFIX + "worker_crashes", "Worker processes that died from a signal (SIGSEGV, "
             "SIGABRT, ...; unknown: killed with no fault recorded), by the load stage they were "
-            "in (ready: after the model was ready).", labels=["stage", "signal"])
-        counts: dict[tuple[str, str], int] = {}
+            "in (ready: after the model was ready) and whether requests were in flight "
+            "(in_flight: never stops the server; none: counts against CRASH_LIMIT).",
+            labels=["stage", "signal", "requests"])
+        counts: dict[tuple[str, str, str], int] = {}
         for c in self.boot.crashes:
-            counts[(c.stage, c.signal)] = counts.get((c.stage, c.signal), 0) + 1
+            key = (c.stage, c.signal, "in_flight" if c.after_requests else "none")
+            counts[key] = counts.get(key, 0) + 1
         for labels, n in sorted(counts.items()):
             crashes.add_metric(list(labels), float(n))
         yield crashes
@@ -320,6 +323,10 @@ class BootCollector:
             PREFIX + "safe_mode", "1 when this worker runs in safe mode (CPU_EXTRA_BUFFERS and "
             "FLASH_ATTN off) after a worker died while loading.",
             value=1.0 if self.boot.safe_reason else 0.0)
+        yield GaugeMetricFamily(
+            PREFIX + "worker_backoff_seconds", "Seconds this worker waited before loading the "
+            "model, because the worker before it died with requests in flight (0: none).",
+            value=float(self.boot.backoff))
 
 
 def install(app: Flask, metrics: Metrics, endpoints: dict[str, str]) -> None:

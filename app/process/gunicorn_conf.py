@@ -43,6 +43,19 @@ def worker_exit(guard: CrashGuard, server: Any, worker: Any) -> None:
         service.engine.shutdown()
 
 
+def request_ended(guard: CrashGuard, worker: Any, req: Any) -> None:
+    """A request's end, in the crash guard's record, with the generations requests left running:
+    resumable streams whose client left, and work the engine still holds (a cancelled stream
+    unwinds at its next step). A death while one runs followed requests too."""
+    hub = streams_of(worker)
+    service = service_of(worker)
+    left = hub.live() if hub is not None else 0
+    if service is not None:
+        stats = service.engine.stats()
+        left = max(left, int(stats.get("running", 0)) + int(stats.get("waiting", 0)))
+    guard.request_ended(req, left)
+
+
 def exit_worker_on_load_failure(message: str) -> None:
     """Called from the engine thread when the model cannot load."""
     time.sleep(0.5)  # let health and /models/sse watchers see the failure
@@ -76,6 +89,9 @@ def options(settings: Settings, guard: CrashGuard | None = None) -> dict[str, An
         # a worker gone while the master is stopping (no listeners left) is no crash loop
         "child_exit": lambda server, worker: guard.child_exit(worker, not server.LISTENERS),
         "on_exit": lambda server: guard.exiting(),
+        # the requests in flight, so the guard tells a request's crash from a broken model's
+        "pre_request": lambda worker, req: guard.request_started(req),
+        "post_request": lambda worker, req, environ, resp: request_ended(guard, worker, req),
         "proc_name": "vertex-gguf",
         # gunicorn 27 opens a control socket under $HOME by default: not wanted in a container.
         "control_socket_disable": True,

@@ -126,20 +126,33 @@ class ServingSettings(BaseModel):
     )
     crash_limit: int = Field(
         3,
-        description="A worker that dies from a signal after the model was ready is restarted; "
-        "this many such deaths within CRASH_WINDOW seconds end the process (exit code 4) "
-        "instead of a restart loop. A death while loading is restarted once, in safe mode.",
+        description="A worker that dies from a signal after the model was ready with no "
+        "request in flight (a broken model or machine) is restarted; this many such deaths "
+        "within CRASH_WINDOW seconds end the process (exit code 4) instead of a restart loop. "
+        "A death with requests in flight never ends it (a restart after CRASH_BACKOFF_MAX's "
+        "back-off); a death while loading is restarted once, in safe mode.",
         ge=1,
         le=1000,
         **env("CRASH_LIMIT"),
     )
     crash_window: float = Field(
         600.0,
-        description="Seconds over which worker deaths after ready are counted against "
-        "CRASH_LIMIT.",
+        description="Seconds over which worker deaths after ready are counted: those with "
+        "nothing in flight against CRASH_LIMIT, those with requests in flight for their "
+        "back-off (a window without one starts it again at 1 s).",
         gt=0,
         le=86400 * 7,
         **env("CRASH_WINDOW"),
+    )
+    crash_backoff_max: float = Field(
+        60.0,
+        description="Longest wait, in seconds, before a worker that replaces one that died "
+        "with requests in flight loads the model: 1 s after the first such death within "
+        "CRASH_WINDOW, doubling with each more, up to this (health answers 503 meanwhile). "
+        "0: load at once.",
+        ge=0,
+        le=3600,
+        **env("CRASH_BACKOFF_MAX"),
     )
     worker_connections: int = Field(
         1000,

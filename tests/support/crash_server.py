@@ -4,11 +4,15 @@ engine that kills its own worker at a chosen stage, for tests/app/test_crash_gua
     python -m tests.support.crash_server      # settings from the environment, as vertex-gguf's
 
 What the engine does, from these test-only variables:
-- ``CRASH_AT``: ``loading`` or ``warming_up`` (the worker dies there while starting), or
-  ``generating`` (a request whose prompt contains ``CRASH`` kills it mid-generation).
+- ``CRASH_AT``: ``loading`` or ``warming_up`` (the worker dies there while starting),
+  ``generating`` (a request whose prompt contains ``CRASH`` kills it mid-generation, with the
+  signal named after it if any: ``CRASH SIGKILL``), or ``idle`` (the engine thread dies as soon
+  as the model is ready, with no request in flight: a broken model or machine).
 - ``CRASH_SIGNAL``: ``SIGSEGV`` (a real invalid read through ctypes), ``SIGABRT`` (libc's
   ``abort()``, as a ``GGML_ABORT``), ``SIGKILL`` (as the OOM killer), or any other signal's
   name (raised in the dying thread).
+
+Nothing of this is in the app: the fault is this engine's, installed by this server only.
 - ``CRASH_UNLESS_SAFE=1``: a worker in safe mode (CPU_EXTRA_BUFFERS=off) starts normally, as a
   build whose extra buffer types crash does once they are off.
 """
@@ -59,10 +63,14 @@ class CrashingEngine(FakeEngine):
             if stage == self.crash_at and not self.spared:
                 die(self.signal_name)
         self.state.set("ready", progress=1.0)
+        if self.crash_at == "idle":
+            die(self.signal_name)
 
     def _generate(self, req, channel, handle) -> None:
-        if self.crash_at == "generating" and "CRASH" in str(req.prompt):
-            die(self.signal_name)
+        prompt = str(req.prompt)
+        if self.crash_at == "generating" and "CRASH" in prompt:
+            named = prompt.partition("CRASH")[2].split()[:1]
+            die(named[0] if named and named[0].startswith("SIG") else self.signal_name)
         super()._generate(req, channel, handle)
 
 
