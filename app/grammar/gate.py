@@ -12,6 +12,7 @@ repetition bound, alternatives in one rule, optional items in a row. What limits
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any
@@ -557,13 +558,24 @@ class _Parser:
         )
 
 
-_VERDICTS: OrderedDict[tuple[str, Limits], Stats | GrammarError] = OrderedDict()
+# a digest of the text and the limits -> the verdict: the stats, or the error's class and message
+# (not the error itself: its traceback holds the frames that hold the text)
+_VERDICTS: OrderedDict[tuple[bytes, Limits], Stats | tuple[type[GrammarError], str]] = OrderedDict()
 
 
 def check(text: str, param: str, limits: Limits) -> Stats:
     """Parse ``text`` as llama.cpp would and enforce ``limits``; a 400 naming ``param``.
-    Verdicts are cached by text (clients send the same schemas and tools again and again)."""
-    key = (text, limits)
+
+    Verdicts are cached by a digest of the text (clients send the same schemas and tools again
+    and again); a text over ``GRAMMAR_MAX_BYTES`` is refused first, and nothing of it is kept.
+    """
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > limits.max_bytes:
+        raise GrammarTooComplex(
+            f"{param}: the grammar is {len(data)} bytes, over the limit of {limits.max_bytes} "
+            "(GRAMMAR_MAX_BYTES)", param=param)
+    key = (hashlib.sha256(data).digest(), limits)
+    del data
     with _CACHE_LOCK:
         verdict = _VERDICTS.get(key)
         if verdict is not None:
@@ -572,23 +584,20 @@ def check(text: str, param: str, limits: Limits) -> Stats:
         try:
             verdict = _check(text, limits)
         except GrammarError as exc:
-            verdict = exc
+            verdict = (type(exc), exc.message)
         with _CACHE_LOCK:
             _VERDICTS[key] = verdict
             while len(_VERDICTS) > _CACHE_SIZE:
                 _VERDICTS.popitem(last=False)
-    if isinstance(verdict, GrammarError):
-        raise type(verdict)(f"{param}: {verdict.message}", param=param)
+    if isinstance(verdict, tuple):
+        kind, message = verdict
+        raise kind(f"{param}: {message}", param=param)
     return verdict
 
 
 def _check(text: str, limits: Limits) -> Stats:
-    """The verdict on a grammar, whichever field it came from (``check`` names the field)."""
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_bytes:
-        raise GrammarTooComplex(
-            f"the grammar is {size} bytes, over the limit of {limits.max_bytes} (GRAMMAR_MAX_BYTES)"
-        )
+    """The verdict on a grammar within ``GRAMMAR_MAX_BYTES``, whichever field it came from
+    (``check`` names the field)."""
     if "\x00" in text:
         raise GrammarError("the grammar contains a NUL character")
     parser = _Parser(text, limits)

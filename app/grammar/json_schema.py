@@ -1,8 +1,12 @@
 """JSON Schema -> GBNF, for ``response_format`` and tool schemas.
 
-Through llama-cpp-python's converter, with two changes: its rule naming is O(1) per rule
-instead of O(rules) (3000 property names that escape to the same rule name took seconds), and
-the schema is checked before conversion (only local ``$ref``, bounded property counts; a
+Through llama-cpp-python's converter, with its cost bounded: rule naming is O(1) per rule
+instead of O(rules) (3000 property names that escape to the same rule name took seconds), a rule
+name is at most ``_NAME_MAX`` characters (the library names a child ``parent-prop``, so a long
+name was copied into every descendant's name and every reference to it: a 200 KB property name
+over 1000 children made a 400 MB grammar), a ``$ref`` is converted once, not at every use, and
+conversion stops as soon as the grammar passes ``GRAMMAR_MAX_BYTES``. The schema is checked
+before conversion (only local ``$ref``, bounded property counts; a
 ``minLength`` / ``minItems`` over ``max_repetition`` is refused, and a ``maxLength`` /
 ``maxItems`` allowing more than half of it is not enforced, as llama.cpp itself does for
 ``{m,n}`` above 2000: the converter nests two rules per optional repetition, and llama.cpp
@@ -23,6 +27,7 @@ Two of the library's rules are replaced here, as llama.cpp's current converter h
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import OrderedDict
@@ -30,9 +35,10 @@ from typing import Any
 
 from app.base.bridge import allocate_lock
 from app.base.errors import BadRequest
-from app.grammar.gate import GrammarTooComplex, Limits
+from app.grammar.gate import GrammarError, GrammarTooComplex, Limits
 
 _CACHE_SIZE = 256
+_NAME_MAX = 64  # a rule name's most characters (see _short)
 _CACHE_LOCK = allocate_lock()  # conversions run on several worker threads
 
 
@@ -64,6 +70,8 @@ def _prepare_schema(schema: Any, param: str, limits: Limits) -> Any:
             if isinstance(props, dict):
                 properties += len(props)
                 required = node.get("required")
+                if isinstance(required, list) and not all(isinstance(r, str) for r in required):
+                    raise BadRequest(f"{param}: 'required' must list property names", param=param)
                 n_required = len({r for r in required if r in props}) if isinstance(required, list) else 0
                 if len(props) - n_required > limits.max_optional_properties:
                     raise GrammarTooComplex(
@@ -149,6 +157,19 @@ def _is_untyped(schema: dict[str, Any], formats: Any) -> bool:
                                           or f"{fmt}-string" in formats))
 
 
+def _short(name: str) -> str:
+    """``name``, or its start, a digest and its end when it is over ``_NAME_MAX`` characters: a
+    child's rule name starts with its parent's, so names must not grow with the names above."""
+    if len(name) <= _NAME_MAX:
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return f"{name[:24]}-{digest}-{name[-(_NAME_MAX - 38):]}"  # the end: the child's own name
+
+
+class _TooBig(Exception):
+    """The grammar being built passed ``GRAMMAR_MAX_BYTES``: conversion stops there."""
+
+
 def _converter_class() -> type:
     from llama_cpp import llama_grammar as lg
 
@@ -161,15 +182,22 @@ def _converter_class() -> type:
 
     class Converter(lg.SchemaConverter):
         """llama-cpp-python's converter, with rule naming in O(1) (the library probes
-        ``name0, name1, ...`` from 0 on every collision: quadratic in colliding names), JSON
-        strings without raw control characters, and untyped schemas as any value."""
+        ``name0, name1, ...`` from 0 on every collision: quadratic in colliding names), short
+        rule names, each ``$ref`` converted once, a budget of ``max_bytes`` characters of
+        grammar, JSON strings without raw control characters, and untyped schemas as any
+        value."""
 
-        def __init__(self) -> None:
+        def __init__(self, max_bytes: int) -> None:
             super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
             self._key_of: dict[tuple[str, str], str] = {}
             self._next: dict[str, int] = {}
+            self._resolved: dict[str, str] = {}
+            self._max_bytes = max_bytes
+            # format_grammar's length so far: "name ::= rule" per rule, a newline between two
+            self._size = sum(len(k) + len(r) + 6 for k, r in self._rules.items()) - 1
 
         def visit(self, schema: Any, name: str) -> str:
+            name = _short(name)  # before the library builds its children's names from it
             if schema is True:
                 schema = {}
             if not isinstance(schema, dict):
@@ -203,10 +231,26 @@ def _converter_class() -> type:
                     self._add_primitive(dep, dep_rule)
             return key
 
+        def _resolve_ref(self, ref: str) -> str:
+            # the library converts a definition again at every use unless its name is a rule
+            # name as written (no escape, no shortening), and reads a rule of the same name
+            # (a property's) as the definition: here each is converted once, by its reference
+            done = self._resolved.get(ref)
+            if done is not None:
+                return done
+            name = lg.INVALID_RULE_CHARS_RE.sub("-", _short(ref.split("/")[-1]))
+            if ref in self._refs_being_resolved:  # recursive: the name it is being given
+                return name + "-" if name in lg.RESERVED_NAMES else name
+            self._refs_being_resolved.add(ref)
+            key = self.visit(self._refs[ref], name)
+            self._refs_being_resolved.discard(ref)
+            self._resolved[ref] = key
+            return key
+
         def _add_rule(self, name: str, rule: str) -> str:
             if name == "dot" and rule in library_dots:
                 rule = JSON_DOT  # a pattern's "." is a character of a JSON string
-            esc = lg.INVALID_RULE_CHARS_RE.sub("-", name)
+            esc = lg.INVALID_RULE_CHARS_RE.sub("-", _short(name))
             if esc not in self._rules or self._rules[esc] == rule:
                 key = esc
             else:
@@ -218,6 +262,11 @@ def _converter_class() -> type:
                     found = f"{esc}{i}"
                     self._next[esc] = i + 1
                 key = found
+            if key not in self._rules:
+                # characters count no more than bytes: over in characters is over in bytes
+                self._size += len(key) + len(rule) + 6
+                if self._size > self._max_bytes:
+                    raise _TooBig
             self._rules[key] = rule
             self._key_of[(esc, rule)] = key
             return key
@@ -226,26 +275,37 @@ def _converter_class() -> type:
 
 
 _CONVERTER: type | None = None
-_CACHE: OrderedDict[str, str] = OrderedDict()
+_CACHE: OrderedDict[tuple[bytes, Limits], str] = OrderedDict()  # digest, limits -> grammar
 
 
-def _converter() -> Any:
+def _converter(max_bytes: int) -> Any:
     global _CONVERTER
     if _CONVERTER is None:
         _CONVERTER = _converter_class()
-    return _CONVERTER()
+    return _CONVERTER(max_bytes)
+
+
+def _too_big(param: str, limits: Limits, size: int | None = None) -> GrammarTooComplex:
+    """The 400 for a grammar over ``GRAMMAR_MAX_BYTES`` (with its size when it was finished)."""
+    what = f"{size} bytes, over the limit of {limits.max_bytes}" if size is not None else (
+        f"over the limit of {limits.max_bytes} bytes")
+    return GrammarTooComplex(f"{param}: the schema's grammar is {what} (GRAMMAR_MAX_BYTES)",
+                             param=param)
 
 
 def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
     """A JSON Schema as GBNF; a schema over the limits or the converter rejects is a 400.
 
     Pure Python and CPU-bound: callers run it off the request hub (see app.base.bridge.offload).
-    Converted grammars are cached by the schema's text (agents send the same schemas again).
+    Converted grammars are cached by a digest of the schema's text and the limits (agents send
+    the same schemas again); only grammars within ``GRAMMAR_MAX_BYTES`` are kept.
     """
     try:
-        key = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise BadRequest(f"{param} is not a JSON Schema: {exc}", param=param) from None
+    key = (hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest(), limits)
+    del text
     with _CACHE_LOCK:
         cached = _CACHE.get(key)
         if cached is not None:
@@ -253,14 +313,21 @@ def from_schema(schema: dict[str, Any], param: str, limits: Limits) -> str:
             return cached
     prepared = _prepare_schema(schema, param, limits)
     try:
-        conv = _converter()
+        conv = _converter(limits.max_bytes)
         resolved = conv.resolve_refs(prepared, "input")
         conv.visit(resolved, "")
         gbnf = conv.format_grammar()
+    except _TooBig:
+        raise _too_big(param, limits) from None
     except RecursionError:
         raise GrammarTooComplex(f"{param}: the schema nests too deeply to convert", param=param) from None
+    except GrammarError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the converter raises assorted errors (asserts too)
         raise BadRequest(f"{param} cannot be enforced: {exc}", param=param) from None
+    size = len(gbnf.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:  # within the budget in characters, not in bytes: not kept
+        raise _too_big(param, limits, size)
     with _CACHE_LOCK:
         _CACHE[key] = gbnf
         while len(_CACHE) > _CACHE_SIZE:

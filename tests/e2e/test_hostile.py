@@ -187,6 +187,28 @@ def test_grammars_just_under_the_limits_are_served(srv):
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == "a", r.text
 
 
+
+def test_a_long_property_name_over_many_children_is_a_400_and_a_shorter_one_is_served(srv):
+    """Review 3, H1: a 200 KB name over 1000 children built a 400 MB grammar before its size was
+    checked; conversion now stops at GRAMMAR_MAX_BYTES. A name over the rule-name length (the
+    rules are named by a digest) still makes a grammar the real llama.cpp takes."""
+    kids = [f"p{i}" for i in range(1000)]
+    huge = {"properties": {"k" * 200_000: {"properties": {k: {} for k in kids}, "required": kids}}}
+    name = "long_" + "x" * 80
+    fits = {"type": "object", "properties": {name: {"type": "integer"}}, "required": [name]}
+    with hostile(srv):
+        err = error_of(send(srv, "/v1/chat/completions", {**CHAT, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "h", "schema": huge}}}), 400,
+            "grammar_too_complex", "response_format.json_schema.schema")
+        assert "GRAMMAR_MAX_BYTES" in err["message"], err
+        r = send(srv, "/v1/chat/completions", {**CHAT, "max_tokens": 64, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "f", "schema": fits}}})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"].startswith('{"long_'), choice
+        if choice["finish_reason"] == "stop":
+            assert set(json.loads(choice["message"]["content"])) == {name}
+
 def test_enums_and_colliding_properties(srv):
     big = {"type": "json_schema", "json_schema": {"name": "e", "schema": {"enum": [f"v{i:06d}" for i in range(4000)]}}}
     ok = {"type": "json_schema", "json_schema": {"name": "e", "schema": {"enum": [f"v{i:06d}" for i in range(1000)]}}}

@@ -94,6 +94,7 @@ def test_schema_bounds():
     ({"type": "object", "properties": {f"p{i}": {} for i in range(5001)}, "required": [f"p{i}" for i in range(5001)]},
      "GRAMMAR_MAX_PROPERTIES"),
     ({"type": "nonsense"}, "cannot be enforced"),
+    ({"type": "object", "properties": {"a": {}}, "required": [["a"]]}, "must list property names"),
 ])
 def test_schemas_refused_before_conversion(schema, needle):
     with pytest.raises(BadRequest, match=needle):

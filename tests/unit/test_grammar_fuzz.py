@@ -208,3 +208,31 @@ def test_random_schemas(worker):
         out = worker.run(text)
         assert out["parsed"] and out["allowed"] > 0, (schema, text[:2000])
     assert accepted > N_SCHEMAS // 3, accepted
+
+
+def long_name(rng: random.Random) -> str:
+    """A property or definition name over the converter's rule-name length, odd characters in it."""
+    return "".join(rng.choice("ab.-_ 中") for _ in range(rng.randint(60, 200)))
+
+
+def test_random_schemas_with_long_names_and_definitions(worker):
+    """Shortened rule names and definitions converted once still make grammars llama.cpp takes."""
+    rng = random.Random(11)
+    accepted = 0
+    for _ in range(N_SCHEMAS // 4):
+        names = [long_name(rng) for _ in range(2)]
+        defs = {n: random_schema(rng, 1) for n in names}
+        if rng.random() < 0.5:  # a definition that refers to itself
+            defs[names[0]] = {"type": "object", "properties": {
+                "next": {"$ref": f"#/$defs/{names[0]}"}, long_name(rng): defs[names[0]]}}
+        props = {long_name(rng): {"$ref": f"#/$defs/{rng.choice(names)}"} for _ in range(3)}
+        schema = {"$defs": defs, "type": "object", "properties": props, "required": list(props)}
+        try:
+            text = json_schema.from_schema(schema, "schema", LIMITS)
+            gate.check(text, "schema", LIMITS)
+        except BadRequest:
+            continue
+        accepted += 1
+        out = worker.run(text)
+        assert out["parsed"] and out["allowed"] > 0, (schema, text[:2000])
+    assert accepted > N_SCHEMAS // 12, accepted

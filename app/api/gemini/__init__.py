@@ -96,13 +96,14 @@ class Gemini(Api):
                                   parsing.IGNORED, parsing.UNSUPPORTED)
         model = model_of(str(body.get("_model") or parsing.get(body, "model") or ""))
         params, output, n, thoughts, budget = parsing.generation(
-            parsing.get(body, "generationConfig"))
+            parsing.get(body, "generationConfig"), self.settings.grammar_max_properties)
         images = self.images()
         messages = parsing.messages(parsing.get(body, "contents"), images)
         system = parsing.system_text(parsing.get(body, "systemInstruction"))
         if system:
             messages.insert(0, {"role": "system", "content": system})
-        offered = parsing.parse_tools(parsing.get(body, "tools"), self.settings.max_tools)
+        offered = parsing.parse_tools(parsing.get(body, "tools"), self.settings.max_tools,
+                                      self.settings.grammar_max_properties)
         choice, offered = parsing.tool_choice(parsing.get(body, "toolConfig"), offered)
         kwargs = {"enable_thinking": False} if budget == 0 else {}
         inp = ChatInput(messages=messages, params=params, tools=offered, tool_choice=choice,

@@ -20,6 +20,7 @@ from app.core.input import OutputFormat, ToolChoice
 from app.core.media import Collected
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
+from app.grammar.gate import GrammarTooComplex
 from app.protocol import tools
 from app.protocol.openai import MAX_STOP_CHARS
 
@@ -98,30 +99,65 @@ def check_keys(d: Any, where: str, known: frozenset[str], ignored: dict[str, str
 _SCHEMA_DROP = {"propertyOrdering", "property_ordering", "example", "nullable"}
 
 
-def json_schema(schema: Any, where: str) -> dict[str, Any]:
+def json_schema(schema: Any, where: str, max_properties: int | None = None) -> dict[str, Any]:
     """Gemini's OpenAPI-style Schema (types in capitals, ``nullable``, ``propertyOrdering``) as
-    JSON Schema; a JSON Schema passes through unchanged."""
-    if not isinstance(schema, dict):
-        raise BadRequest(f"{where}: must be a schema object", param=where)
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _SCHEMA_DROP:
-            continue
-        name = camel(key)
-        if name == "type" and isinstance(value, str):
-            value = value.lower()
-            if value == "type_unspecified":
+    JSON Schema; a JSON Schema passes through unchanged.
+
+    Without recursion, and a node's path is joined only for its error (a path string built for
+    every node cost the length of the names above it: quadratic); properties are counted as
+    they are met, so a schema over ``max_properties`` (GRAMMAR_MAX_PROPERTIES, which the
+    grammar converter enforces too) is refused before the rest of it is converted."""
+    root: dict[str, Any] = {}
+    counted = 0
+    # (a schema, the dict its conversion fills, its path: (the parent's path, *keys) or ())
+    todo: list[tuple[Any, dict[str, Any], tuple[Any, ...]]] = [(schema, root, ())]
+    while todo:
+        node, out, path = todo.pop()
+        if not isinstance(node, dict):
+            at = _schema_path(where, path)
+            raise BadRequest(f"{at}: must be a schema object", param=at)
+        children: list[tuple[Any, dict[str, Any], tuple[Any, ...]]] = []
+        for key, value in node.items():
+            if key in _SCHEMA_DROP:
                 continue
-        elif name == "properties" and isinstance(value, dict):
-            value = {k: json_schema(v, f"{where}.properties.{k}") for k, v in value.items()}
-        elif name in ("items", "additionalProperties") and isinstance(value, dict):
-            value = json_schema(value, f"{where}.{name}")
-        elif name in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
-            value = [json_schema(v, f"{where}.{name}.{i}") for i, v in enumerate(value)]
-        out[name] = value
-    if schema.get("nullable") is True and isinstance(out.get("type"), str):
-        out["type"] = [out["type"], "null"]
+            name = camel(key)
+            if name == "type" and isinstance(value, str):
+                value = value.lower()
+                if value == "type_unspecified":
+                    continue
+            elif name == "properties" and isinstance(value, dict):
+                counted += len(value)
+                if max_properties is not None and counted > max_properties:
+                    raise GrammarTooComplex(f"{where}: more than {max_properties} properties "
+                                            "(GRAMMAR_MAX_PROPERTIES)", param=where)
+                value = {k: _slot(children, v, (path, "properties", k)) for k, v in value.items()}
+            elif name in ("items", "additionalProperties") and isinstance(value, dict):
+                value = _slot(children, value, (path, name))
+            elif name in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+                value = [_slot(children, v, (path, name, i)) for i, v in enumerate(value)]
+            out[name] = value
+        if node.get("nullable") is True and isinstance(out.get("type"), str):
+            out["type"] = [out["type"], "null"]
+        todo.extend(reversed(children))  # depth first, in the schema's order
+    return root
+
+
+def _slot(children: list[tuple[Any, dict[str, Any], tuple[Any, ...]]], schema: Any,
+          path: tuple[Any, ...]) -> dict[str, Any]:
+    """An empty dict that ``schema``'s conversion will fill, queued in ``children``."""
+    out: dict[str, Any] = {}
+    children.append((schema, out, path))
     return out
+
+
+def _schema_path(where: str, path: tuple[Any, ...]) -> str:
+    """``where`` and the keys down to a node, as ``where.properties.name``."""
+    parts: list[str] = []
+    while path:
+        parent, *keys = path
+        parts.extend(str(k) for k in reversed(keys))
+        path = parent
+    return ".".join([where, *reversed(parts)])
 
 
 # ---- contents -----------------------------------------------------------------------------------
@@ -270,7 +306,8 @@ _HOSTED = frozenset({"googleSearch", "googleSearchRetrieval", "codeExecution", "
                      "fileSearch"})
 
 
-def parse_tools(raw: Any, max_tools: int) -> tuple[tools.Tool, ...]:
+def parse_tools(raw: Any, max_tools: int, max_properties: int | None = None
+                ) -> tuple[tools.Tool, ...]:
     """``tools``: each a ``Tool`` whose ``functionDeclarations`` are offered; Google's hosted
     tools (search, code execution, ...) are refused, since they run on Google's side."""
     if raw is None:
@@ -292,7 +329,8 @@ def parse_tools(raw: Any, max_tools: int) -> tuple[tools.Tool, ...]:
             check_keys(decl, at, _DECL_KEYS, {}, {})
             schema = get(decl, "parametersJsonSchema")
             if schema is None and get(decl, "parameters") is not None:
-                schema = json_schema(get(decl, "parameters"), f"{at}.parameters")
+                schema = json_schema(get(decl, "parameters"), f"{at}.parameters",
+                                     max_properties)
             out.append(tools.make_tool(get(decl, "name"), get(decl, "description"), schema, at,
                                        f"{at}.name", f"{at}.parameters"))
     return tools.check_tools(out, max_tools)
@@ -334,9 +372,10 @@ def tool_choice(config: Any, offered: tuple[tools.Tool, ...]) -> tuple[ToolChoic
 # ---- generation config --------------------------------------------------------------------------
 
 
-def generation(config: Any) -> tuple[SamplingParams, OutputFormat | None, int, bool, int | None]:
+def generation(config: Any, max_properties: int | None = None
+               ) -> tuple[SamplingParams, OutputFormat | None, int, bool, int | None]:
     """``generationConfig``: (sampling, an output format, candidates, whether thoughts come
-    back, a thought budget)."""
+    back, a thought budget); ``max_properties`` bounds ``responseSchema`` as it is read."""
     if config is None:
         return SamplingParams(temperature=None, top_p=None, top_k=None, min_p=None,
                               max_tokens_param="generationConfig.maxOutputTokens"), None, 1, \
@@ -367,7 +406,8 @@ def generation(config: Any) -> tuple[SamplingParams, OutputFormat | None, int, b
     mime = get(config, "responseMimeType")
     schema = get(config, "responseJsonSchema")
     if schema is None and get(config, "responseSchema") is not None:
-        schema = json_schema(get(config, "responseSchema"), "generationConfig.responseSchema")
+        schema = json_schema(get(config, "responseSchema"), "generationConfig.responseSchema",
+                             max_properties)
     if mime not in (None, "text/plain", "application/json"):
         raise BadRequest("generationConfig.responseMimeType: text/plain or application/json",
                          param="generationConfig.responseMimeType")
