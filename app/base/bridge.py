@@ -122,26 +122,125 @@ def _wake_all(channels: list[Channel]) -> None:
         channel._ready.set()
 
 
+class _Job:
+    """One offloaded call: queued, running on a pool thread, done, or abandoned by its
+    caller (whose wait timed out)."""
+
+    __slots__ = ("deadline", "started", "abandoned", "done")
+
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+        self.started: float | None = None
+        self.abandoned = False
+        self.done = False
+
+
+class _Jobs:
+    """What the hub's pool threads are doing for :func:`offload`, for /health: how many run,
+    since when, and how many of them run for a caller that has already had its 503 (a stray
+    thread still holds a pool thread)."""
+
+    def __init__(self) -> None:
+        self.lock = allocate_lock()
+        self.running: dict[int, float] = {}  # id(job) -> when it started on its thread
+        self.stray = 0
+
+    def begin(self, job: _Job) -> bool:
+        """On the pool thread: False when the caller left before the job started."""
+        with self.lock:
+            if job.abandoned:
+                return False
+            job.started = time.monotonic()
+            self.running[id(job)] = job.started
+            return True
+
+    def end(self, job: _Job) -> None:
+        with self.lock:
+            self.running.pop(id(job), None)
+            job.done = True
+            if job.abandoned:
+                self.stray -= 1
+
+    def abandon(self, job: _Job) -> None:
+        """On the caller's greenlet, when its wait timed out."""
+        with self.lock:
+            job.abandoned = True
+            if job.started is not None and not job.done:
+                self.stray += 1
+
+
+_jobs = _Jobs()
+_current_job = get_original("_thread", "_local")()  # per OS thread: the job it runs
+
+
+def time_left() -> float | None:
+    """Seconds until the caller of the offloaded call running on this thread gives up (its
+    ``timeout``), or None: no such limit (or not on a pool thread). Work that waits on the
+    network stops by then, so it does not hold the thread for a caller that has left."""
+    job = getattr(_current_job, "job", None)
+    if job is None or job.deadline is None:
+        return None
+    return job.deadline - time.monotonic()
+
+
 def offload(fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
     """``fn(*args)`` on one of the hub's native worker threads while the calling greenlet
     waits, so CPU-bound request work (validation, templates, schema conversion) leaves the hub
-    free for every other connection; exceptions come back as raised. Past ``timeout`` the
-    caller gets a 503 (the thread finishes on its own: the work is bounded by the limits)."""
+    free for every other connection; exceptions come back as raised. ``timeout`` bounds the
+    whole wait, for a free thread and then for the work: past it the caller gets a 503, and a
+    thread still running is counted as stray (:func:`prep_threads`) until it finishes."""
+    job = _Job(None if timeout is None else time.monotonic() + timeout)
 
     @reqctx.carry  # the request's id (log lines) and key scope go with the work
     def run() -> tuple[bool, Any]:
+        if not _jobs.begin(job):
+            return False, None
+        _current_job.job = job
         try:
             return True, fn(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, not logged here
             return False, exc
+        finally:
+            _current_job.job = None
+            _jobs.end(job)
 
+    timer = gevent.Timeout(timeout)  # over both waits: spawn itself waits for a free thread
+    timer.start()
+    pending = None
     try:
-        ok, value = gevent.get_hub().threadpool.spawn(run).get(timeout=timeout)
-    except gevent.Timeout:
+        pending = gevent.get_hub().threadpool.spawn(run)
+        ok, value = pending.get()
+    except BaseException as exc:
+        if pending is not None:
+            _jobs.abandon(job)  # a thread still working for nobody is counted
+        if exc is not timer:
+            raise
+        if pending is None:
+            raise Overloaded(f"no thread was free to prepare the request within {timeout:g} "
+                             "s (PREPARE_TIMEOUT)") from None
         raise Overloaded(f"preparing the request took over {timeout:g} s") from None
+    finally:
+        timer.close()
     if not ok:
         raise value
     return value
+
+
+def prep_threads(limit: float) -> tuple[dict[str, int], str | None]:
+    """The hub's pool as /health shows it (``size``, ``busy``: running offloaded calls,
+    ``stray``: those whose caller has left), and why the replica is stuck, if it is: every
+    thread busy with calls that have all run past ``limit`` seconds, so no request can be
+    prepared and only a restart helps."""
+    size = gevent.get_hub().threadpool.maxsize
+    now = time.monotonic()
+    with _jobs.lock:
+        busy, stray = len(_jobs.running), _jobs.stray
+        youngest = max(_jobs.running.values(), default=now)
+    stall = None
+    if busy >= size and now - youngest > limit:
+        stall = (f"all {size} request-preparation threads have been busy for over "
+                 f"{now - youngest:.0f} s")
+    return {"size": size, "busy": busy, "stray": stray}, stall
 
 
 @contextlib.contextmanager

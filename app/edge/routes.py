@@ -16,7 +16,7 @@ from app.api.anthropic import models as anthropic_models
 from app.api.anthropic.stream import error_body as anthropic_error
 from app.api.base import read_body
 from app.api.gemini.stream import error_body as gemini_error
-from app.base import reqctx
+from app.base import bridge, reqctx
 from app.base.errors import BadRequest, Forbidden, ModelNotFound
 from app.base.state import LoadState
 from app.core.service import Service
@@ -37,7 +37,8 @@ _last_stall_log = [0.0]
 
 def health() -> tuple[Response, int]:
     """200 once the model is ready; 503 while loading, and when the engine is stuck (a step or
-    a request's preparation running past WATCHDOG_SECONDS), so the platform restarts it."""
+    a request's preparation running past WATCHDOG_SECONDS, or every request-preparation thread
+    held that long), so the platform restarts it."""
     engine = _service().engine
     state = engine.state
     body = state.snapshot()
@@ -65,7 +66,8 @@ def health() -> tuple[Response, int]:
         body.update(boot.report())
     ok = state.ready
     limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
-    stall = engine.stalled(limit) if ok else None
+    body["prep_threads"], pool_stall = bridge.prep_threads(limit)  # stray: callers had a 503
+    stall = (engine.stalled(limit) or pool_stall) if ok else None
     if stall:
         ok = False
         body["status"] = "stalled"

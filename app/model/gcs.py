@@ -121,20 +121,35 @@ def shared_client(emulator_host: str | None):
         return client
 
 
-def read_object(uri: str, max_bytes: int, emulator_host: str | None) -> bytes:
+def read_object(uri: str, max_bytes: int, emulator_host: str | None,
+                deadline: float | None = None) -> bytes:
     """A small object's bytes, read with the server's own credentials: LookupError when it
     does not exist (or cannot be seen), ValueError when it holds more than ``max_bytes``,
-    GcsError for anything else."""
+    GcsError for anything else, the ``deadline`` (time.monotonic()) passing included: each
+    call and its retries get only the time left."""
     bucket_name, path = parse_uri(uri)
     if not path or path.endswith("/"):
         raise LookupError(f"{uri} names no object")
+
+    def within() -> dict:
+        if deadline is None:
+            return {}
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline passed")
+        return {"timeout": left, "retry": DEFAULT_RETRY.with_timeout(left)}
+
     try:
-        blob = shared_client(emulator_host).bucket(bucket_name).get_blob(path)
+        blob = shared_client(emulator_host).bucket(bucket_name).get_blob(path, **within())
         if blob is None:
             raise LookupError(f"{uri}: no such object (or no such bucket)")
         if blob.size is not None and int(blob.size) > max_bytes:
             raise ValueError(f"{uri} is {blob.size} bytes, over {max_bytes}")
-        data = blob.download_as_bytes(end=max_bytes)  # end is inclusive: one byte over shows
+        # end is inclusive: one byte over shows
+        data = blob.download_as_bytes(end=max_bytes, **within())
+        within()  # a read that ended after the deadline is too late all the same
     except (LookupError, ValueError):
         raise
     except Exception as exc:  # noqa: BLE001 - every cause ends in one clear message

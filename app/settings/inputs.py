@@ -4,6 +4,9 @@ and embeddings (their context, pooling, task prefixes). One part of app.settings
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -57,14 +60,30 @@ class InputSettings(BaseModel):
     )
     image_url_hosts: str | None = Field(
         None,
-        description="Hosts a request may name in an http(s) image URL, comma-separated "
-        "(exact names; no redirects are followed). Unset: http(s) image URLs are refused.",
+        description="Hosts a request may name in an http(s) image URL, comma-separated: "
+        "exact names or addresses, each allowing its scheme's default port unless it names "
+        "one (images.example.com:8443, [2001:db8::1]:8080). A name must resolve to public "
+        "addresses only (else IMAGE_URL_NETWORKS); a listed address is allowed as written. "
+        "No redirects are followed. Unset: http(s) image URLs are refused.",
         min_length=1,
+        max_length=8192,
         **env("IMAGE_URL_HOSTS"),
+    )
+    image_url_networks: str | None = Field(
+        None,
+        description="Non-public address ranges (CIDR, comma-separated) an IMAGE_URL_HOSTS "
+        "name may resolve to, for an image host inside the VPC (10.8.0.0/16). Unset: a name "
+        "that resolves to a private, loopback, link-local or other non-public address is "
+        "refused.",
+        min_length=1,
+        max_length=8192,
+        **env("IMAGE_URL_NETWORKS"),
     )
     image_fetch_timeout: float = Field(
         10.0,
-        description="Seconds to read one image named by URL.",
+        description="Seconds to read one image named by URL (gs:// or http(s)): a deadline "
+        "on the whole read (connection, headers and body), after which the connection is "
+        "closed and the request gets a 400.",
         gt=0,
         le=300,
         **env("IMAGE_FETCH_TIMEOUT"),
@@ -170,6 +189,18 @@ class InputSettings(BaseModel):
         **env("EMBEDDING_TASK_PREFIXES"),
     )
 
+    @field_validator("image_url_hosts")
+    @classmethod
+    def _host_list(cls, value: str | None) -> str | None:
+        url_hosts(value)  # raises ValueError naming the bad entry
+        return value
+
+    @field_validator("image_url_networks")
+    @classmethod
+    def _network_list(cls, value: str | None) -> str | None:
+        url_networks(value)
+        return value
+
     @field_validator("embedding_task_prefixes", mode="before")
     @classmethod
     def _json_map(cls, value: Any) -> Any:
@@ -182,3 +213,57 @@ class InputSettings(BaseModel):
             except ValueError as exc:
                 raise ValueError(f"not valid JSON: {exc}") from None
         return value
+
+
+HostEntry = tuple[str, int | None]  # (a lower-case name or a canonical address, its port or None)
+_HOST_ENTRY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::([0-9]{1,5}))?", re.ASCII)
+
+
+def url_host(text: str) -> str | None:
+    """A URL's host as IMAGE_URL_HOSTS compares it: a name lower-cased, an address in its
+    canonical form (brackets dropped); None when it is neither."""
+    text = text.lower()
+    if text.startswith("["):
+        try:
+            return str(ipaddress.IPv6Address(text[1:-1])) if text.endswith("]") else None
+        except ValueError:
+            return None
+    if not re.fullmatch(r"[a-z0-9.-]+", text, re.ASCII) or ".." in text or text.startswith("."):
+        return None
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        return text
+
+
+def url_hosts(value: str | None) -> frozenset[HostEntry]:
+    """IMAGE_URL_HOSTS as (host, port) pairs; port None: the scheme's default port."""
+    out: set[HostEntry] = set()
+    for raw in (value or "").split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        m = _HOST_ENTRY.fullmatch(entry)
+        host = url_host(m.group(1)) if m else None
+        port = int(m.group(2)) if m and m.group(2) else None
+        if host is None:  # a bare IPv6 address has no port
+            with contextlib.suppress(ValueError):
+                host, port = str(ipaddress.IPv6Address(entry)), None
+        if host is None or (port is not None and not 0 < port < 65536):
+            raise ValueError(f"{raw.strip()!r}: IMAGE_URL_HOSTS takes host, host:port, an "
+                             "address or [IPv6]:port")
+        out.add((host, port))
+    return frozenset(out)
+
+
+def url_networks(value: str | None) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """IMAGE_URL_NETWORKS as networks."""
+    out = []
+    for raw in (value or "").split(","):
+        if raw.strip():
+            try:
+                out.append(ipaddress.ip_network(raw.strip(), strict=False))
+            except ValueError:
+                raise ValueError(f"{raw.strip()!r}: IMAGE_URL_NETWORKS takes CIDR ranges "
+                                 "(10.8.0.0/16, fd00::/8)") from None
+    return tuple(out)

@@ -151,7 +151,8 @@ class LimitSettings(BaseModel):
     watchdog_seconds: float = Field(
         60.0,
         description="Health answers 503 (so the platform restarts the container) when one "
-        "engine step, or one request's preparation, has run this long.",
+        "engine step, or one request's preparation, has run this long, or when every "
+        "request-preparation thread has been held this long.",
         gt=0,
         le=86400,
         **env("WATCHDOG_SECONDS"),

@@ -1,12 +1,20 @@
 """The gevent/thread boundary (app.base.bridge): items put from a native thread reach the
 greenlet waiting on its channel; inside ``held_wakes`` they wake it only when the block ends,
-with one cross-thread wake-up for every channel touched (the engine holds a step's tokens)."""
+with one cross-thread wake-up for every channel touched (the engine holds a step's tokens).
+``offload`` runs calls on the hub's pool within their caller's timeout, the wait for a free
+thread included, and counts the threads still working for a caller that left."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import gevent
+import pytest
+
 from app.base import bridge
+from app.base.errors import Overloaded
+from tests.support.pool import Gate, full_pool
+from tests.support.server import wait_for
 
 
 class CountingLoop:
@@ -78,3 +86,40 @@ def test_held_wakes_nest_and_wake_when_the_outer_block_ends():
         assert loop.calls == 0
     assert loop.calls == 1
     assert chan.get(timeout=10) == "x"
+
+
+
+def test_a_full_pool_answers_503_after_the_timeout_and_the_watchdog_sees_it():
+    """H3: gevent's spawn waits for a free thread with no timeout of its own; the wait is now
+    inside ``timeout`` (PREPARE_TIMEOUT), and a pool whose every thread is held that long
+    makes /health answer 503 so the platform replaces the replica."""
+    size = gevent.get_hub().threadpool.maxsize
+    with full_pool() as holders:
+        late = gevent.spawn(bridge.offload, lambda: "ran", timeout=0.2)
+        late.join(20)
+        assert late.ready(), "the call was still waiting for a thread"
+        assert isinstance(late.exception, Overloaded) and "PREPARE_TIMEOUT" in str(
+            late.exception)
+        report, stall = bridge.prep_threads(0)
+        assert report == {"size": size, "busy": size, "stray": 0} and "threads" in stall
+        assert bridge.prep_threads(3600)[1] is None  # not held that long
+    assert [h.value for h in holders] == ["held"] * (size + 1)
+    assert bridge.prep_threads(0) == ({"size": size, "busy": 0, "stray": 0}, None)
+
+def test_a_thread_that_outlives_its_caller_is_counted_until_it_ends():
+    gate = Gate()
+    try:
+        with pytest.raises(Overloaded):
+            bridge.offload(gate.hold, timeout=0.2)
+        assert bridge.prep_threads(60)[0]["stray"] == 1
+    finally:
+        gate.open()
+    wait_for(lambda: bridge.prep_threads(60)[0] == {
+        "size": gevent.get_hub().threadpool.maxsize, "busy": 0, "stray": 0}, 30,
+        "the stray thread's end", nap=gevent.sleep)
+
+
+def test_an_offloaded_call_knows_how_long_its_caller_waits():
+    left = bridge.offload(bridge.time_left, timeout=30)
+    assert 0 < left <= 30
+    assert bridge.offload(bridge.time_left) is None and bridge.time_left() is None

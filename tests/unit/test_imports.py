@@ -24,8 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.edge.routes", "app.edge.auth", "app.process.gunicorn_conf",
      "app.model.source"),  # the HTTP edge; where the model comes from
     ("app.api",),  # one module per wire API
-    ("app.core", "app.edge.logs", "app.model.gcs",
-     "app.model.remote"),  # the protocol-neutral middle; logs; download; images named by URL
+    ("app.core", "app.edge.logs", "app.model.gcs", "app.model.remote",
+     "app.model.http_get"),  # the protocol-neutral middle; logs; download; images named by URL
     ("app.protocol", "app.settings"),  # wire shapes; the settings table
     ("app.formats",),  # the model's text: tool-call and reasoning formats, reply parsing
     ("app.grammar", "app.engine"),  # the grammar gate and converter; llama.cpp behind the engine
