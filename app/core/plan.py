@@ -15,7 +15,7 @@ from app.core import media
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
 from app.core.media import MediaLimits
 from app.engine.types import MEDIA, GenerationRequest, ModelInfo, SamplingParams
-from app.formats import THINK, chat_template
+from app.formats import chat_template
 from app.formats.spec import ReplySpec, Tool
 from app.grammar import gate, json_schema
 from app.protocol import tools
@@ -101,9 +101,9 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     protect = (chat_template.protector(info.control_texts) if opts.protect_messages
                else (lambda value: value))
     offered, required = pick(inp.tools, inp.tool_choice)
-    think = opts.reasoning_format == "parsed" or (
-        THINK.detect(template) and (opts.reasoning_format == "auto" or bool(offered))
-    )
+    thought, taught = formats.choose_reasoning(opts.reasoning_format, template)
+    mode = opts.reasoning_format if opts.reasoning_format in formats.REASONING_MODES else "parsed"
+    think = mode == "parsed" or (taught and (mode == "auto" or bool(offered)))
     formatted = output_grammar(inp.output, limits)  # checked under every tool_choice
     if formatted is not None and params.grammar is not None:
         raise BadRequest("grammar and a JSON output format cannot be combined",
@@ -130,7 +130,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     prompt = _render(info, messages, inp.add_generation_prompt, extra)
     if inp.prefill:  # the answer's start, as message text: the reply continues it
         prompt += protect(inp.prefill)
-    in_thought = think and THINK.opened(prompt)
+    in_thought = think and thought.opened(prompt)
     parsed = offered  # the tools a reply is read for
     if offered and (required or answer is not None or not think):
         # a grammar that holds the whole reply lets a thought come first; a lazy one (auto
@@ -141,7 +141,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         lazy = not required and answer is None and bool(fmt.triggers)
         try:
             call = fmt.grammar(offered, parallel=parallel, required=required, lead=lead,
-                               template=template, limits=limits, answer=answer)
+                               template=template, limits=limits, thought=thought,
+                               answer=answer)
             gate.check(call, "tools", limits)  # cached: _checked() checks it again
         except BadRequest:
             if not lazy and answer is None:
@@ -163,7 +164,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
             format=fmt if parsed else None,
             think=think,
             in_thought=in_thought,
-            inline=opts.reasoning_format == "inline",
+            thought=thought,
+            inline=mode == "inline",
             string_params={t.name: tools.string_params(t) for t in parsed},
             names=frozenset(t.name for t in parsed),
         )

@@ -46,7 +46,7 @@ from app.engine.types import (
     outside_vocab,
 )
 from app.formats.memo import Memo, resuming
-from app.formats.think import CLOSE, split_thought
+from app.formats.think import THINK
 
 # How often a run whose reader is not streaming checks that its client is still connected.
 GONE_POLL = 0.5
@@ -384,6 +384,7 @@ class _ThoughtGuard:
         spec = plan.reply
         self.watching = spec is not None and spec.think
         self.in_thought = bool(spec and spec.in_thought)
+        self.thought = (spec.thought if spec is not None else None) or THINK
         self.budget = plan.reasoning_budget if self.watching else None
         self.text = ""
         self._scans: Memo = {}
@@ -397,7 +398,7 @@ class _ThoughtGuard:
         self.text += ev.text
         was_open = self.open
         with resuming(self._scans):  # the closing tag searched for in the new text only
-            self.open = split_thought(self.text, self.in_thought).open
+            self.open = self.thought.split(self.text, self.in_thought).open
         if self.open and not was_open:
             self.tokens_at_open = 0 if self.in_thought else ev.completion_tokens
         over = self.budget is not None and ev.completion_tokens - self.tokens_at_open >= self.budget
@@ -411,6 +412,6 @@ class _ThoughtGuard:
         if self.ended or not self.open:
             return False
         self.ended = True
-        self.handle.inject(CLOSE, unless=CLOSE)
+        self.handle.inject(self.thought.close, unless=self.thought.close)
         return True
 

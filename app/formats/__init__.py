@@ -23,8 +23,9 @@ from app.formats.qwen3_coder import Qwen3Coder
 from app.formats.spec import NAME_RE
 from app.formats.think import THINK, ReasoningFormat
 
-__all__ = ["FORMATS", "NAME_RE", "REASONING", "THINK", "ReasoningFormat", "ToolFormat", "choose",
-           "describe", "detect", "get", "preserved_tokens"]
+__all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "ReasoningFormat",
+           "ToolFormat", "choose", "choose_reasoning", "describe", "detect", "detect_reasoning",
+           "get", "preserved_tokens"]
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
@@ -32,7 +33,11 @@ FORMATS: dict[str, ToolFormat] = {
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
-REASONING: dict[str, ReasoningFormat] = {THINK.name: THINK}
+# How thoughts are written, in detection order: the first whose detect() accepts a template is
+# its syntax; <think> (the commonest, and what a template that names none gets) last.
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (THINK,)}
+# REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
+REASONING_MODES = ("auto", "parsed", "inline")
 
 
 def get(name: str) -> ToolFormat:
@@ -47,6 +52,21 @@ def detect(template: str | None) -> ToolFormat:
     """The tool-call format a chat template teaches its model."""
     t = template or ""
     return next((f for f in FORMATS.values() if f.detect(t)), FORMATS[FALLBACK])
+
+
+def detect_reasoning(template: str | None) -> ReasoningFormat | None:
+    """How a chat template teaches its model to write thoughts; None if it teaches none."""
+    t = template or ""
+    return next((f for f in REASONING.values() if f.detect(t)), None)
+
+
+def choose_reasoning(setting: str, template: str | None) -> tuple[ReasoningFormat, bool]:
+    """(the thought syntax, whether the template teaches it) for REASONING_FORMAT ``setting``:
+    a syntax's name is that syntax; a mode takes the template's own, else <think>."""
+    if setting in REASONING:
+        return REASONING[setting], True
+    found = detect_reasoning(template)
+    return (found or THINK), found is not None
 
 
 def choose(setting: str, template: str | None) -> ToolFormat:

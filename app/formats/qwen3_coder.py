@@ -11,10 +11,10 @@ import json
 from app.engine.text import held_suffix
 from app.formats import memo
 from app.formats.base import MarkerFormat, rest_is
-from app.formats.gbnf import lit, until
+from app.formats.gbnf import hoist_defs, lit, schema_rules, until
 from app.formats.hermes import CLOSE, OPEN
 from app.formats.partial_json import Found, ws
-from app.formats.spec import NAME_PREFIX_RE, NAME_RE, ReplySpec, Tool
+from app.formats.spec import NAME_PREFIX_RE, NAME_RE, ReplySpec, Tool, string_params
 from app.grammar.gate import Limits
 
 FUNCTION, END_FUNCTION = "<function=", "</function>"
@@ -36,17 +36,30 @@ class Qwen3Coder(MarkerFormat):
 
     def calls(self, tools: list[Tool], *, parallel: bool, template: str,
               limits: Limits) -> tuple[list[str], str]:
-        rules: list[str] = []
+        """Each tool's parameters in the order its schema declares them: a required one exactly
+        once, an optional one at most once; a string's value is its text up to the closing
+        tag, any other's is JSON its schema accepts (a parameter the grammar let repeat was
+        written over and over until max_tokens, and a required one could go missing)."""
+        rules: list[str] = [until("pv", END_PARAMETER)]
         fns = []
-        for i, t in enumerate(tools):
-            keys = list((t.parameters.get("properties") or {}).keys())
-            if keys:
-                names = " | ".join(lit(k) for k in keys)
-                rules.append(f'p{i} ::= "<parameter=" ( {names} ) ">" pv0 "\\n"')
-                fns.append(f'"<function=" {lit(t.name)} ">\\n" p{i}* "</function>"')
-            else:
-                fns.append(f'"<function=" {lit(t.name)} ">\\n</function>"')
-        rules.append(until("pv", END_PARAMETER))
+        params, defs = hoist_defs(tools)
+        for i, (t, schema) in enumerate(zip(tools, params, strict=True)):
+            props = schema.get("properties") or {}
+            required = set(schema.get("required") or ())
+            strings = string_params(schema)
+            seq = []
+            for j, (key, prop) in enumerate(props.items()):
+                head = f'"<parameter=" {lit(key)} ">\\n"'
+                if key in strings:
+                    value = "pv0"  # the text, then the closing tag
+                else:
+                    sub = {**prop, "$defs": defs} if defs and isinstance(prop, dict) else prop
+                    rules.append(schema_rules(sub if isinstance(sub, dict) else {}, f"q{i}-{j}-",
+                                              limits))
+                    value = f'q{i}-{j}-root "\\n</parameter>"'
+                one = f'{head} {value} "\\n"'
+                seq.append(one if key in required else f"( {one} )?")
+            fns.append(f'"<function=" {lit(t.name)} ">\\n" {" ".join(seq)} "</function>"')
         one = '"<tool_call>\\n" ( ' + " | ".join(fns) + ' ) "\\n</tool_call>"'
         return rules, (f'{one} ( "\\n" {one} )*' if parallel else one)
 

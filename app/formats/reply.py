@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.formats.spec import Add, ReplySpec, Scanner
-from app.formats.think import CLOSE, OPEN, split_thought
+from app.formats.think import THINK
 
 
 @dataclass
@@ -41,13 +41,15 @@ def parse_reply(text: str, spec: ReplySpec, ids: list[str], final: bool = False)
     body = text
     prefix = ""
     if spec.think:
-        t = split_thought(text, spec.in_thought, final)
+        thought = spec.thought or THINK
+        t = thought.split(text, spec.in_thought, final)
         if t.rest is None:
             return reply
         body = t.rest
         if t.reasoning is not None:
             if spec.inline:
-                prefix = ("" if spec.in_thought else OPEN) + t.reasoning + ("" if t.open else CLOSE)
+                prefix = (("" if spec.in_thought else thought.open) + t.reasoning
+                          + ("" if t.open else thought.close))
             else:
                 reply.reasoning = t.reasoning
         if t.open:

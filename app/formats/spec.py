@@ -25,6 +25,24 @@ class Tool:
     parameters: dict[str, Any]
 
 
+def string_params(parameters: dict[str, Any]) -> frozenset[str]:
+    """The parameters of a tool's ``parameters`` schema typed string (or a string enum): their
+    value is the text as written, in the formats that write values bare (qwen3_coder)."""
+
+    def is_string(schema: Any) -> bool:
+        if not isinstance(schema, dict):
+            return False
+        kind = schema.get("type")
+        if kind == "string" or (isinstance(kind, list) and "string" in kind):
+            return True
+        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+            return True
+        return any(is_string(s) for s in schema.get("anyOf", []) + schema.get("oneOf", []))
+
+    props = parameters.get("properties") or {}
+    return frozenset(k for k, v in props.items() if is_string(v))
+
+
 class Scanner(Protocol):
     """What reading a reply needs of a tool-call format (app.formats.base.ToolFormat is one)."""
 
@@ -40,8 +58,10 @@ class ReplySpec:
     """How to read one request's replies."""
 
     format: Scanner | None = None  # the tool-call format; None: no tools, the reply is text
-    think: bool = False  # look for a <think> thought at the start
-    in_thought: bool = False  # the prompt already opened <think>
+    think: bool = False  # look for a thought at the start
+    in_thought: bool = False  # the prompt already opened the thought
+    # how thoughts are written (app.formats.think.ReasoningFormat; None: <think>...</think>)
+    thought: Any = None
     inline: bool = False  # keep the thought in the content (tags included)
     string_params: dict[str, frozenset[str]] = field(default_factory=dict)  # qwen3_coder typing
     names: frozenset[str] = frozenset()  # the tools offered (a Llama 3 JSON reply naming none

@@ -20,6 +20,7 @@ from typing import Any
 
 from app.base.errors import BadRequest
 from app.formats.spec import NAME_RE, Tool
+from app.formats.spec import string_params as spec_string_params
 
 
 def make_tool(name: Any, description: Any, parameters: Any, where: str,
@@ -64,16 +65,4 @@ def validate_tools(tools: list[Any], max_tools: int = 128) -> tuple[Tool, ...]:
 
 def string_params(tool: Tool) -> frozenset[str]:
     """Parameters typed string: their text is the value as written (qwen3_coder)."""
-
-    def is_string(schema: Any) -> bool:
-        if not isinstance(schema, dict):
-            return False
-        kind = schema.get("type")
-        if kind == "string" or (isinstance(kind, list) and "string" in kind):
-            return True
-        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-            return True
-        return any(is_string(s) for s in schema.get("anyOf", []) + schema.get("oneOf", []))
-
-    props = tool.parameters.get("properties") or {}
-    return frozenset(k for k, v in props.items() if is_string(v))
+    return spec_string_params(tool.parameters)

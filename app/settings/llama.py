@@ -10,7 +10,13 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app import formats
-from app.settings.fields import UNQUANTIZED_KV, KvCacheType, ToolFormatName, env
+from app.settings.fields import (
+    UNQUANTIZED_KV,
+    KvCacheType,
+    ReasoningFormatName,
+    ToolFormatName,
+    env,
+)
 
 
 class LlamaSettings(BaseModel):
@@ -168,10 +174,12 @@ class LlamaSettings(BaseModel):
         **env("SLEEP_IDLE_SECONDS"),
     )
 
-    reasoning_format: Literal["auto", "parsed", "inline"] = Field(
+    reasoning_format: ReasoningFormatName = Field(
         "auto",
-        description="Thoughts (<think>...</think>): parsed into their own field, left inline in "
-        "the content, or auto (parsed when the chat template mentions <think>).",
+        description="Thoughts: parsed into their own field, left inline in the content, or auto "
+        "(parsed when the chat template teaches a thought syntax, which it names). A syntax's "
+        f"name ({', '.join(formats.REASONING)}) parses thoughts written that way whatever the "
+        "template says; otherwise the template's own syntax is used, else <think>...</think>.",
         **env("REASONING_FORMAT"),
     )
     reasoning_field: Literal["reasoning_content", "reasoning"] = Field(

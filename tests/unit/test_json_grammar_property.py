@@ -9,13 +9,11 @@ sets how many schemas are tried (40 by default).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 from typing import Any
 
 import jsonschema
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,12 +21,10 @@ from hypothesis import strategies as st
 from app import formats
 from app.core.input import OutputFormat
 from app.core.plan import output_grammar
-from app.engine.sampling import GrammarSpec, Sampler, compile_grammar
-from app.engine.types import SamplingParams
 from app.grammar import gate, json_schema
 from app.protocol.tools import validate_tools
 from app.settings import Settings
-from tests.support.sampling import OwnLogits
+from tests.support.sampling import closers_of, grammar_sampler, sample_once, token_pieces
 
 LIMITS = gate.Limits.from_settings(Settings())
 EXAMPLES = int(os.environ.get("JSON_GRAMMAR_EXAMPLES", "40"))
@@ -38,19 +34,7 @@ TRIES = 2  # samplings per schema
 
 @pytest.fixture(scope="module")
 def pieces(vocab) -> list[bytes]:
-    buf = ctypes.create_string_buffer(512)
-    out = []
-    for tok in range(vocab.n):
-        k = vocab.ll.llama_token_to_piece(vocab.ptr, tok, buf, 512, 0, True)
-        out.append(buf.raw[:k] if k >= 0 else vocab._long_piece(tok, -k))
-    return out
-
-
-def sampler(vocab, text: str, seed: int = 0, triggers: tuple[str, ...] = ()) -> Sampler:
-    ptr = compile_grammar(vocab, text)
-    assert ptr is not None
-    params = SamplingParams(grammar=text, grammar_triggers=triggers, temperature=1.5, seed=seed)
-    return Sampler(vocab, params, 0, ptr, GrammarSpec(text, triggers))
+    return token_pieces(vocab)
 
 
 def grammar_of(schema: dict[str, Any]) -> str:
@@ -96,40 +80,6 @@ SCHEMAS = st.recursive(_LEAVES, lambda inner: _object(inner) | _array(inner), ma
 
 
 # ---- sampling -----------------------------------------------------------------------------------
-def _closers(pieces: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens that can end a string, and those that can end a container or a value: favoured
-    so that outputs finish."""
-    return (np.array([p[:1] == b'"' for p in pieces]),
-            np.array([p[:1] in (b"}", b"]", b",") for p in pieces]))
-
-
-def sample_once(vocab, pieces, closers: tuple[np.ndarray, np.ndarray], text: str,
-                seed: int) -> bytes | None:
-    """One output under the grammar, or None when MAX_TOKENS cut it."""
-    rng = np.random.default_rng(seed)
-    s = sampler(vocab, text, seed)
-    fake = OwnLogits(vocab.ll, vocab.n)
-    s.ll = fake
-    eog = int(vocab.eog_ids[0])
-    boost = rng.uniform(8.0, 14.0)
-    out = bytearray()
-    try:
-        s.probe()
-        for _ in range(MAX_TOKENS):
-            if s.allows(eog) and rng.random() < 0.3:
-                return bytes(out)
-            fake.logits[:] = rng.standard_normal(vocab.n).astype(np.float32) * 2.0
-            fake.logits[closers[0]] += boost
-            fake.logits[closers[1]] += boost / 2
-            tok = s.sample(None, 0)
-            if tok in vocab.eog_ids:
-                return bytes(out)
-            out += pieces[tok]
-        return None
-    finally:
-        s.free()
-
-
 def _refuse(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -145,10 +95,10 @@ def strict_json(data: bytes) -> Any:
 @given(schema=SCHEMAS, seed=st.integers(0, 2**31))
 def test_every_finished_output_is_strict_json_its_schema_accepts(vocab, pieces, schema, seed):
     text = grammar_of(schema)
-    closers = _closers(pieces)
+    closers = closers_of(pieces)
     validator = jsonschema.Draft202012Validator(schema)
     for k in range(TRIES):
-        data = sample_once(vocab, pieces, closers, text, seed + k)
+        data = sample_once(vocab, pieces, closers, text, seed + k, MAX_TOKENS)
         if data is None:
             continue  # cut by the bound: not a finished output
         value = strict_json(data)
@@ -162,7 +112,7 @@ def _controls(vocab, pieces) -> list[int]:
 
 
 def test_a_raw_line_feed_or_tab_cannot_be_sampled_inside_a_string(vocab, pieces):
-    s = sampler(vocab, grammar_of({"type": "object", "properties": {"a": {"type": "string"}},
+    s = grammar_sampler(vocab, grammar_of({"type": "object", "properties": {"a": {"type": "string"}},
                                    "required": ["a"]}))
     assert s.feed(b'{"a": "x')
     for byte in (0x0A, 0x09, 0x00, 0x1F, 0x0D):
@@ -176,7 +126,7 @@ def test_a_tool_calls_arguments_take_no_raw_line_feed_either(vocab):
     tools = validate_tools([{"type": "function", "function": {"name": "get", "parameters": {
         "type": "object", "properties": {"q": {"type": "string"}}}}}])
     text = formats.get("hermes").grammar(tools, parallel=False, limits=LIMITS)
-    s = sampler(vocab, text, triggers=("<tool_call>",))
+    s = grammar_sampler(vocab, text, triggers=("<tool_call>",))
     s.observe(b'<tool_call>\n{"name": "get", "arguments": {"q": "a')
     assert s.armed
     assert not s.allows(vocab.byte_token[0x0A]) and not s.allows(vocab.byte_token[0x09])
@@ -188,7 +138,7 @@ def test_a_tool_calls_arguments_take_no_raw_line_feed_either(vocab):
     rb"\n", rb"\t", rb"\"", rb"\\", rb"\/", rb"\b\f\r", rb"\u00e9", rb"\u000A", rb"\ud83d\ude00",
 ])
 def test_escaped_forms_still_work(vocab, escaped):
-    s = sampler(vocab, grammar_of({"type": "string"}))
+    s = grammar_sampler(vocab, grammar_of({"type": "string"}))
     assert s.feed(b'"a' + escaped + b'b"')
     assert s.allows(int(vocab.eog_ids[0]))
     s.free()
@@ -196,7 +146,7 @@ def test_escaped_forms_still_work(vocab, escaped):
 
 @pytest.mark.parametrize("bad", [rb"\ud83d", rb"\ude00", rb"\ud83dx", rb"\x", rb"\u12"])
 def test_a_lone_surrogate_or_a_bad_escape_is_refused(vocab, bad):
-    s = sampler(vocab, grammar_of({"type": "string"}))
+    s = grammar_sampler(vocab, grammar_of({"type": "string"}))
     assert not s.feed(b'"' + bad + b'"')
     s.free()
 
@@ -204,10 +154,10 @@ def test_a_lone_surrogate_or_a_bad_escape_is_refused(vocab, bad):
 def test_max_length_counts_an_escape_or_a_pair_as_one_character(vocab):
     text = grammar_of({"type": "string", "maxLength": 2})
     for ok in (rb'"\u00e9\n"', rb'"\ud83d\ude00x"'):
-        s = sampler(vocab, text)
+        s = grammar_sampler(vocab, text)
         assert s.feed(ok) and json.loads(ok) and len(json.loads(ok)) == 2
         s.free()
-    s = sampler(vocab, text)
+    s = grammar_sampler(vocab, text)
     assert not s.feed(rb'"ab\n"')
     s.free()
 
@@ -218,7 +168,7 @@ ANY = [b"1", b"-0.5e3", b'"s"', b"true", b"null", b'[1, {"a": null}]', b'{"k": [
 @pytest.mark.parametrize("schema", [{}, {"description": "x"}, {"title": "t", "description": "d"}])
 @pytest.mark.parametrize("value", ANY)
 def test_an_untyped_schema_takes_any_json_value(vocab, schema, value):
-    s = sampler(vocab, grammar_of(schema))
+    s = grammar_sampler(vocab, grammar_of(schema))
     assert s.feed(value) and s.allows(int(vocab.eog_ids[0])), value
     s.free()
 
@@ -227,7 +177,7 @@ def test_an_untyped_schema_takes_any_json_value(vocab, schema, value):
 def test_untyped_properties_and_items_take_any_json_value(vocab, value):
     schema = {"type": "object", "properties": {
         "a": {"description": "anything"}, "b": {"type": "array", "items": {}}}, "required": ["a", "b"]}
-    s = sampler(vocab, grammar_of(schema))
+    s = grammar_sampler(vocab, grammar_of(schema))
     assert s.feed(b'{"a": ' + value + b', "b": [' + value + b", " + value + b"]}"), value
     assert s.allows(int(vocab.eog_ids[0]))
     s.free()
@@ -244,7 +194,7 @@ def test_constants_and_property_names_are_written_as_their_json_text(vocab):
     U+001F, a lone backslash): now the output is exactly json.dumps' text."""
     name, value = "k\x1f\\\"\n", "a\\b\t\U0001F600"
     schema = {"type": "object", "properties": {name: {"enum": [value]}}, "required": [name]}
-    s = sampler(vocab, grammar_of(schema))
+    s = grammar_sampler(vocab, grammar_of(schema))
     text = ("{" + json.dumps(name) + ":" + json.dumps(value) + "}").encode()
     assert s.feed(text) and s.allows(int(vocab.eog_ids[0]))
     assert strict_json(text) == {name: value}

@@ -19,7 +19,7 @@ from flask import Blueprint, Response, jsonify
 from app.api.base import read_body
 from app.base.errors import BadRequest, ModelNotFound, NotSupported
 from app.engine.types import ModelInfo
-from app.formats import THINK
+from app.formats import detect_reasoning
 
 FOREVER = "9999-12-31T23:59:59Z"  # never unloaded (idle sleep off)
 
@@ -55,7 +55,7 @@ def capabilities(info: ModelInfo, embeds: bool) -> list[str]:
     """What the model can do here: every chat model takes tools (in its own format, or the
     generic one); thinking where its template has a thought."""
     caps = ["completion", "tools"]
-    if info.chat_template and THINK.detect(info.chat_template):
+    if detect_reasoning(info.chat_template) is not None:
         caps.append("thinking")
     if embeds:
         caps.append("embedding")
