@@ -196,6 +196,7 @@ class ChatCompletions(_OpenAI):
                               else EFFORT_BUDGET[req.reasoning_effort] if req.reasoning_effort
                               else None),
             reasoning_control=req.reasoning_control,
+            effort=req.reasoning_effort,
             n=req.n,
             cache_prompt=req.cache_prompt,
             model=req.model,

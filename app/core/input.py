@@ -62,6 +62,12 @@ class ChatInput:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_budget: int | None = None  # end a thought after this many tokens
     reasoning_control: bool = False  # the thought may be ended on request (see Service.control)
+    # what the request said of thinking, in the API's own terms: turned on or off (None: not
+    # said), and the effort it named (an EFFORT_BUDGET key). The thought syntax turns them
+    # into its template's variables (ReasoningFormat.controls): enable_thinking, GPT-OSS's
+    # reasoning effort ...
+    thinking: bool | None = None
+    effort: str | None = None
     n: int = 1
     cache_prompt: bool = True
     model: str | None = None  # the model the request named (see Service.model_name)

@@ -123,7 +123,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
             answer = answer_schema(inp.output)
     parallel = inp.parallel_tool_calls and inp.tool_choice.mode != "named"
     messages = fmt.history(protect(inp.messages))
-    extra: dict[str, Any] = protect(dict(inp.template_kwargs))
+    extra: dict[str, Any] = thought.controls(protect(dict(inp.template_kwargs)), inp.effort,
+                                             inp.thinking)
     if offered:
         messages, extra = fmt.offer(messages, extra, offered, required, protect)
         think = think and fmt.native  # the generic form's grammar holds the whole reply

@@ -14,6 +14,7 @@ read them from the format object.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from app.engine.text import held_suffix
 from app.formats import memo
@@ -66,6 +67,15 @@ class ReasoningFormat:
             keep = 0 if final else held_suffix(body, (self.close,))
             return Thought(body[: len(body) - keep], "", True)
         return Thought(body[:end], body[end + len(self.close) :], False)
+
+    def controls(self, variables: dict[str, Any], effort: str | None,
+                 thinking: bool | None) -> dict[str, Any]:
+        """The chat template's variables with the request's thinking switch and effort in the
+        form this syntax's templates read (Qwen 3's and most others: ``enable_thinking``);
+        what the client set itself (chat_template_kwargs) wins."""
+        if thinking is False:
+            return {"enable_thinking": False, **variables}
+        return variables
 
     def lead(self, lead: str, then: str) -> list[str]:
         """Grammar rules whose ``root`` is ``then`` after what ``lead`` allows first: "" (nothing),

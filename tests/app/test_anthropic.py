@@ -15,6 +15,7 @@ from app.api.anthropic import stream as anthropic_stream
 from app.api.anthropic.parsing import MessagesRequest, chat_input, parse, template_messages
 from app.api.anthropic.stream import tool_id
 from app.engine.fake import FakeEngine
+from app.formats import THINK
 from tests.support.app import make_client
 from tests.support.server import DATA
 
@@ -412,9 +413,11 @@ def test_tool_ids_are_toolu():
 
 def test_thinking_config_maps_to_budget_and_template_kwargs():
     inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "enabled", "budget_tokens": 16}}), 8, 1 << 20)
-    assert inp.reasoning_budget == 16 and inp.template_kwargs == {}
+    assert inp.reasoning_budget == 16 and inp.thinking is True
+    # off: the thought syntax turns it into its template's switch (enable_thinking: false)
     inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "disabled"}}), 8, 1 << 20)
-    assert inp.reasoning_budget is None and inp.template_kwargs == {"enable_thinking": False}
+    assert inp.reasoning_budget is None and inp.thinking is False
+    assert THINK.controls({}, inp.effort, inp.thinking) == {"enable_thinking": False}
     inp = chat_input(parse(MessagesRequest, {**MSG, "thinking": {"type": "adaptive"}}), 8, 1 << 20)
     assert inp.reasoning_budget is None and inp.template_kwargs == {}
 

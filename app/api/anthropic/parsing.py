@@ -415,10 +415,7 @@ def tool_choice(choice: ToolChoiceConfig | None) -> tuple[ToolChoice, bool]:
 
 def chat_input(req: MessagesRequest, max_tools: int, max_image_bytes: int) -> ChatInput:
     choice, parallel = tool_choice(req.tool_choice)
-    kwargs: dict[str, Any] = {}
     thinking = req.thinking
-    if thinking is not None and thinking.type == "disabled":
-        kwargs["enable_thinking"] = False  # what Qwen 3's and similar templates read
     fmt = req.output_config.format if req.output_config else None
     effort = req.output_config.effort if req.output_config else None
     budget = thinking.budget_tokens if thinking is not None else None
@@ -435,7 +432,8 @@ def chat_input(req: MessagesRequest, max_tools: int, max_image_bytes: int) -> Ch
         tool_choice=choice,
         parallel_tool_calls=parallel,
         output=OutputFormat("json_schema", fmt.schema_, "output_config.format.schema") if fmt else None,
-        template_kwargs=kwargs,
         reasoning_budget=budget,
+        thinking=None if thinking is None else thinking.type != "disabled",
+        effort=effort,
         model=req.model,
     )

@@ -105,9 +105,9 @@ class Gemini(Api):
         offered = parsing.parse_tools(parsing.get(body, "tools"), self.settings.max_tools,
                                       self.settings.grammar_max_properties)
         choice, offered = parsing.tool_choice(parsing.get(body, "toolConfig"), offered)
-        kwargs = {"enable_thinking": False} if budget == 0 else {}
         inp = ChatInput(messages=messages, params=params, tools=offered, tool_choice=choice,
-                        output=output, template_kwargs=kwargs, reasoning_budget=budget, n=n,
+                        output=output, reasoning_budget=budget, n=n,
+                        thinking=False if budget == 0 else None,
                         model=model or None, media=tuple(images.items))
         return inp, GeminiReq(model or self.service.info().name, thoughts,
                               bool(body.get("_sse")), n)

@@ -150,7 +150,6 @@ class OllamaChat(_Ollama):
     def parse(self, body: Any) -> tuple[ChatInput, OllamaReq]:
         req: ChatRequest = parse(ChatRequest, body)
         params = self._sampling(req)
-        kwargs, budget = req.thinking()
         images = self.images()
         inp = ChatInput(
             messages=chat_messages(req.messages, images.take),
@@ -158,9 +157,8 @@ class OllamaChat(_Ollama):
             params=params,
             tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
             output=req.output(),
-            template_kwargs=kwargs,
-            reasoning_budget=budget,
             model=model_of(req.model),
+            **req.thinking(),
         )
         return inp, OllamaReq(req.model, True, Clock())
 
@@ -201,13 +199,12 @@ class OllamaGenerate(_Ollama):
                                  param="raw")
             return TextInput(req.prompt, params, model=model_of(req.model)), reply
         messages = ([{"role": "system", "content": req.system}] if req.system else [])
-        kwargs, budget = req.thinking()
         images = self.images()
         marks = image_marks(req.images, "images", images.take)
         turn = {"role": "user", "content": marks + clean(req.prompt)}
         inp = ChatInput(messages=[*messages, turn], params=params, output=req.output(),
-                        template_kwargs=kwargs, reasoning_budget=budget,
-                        model=model_of(req.model), media=tuple(images.items))
+                        model=model_of(req.model), media=tuple(images.items),
+                        **req.thinking())
         return inp, reply
 
 

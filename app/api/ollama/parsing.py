@@ -111,15 +111,12 @@ class _Request(_Strict):
             return OutputFormat("json_object", param="format")
         return OutputFormat("json_schema", self.format, "format")
 
-    def thinking(self) -> tuple[dict[str, Any], int | None]:
-        """``think``: (template variables, a thought budget). ``false`` asks the template to
-        skip the thought (Qwen 3's and similar templates read ``enable_thinking``); an effort
-        is a budget from the effort table."""
-        if self.think is False:
-            return {"enable_thinking": False}, None
+    def thinking(self) -> dict[str, Any]:
+        """``think`` as ChatInput's fields: ``false`` asks the template to skip the thought,
+        ``true`` to think; an effort is that effort, and a budget from the effort table."""
         if isinstance(self.think, str):
-            return {}, EFFORT_BUDGET[self.think]
-        return {}, None
+            return {"effort": self.think, "reasoning_budget": EFFORT_BUDGET[self.think]}
+        return {"thinking": self.think}
 
 
 class ChatRequest(_Request):

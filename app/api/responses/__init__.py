@@ -134,6 +134,7 @@ class Responses(Api):
             parallel_tool_calls=req.parallel_tool_calls,
             output=fmt,
             reasoning_budget=EFFORT_BUDGET[effort] if effort else None,
+            effort=effort,
             reasoning_control=req.reasoning_control,
             model=req.model,
         )
