@@ -16,6 +16,7 @@ from typing import Any
 
 from flask import Flask, Response, current_app, jsonify, request
 
+from app import formats
 from app.api.base import read_body
 from app.base.errors import NotSupported, Unavailable
 from app.core.input import ChatInput
@@ -134,8 +135,12 @@ def props() -> Response:
     boot = current_app.extensions.get("vertex_gguf_boot")
     settings = _settings()
     length = max_tokens_bounds(settings)
-    return jsonify(introspect.props(info, openai.model_meta(info, length), total, settings,
-                                    boot.report() if boot is not None else {}))
+    body = introspect.props(info, openai.model_meta(info, length), total, settings,
+                            boot.report() if boot is not None else {})
+    # how replies are read: the tool-call format and thought syntax, the control tokens
+    body["formats"] = formats.summary(info.chat_template, info.control_texts,
+                                      settings.tool_format, settings.reasoning_format)
+    return jsonify(body)
 
 
 def slots() -> Response:

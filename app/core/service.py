@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import gevent
 
+from app import formats
 from app.base import bridge
 from app.base.errors import BadRequest, ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
 from app.base.metrics import ABORT, Metrics
@@ -104,6 +105,13 @@ class Service:
             gevent.sleep(poll)
         if self.engine.info is None:
             return
+        info = self.engine.info
+        seen = formats.summary(info.chat_template, info.control_texts, self.options.tool_format,
+                               self.options.reasoning_format)
+        log.info("replies read as: tool calls %s, thoughts %s; the template's control tokens "
+                 "read: %s; dropped from replies: %s", seen["tool_format"],
+                 seen["thought_format"] or "none", ", ".join(seen["reads"]) or "none",
+                 ", ".join(seen["drops"]) or "none")
         try:
             self.prepare(lambda: ChatInput(
                 [{"role": "user", "content": "hi"}],

@@ -25,7 +25,7 @@ from app.formats.think import THINK, ReasoningFormat
 
 __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "ReasoningFormat",
            "ToolFormat", "choose", "choose_reasoning", "describe", "detect", "detect_reasoning",
-           "get", "preserved_tokens"]
+           "get", "preserved_tokens", "summary"]
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
@@ -79,6 +79,25 @@ def preserved_tokens() -> tuple[str, ...]:
     model's vocabulary makes them control tokens (llama.cpp drops those unless asked)."""
     sources = (*REASONING.values(), *FORMATS.values())
     return tuple(dict.fromkeys(m for f in sources for m in f.markers))
+
+
+def summary(template: str | None, control_texts: tuple[str, ...], tool_setting: str,
+            reasoning_setting: str) -> dict[str, object]:
+    """What the server reads in this model's replies (/props "formats" and the load log): the
+    tool-call format and thought syntax chosen for its chat template, and of the control tokens
+    the template names, those a reply parser reads and those dropped from replies (llama.cpp
+    does not show a control token unless asked: a marker no format knows vanishes silently)."""
+    fmt = choose(tool_setting, template)
+    thought, taught = choose_reasoning(reasoning_setting, template)
+    text = template or ""
+    named = [c for c in control_texts if c and c in text]
+    read = {*fmt.markers, *thought.markers}
+    return {
+        "tool_format": fmt.name,
+        "thought_format": thought.name if taught else None,
+        "reads": [c for c in named if c in read],
+        "drops": [c for c in named if c not in read],
+    }
 
 
 def describe() -> str:

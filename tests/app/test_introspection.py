@@ -323,6 +323,27 @@ def test_props_shape(client):
     assert body["settings"]["parallel"] == 8 and body["settings"]["slots_endpoint"] == "auto"
 
 
+def test_props_say_how_replies_are_read():
+    """The tool-call format and thought syntax the chat template teaches, and which of the
+    control tokens it names a reply parser reads and which are dropped from replies."""
+    from dataclasses import replace
+
+    template = ("{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+                "{% if tools %}<tool_call>{{ tools | tojson }}</tool_call>{% endif %}<think>")
+    engine = FakeEngine(chat_template=template)
+    engine._info = replace(engine._info, control_texts=(
+        "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>",
+        "<|unused|>"))
+    body = make_client(engine).get("/props").get_json()
+    assert body["formats"] == {
+        "tool_format": "hermes", "thought_format": "think",
+        "reads": ["<tool_call>", "</tool_call>", "<think>"],
+        "drops": ["<|im_start|>", "<|im_end|>"],
+    }
+    plain = make_client(FakeEngine()).get("/props").get_json()["formats"]
+    assert plain == {"tool_format": "generic", "thought_format": None, "reads": [], "drops": []}
+
+
 class LeakySettings(Settings):
     """Settings some later issue might add; /props must show none of them."""
 

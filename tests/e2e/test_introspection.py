@@ -139,6 +139,12 @@ def test_props(srv, default_model):
     cxx = body["cxx_runtime"]
     assert cxx["pinned"] and cxx["global_scope"] and cxx["library"].startswith("libstdc++.so.6")
     assert "C++ runtime: libstdc++.so.6" in srv.logs()
+    # how replies are read, said at load too: SmolLM2's template teaches no tool format and no
+    # thought syntax, and its role markers are dropped from replies
+    seen = body["formats"]
+    assert seen["tool_format"] == "generic" and seen["thought_format"] is None
+    assert "<|im_end|>" in seen["drops"] and not seen["reads"]
+    assert "replies read as: tool calls generic, thoughts none" in srv.logs()
 
 
 # ---- /slots ------------------------------------------------------------------------------------
