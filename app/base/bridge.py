@@ -9,6 +9,8 @@ primitives that must not be used across OS threads, so this module takes the ori
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -126,10 +128,11 @@ class _Job:
     """One offloaded call: queued, running on a pool thread, done, or abandoned by its
     caller (whose wait timed out)."""
 
-    __slots__ = ("deadline", "started", "abandoned", "done")
+    __slots__ = ("deadline", "loop", "started", "abandoned", "done")
 
     def __init__(self, deadline: float | None):
         self.deadline = deadline
+        self.loop = gevent.get_hub().loop  # the caller's hub: where its log lines are written
         self.started: float | None = None
         self.abandoned = False
         self.done = False
@@ -181,6 +184,19 @@ def time_left() -> float | None:
     if job is None or job.deadline is None:
         return None
     return job.deadline - time.monotonic()
+
+
+def log_on_hub(logger: logging.Logger, level: int, msg: str, *args: Any) -> None:
+    """``logger.log(level, msg, *args)``, written by the hub of the caller whose offloaded call
+    runs on this thread (in the caller's context: its request id), else here. Under gevent
+    the logging handlers' locks are gevent locks, and pool threads that contend for one wait
+    forever (reproduced: several of ten threads logging at once never returned)."""
+    job = getattr(_current_job, "job", None)
+    if job is None:
+        logger.log(level, msg, *args)
+        return
+    job.loop.run_callback_threadsafe(contextvars.copy_context().run, logger.log, level, msg,
+                                     *args)
 
 
 def offload(fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:

@@ -88,7 +88,7 @@ class _Reaper:
         with self._lock:
             if self._pid != os.getpid():  # first use here (a forked worker has no thread)
                 self._pid = os.getpid()
-                bridge.start_native_thread(self._main, 256 * 1024)
+                bridge.start_native_thread(self._main)
             token = next(self._ids)
             self._watched[token] = (deadline, dup)
         self._wake.set()

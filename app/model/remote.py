@@ -88,7 +88,7 @@ class Fetcher:
         except ValueError as exc:
             raise PayloadTooLarge(f"{exc} (IMAGE_MAX_BYTES)", param=param) from None
         except gcs.GcsError as exc:
-            log.info("image %r not read: %s", url[:200], exc)
+            bridge.log_on_hub(log, logging.INFO, "image %r not read: %s", url[:200], exc)
             raise BadRequest("the image could not be read from Cloud Storage within "
                              "IMAGE_FETCH_TIMEOUT", param=param, code="image_not_found") from None
 
@@ -101,7 +101,7 @@ class Fetcher:
         except TooLarge as exc:
             raise PayloadTooLarge(f"{exc} (IMAGE_MAX_BYTES)", param=param) from None
         except FetchFailed as exc:
-            log.info("image %s not read: %s", _shown(target), exc)
+            bridge.log_on_hub(log, logging.INFO, "image %s not read: %s", _shown(target), exc)
             raise BadRequest(_UNREADABLE, param=param, code="image_not_found") from None
 
     def _allowed(self, url: str, param: str) -> Target:
@@ -130,14 +130,15 @@ class Fetcher:
             found = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM,
                                        flags=socket.AI_NUMERICHOST if literal else 0)
         except (OSError, UnicodeError) as exc:
-            log.info("image host %s not resolved: %s", target.host, exc)
+            bridge.log_on_hub(log, logging.INFO, "image host %s not resolved: %s", target.host,
+                              exc)
             raise BadRequest(_UNREADABLE, param=param, code="image_not_found") from None
         out = [(family, sockaddr) for family, _, _, _, sockaddr in found
                if family in (socket.AF_INET, socket.AF_INET6)]
         refused = [a for _, (a, *_) in out if not literal and not self._public_or_listed(a)]
         if refused or not out:
-            log.info("image host %s resolves to %s, outside IMAGE_URL_NETWORKS", target.host,
-                     ", ".join(refused))
+            bridge.log_on_hub(log, logging.INFO, "image host %s resolves to %s, outside "
+                              "IMAGE_URL_NETWORKS", target.host, ", ".join(refused))
             raise BadRequest(
                 "the image's host resolves to an address that is not public; its operator "
                 "lists such ranges in IMAGE_URL_NETWORKS", param=param,
