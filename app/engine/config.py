@@ -28,6 +28,7 @@ class EngineConfig:
     flash_attn: Literal["auto", "on", "off"]
     cpu_extra_buffers: Literal["auto", "on", "off"]
     max_queue: int
+    max_queue_per_key: int  # 0: half of max_queue
     sleep_idle_seconds: float
     parallel: int
     prefill_chunk: int

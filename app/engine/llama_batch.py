@@ -3,10 +3,11 @@
 Every step builds one ``llama_batch`` with the next token of each generating sequence plus prompt
 chunks of sequences being admitted (within PREFILL_CHUNK), calls ``llama_decode`` once, and
 samples each sequence with its own sampler; a prompt being scored (prompt_logprobs) is decoded
-in a second call of its own, so its scores do not depend on the other sequences. Admission is
-FIFO from ``waiting``: a job takes the free slot whose cached tokens share the longest prefix
-with its prompt (within its API key's scope) and decodes only the rest; a job with n choices takes n slots, the others copying the
-leader's prompt KV. A finished job's KV stays for the next request's prefix; a cancelled or
+in a second call of its own, so its scores do not depend on the other sequences. A free slot
+goes to the oldest waiting job of the key scope holding the fewest slots (``next_waiting``:
+first come, first served without API keys); the job takes the free slot whose cached tokens
+share the longest prefix with its prompt (within its API key's scope) and decodes only the
+rest; a job with n choices takes n slots, the others copying the leader's prompt KV. A finished job's KV stays for the next request's prefix; a cancelled or
 failed one's is dropped at once. What a job's end means to the engine (its counters) is the
 ``over`` callback.
 """
@@ -34,6 +35,7 @@ from app.engine.slots import (
     before_image,
     drop,
     fail,
+    next_waiting,
     place,
     spread,
     taken,
@@ -117,14 +119,16 @@ class Batch:
             self.waiting = keep
 
     def admit(self) -> None:
-        """FIFO: each waiting job, in order, takes a free slot that keeps the running sequences'
-        ids close together (``slots.place``), with the longest cached prefix of its prompt, and
-        decodes only the rest."""
+        """Waiting jobs in turn by key scope (``slots.next_waiting``), each taking a free slot
+        that keeps the running sequences' ids close together (``slots.place``), with the
+        longest cached prefix of its prompt, and decoding only the rest."""
         while self.waiting:
             free = [s for s in self.slots if s.job is None]
-            if len(free) < 1 + len(self.waiting[0].followers):
-                return  # FIFO: the next request waits for enough slots for all its choices
-            job = self.waiting.popleft()
+            i = next_waiting(self.waiting, self.slots)
+            job = self.waiting[i]
+            if len(free) < 1 + len(job.followers):
+                return  # the next request waits for enough slots for all its choices
+            del self.waiting[i]
             job.queued = time.monotonic() - job.submitted
             prompt = np.asarray(job.tokens, dtype=np.int32)
             lora = job.request.lora

@@ -40,12 +40,12 @@ from app.base.errors import (
     EngineFailure,
     ModelLoadError,
     ModelNotReady,
-    QueueFull,
     ServiceError,
     ShuttingDown,
     as_service_error,
 )
 from app.base.state import LoadState
+from app.engine.admission import Admission
 from app.engine.config import EngineConfig
 from app.engine.handle import ChannelHandle
 from app.engine.llama_batch import Batch
@@ -129,7 +129,8 @@ class LlamaEngine:
         self._count_lock = allocate_lock()
         self._handoff = allocate_lock()  # prep threads vs. the engine closing
         self._closed = False
-        self._in_flight = 0  # submitted and not finished: admitted + waiting
+        # submitted and not finished (admitted + waiting), in all and per key scope
+        self._admission = Admission(config.parallel, config.max_queue, config.max_queue_per_key)
         self._last_queue_log = 0.0
         self._stopping = False
         self._stopped = ThreadEvent()
@@ -233,7 +234,7 @@ class LlamaEngine:
 
     def queue_depth(self) -> int:
         """Requests submitted but not yet admitted to a slot."""
-        return max(0, self._in_flight - self.config.parallel)
+        return max(0, self._admission.total - self.config.parallel)
 
     def stats(self) -> dict[str, object]:
         sched = self._sched
@@ -302,11 +303,7 @@ class LlamaEngine:
     def _enqueue(self, job: Job) -> None:
         n = 1 + len(job.followers)
         with self._count_lock:
-            if self._in_flight + n > self.config.parallel + self.config.max_queue:
-                raise QueueFull(
-                    f"server is busy: {self.config.max_queue} requests already waiting"
-                )
-            self._in_flight += n
+            self._admission.take(job.request.cache_scope, n)  # or a 429
             self._last_activity = time.monotonic()
             if self._asleep:
                 self._wake_requested = True
@@ -469,7 +466,7 @@ class LlamaEngine:
             )
             self._prep_r.prepare(job, warming=True)
             with self._count_lock:  # a reload's warm-up runs beside submissions
-                self._in_flight += 1
+                self._admission.count(job.request.cache_scope)
             sched.waiting.append(job)
             jobs.append(job)
         for _ in range(100 + 4 * len(jobs)):
@@ -508,7 +505,7 @@ class LlamaEngine:
                                                 cache_scope=PUBLIC), sink=events.append)
             self._prep_r.prepare(job, warming=True)
             with self._count_lock:
-                self._in_flight += 1
+                self._admission.count(job.request.cache_scope)
             sched.waiting.append(job)
             for _ in range(100 + len(job.tokens)):  # bounded: chunks of PREFILL_CHUNK
                 self._step_once()
@@ -557,7 +554,7 @@ class LlamaEngine:
             return False
         with self._count_lock:
             sched = self._sched
-            if (self._in_flight or self._users or self._prep or self._inbox or self._prep_busy
+            if (self._admission.total or self._users or self._prep or self._inbox or self._prep_busy
                     or (sched is not None and (sched.waiting or sched.busy()))):
                 return False
             self._asleep = True
@@ -643,7 +640,7 @@ class LlamaEngine:
         if not job.done:
             job.done = True
             with self._count_lock:
-                self._in_flight -= 1
+                self._admission.give(job.request.cache_scope)
                 self._last_activity = time.monotonic()  # idle counts from a request's end
 
     def _drop(self, job: Job, err: ServiceError | None = None) -> None:

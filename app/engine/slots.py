@@ -6,7 +6,8 @@ the slots, and how a job that holds no slot, or loses one, ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -126,6 +127,26 @@ def place(slots: list[Slot], free: list[Slot], shared: dict[int, int]) -> tuple[
     if shared[id(source)] - shared[id(slot)] >= RELOCATE_MIN_TOKENS:
         return slot, source
     return slot, slot
+
+
+def next_waiting(waiting: Sequence[Job], slots: list[Slot]) -> int:
+    """Which waiting request a free slot goes to (its index): the oldest of the key scope that
+    holds the fewest slots now. Scopes take turns as slots free up, and a key whose requests
+    fill the queue cannot keep another key's request behind all of them (security3 M4). With
+    one scope (no API keys) it is first come, first served."""
+    held = Counter(s.job.request.cache_scope for s in slots if s.job is not None)
+    best, fewest = 0, -1
+    seen: set[str] = set()
+    for i, job in enumerate(waiting):
+        scope = job.request.cache_scope
+        if scope in seen:
+            continue  # the scope's oldest is its candidate
+        seen.add(scope)
+        if fewest < 0 or held[scope] < fewest:
+            best, fewest = i, held[scope]
+            if fewest == 0:
+                break  # none can hold fewer
+    return best
 
 
 def spread(slots: list[Slot]) -> Callable[[Slot], int]:

@@ -164,6 +164,17 @@ class LlamaSettings(BaseModel):
         le=100_000,
         **env("MAX_QUEUE"),
     )
+    max_queue_per_key: int = Field(
+        0,
+        description="Requests one API key may have waiting beyond the slots (its requests in "
+        "the engine: at most PARALLEL plus this); past it, 429 for that key while others still "
+        "queue, and a freed slot goes to the key holding the fewest. 0: half of MAX_QUEUE. "
+        "Without API keys every caller is one key: only MAX_QUEUE applies, first come first "
+        "served.",
+        ge=0,
+        le=100_000,
+        **env("MAX_QUEUE_PER_KEY"),
+    )
     sleep_idle_seconds: float = Field(
         0,
         description="After this many seconds without a request, free the model, contexts and "

@@ -175,3 +175,25 @@ def test_kv_of_the_public_scope_serves_every_scope_and_a_keys_serves_its_own():
     other.request = GenerationRequest(tuple(other.tokens), SamplingParams(), cache_scope="key-b")
     served(sched, other)
     assert other.cached_tokens == len(TEMPLATE + SYSTEM)  # the public part only, not key-a's
+
+
+def keyed(tokens: list[int], ll, scope: str, length: int = 40) -> Job:
+    j = job(tokens, ll, length=length)
+    j.request = GenerationRequest(tuple(tokens), SamplingParams(), cache_scope=scope)
+    return j
+
+
+def test_a_freed_slot_goes_to_another_key_before_this_keys_queued_requests():
+    sched, ll = scheduler(parallel=2)
+    b1, b2 = keyed([3, 4, 5], ll, "key-b"), keyed([6, 7, 8], ll, "key-b")
+    start(sched, b1)
+    start(sched, b2)
+    queued = [keyed([9, 10, 11], ll, "key-b"), keyed([12, 13, 14], ll, "key-b")]
+    sched.waiting.extend(queued)
+    a = keyed([15, 16, 17], ll, "key-a")
+    sched.waiting.append(a)  # last in, behind key B's two
+    b1.cancelled = True
+    sched.reap()
+    sched.admit()
+    assert [s.job for s in sched.slots if s.job is not None] == [a, b2]
+    assert list(sched.waiting) == queued  # then B's, in their order

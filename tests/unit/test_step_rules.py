@@ -7,10 +7,13 @@ these pin each rule's edges."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from app.base.errors import QueueFull
+from app.engine.admission import Admission
 from app.engine.lora import next_set
 from app.engine.prediction import Place, Prediction
-from app.engine.slots import Job, Slot, place
+from app.engine.slots import Job, Slot, next_waiting, place
 from app.engine.speculative import SpecConfig, SpecGate, next_draft_len, ngram_draft, propose
 from app.engine.tokens import Mark, common_prefix
 from app.engine.types import GenerationRequest, SamplingParams, Speculation
@@ -160,3 +163,41 @@ def test_equal_image_ids_are_the_same_image_only_with_the_same_digest():
     assert common_prefix(ids, prompt, [], [image]) == 2  # a cache that cannot say which
     assert common_prefix(ids[:2], prompt, [], [twin]) == 2  # the prefix ends before it anyway
     assert common_prefix([1, 9], prompt, [], [twin]) == 1
+
+
+def _keyed(scope: str) -> Job:
+    return Job(GenerationRequest("x", cache_scope=scope), sink=lambda e: None)
+
+
+def test_a_freed_slot_goes_to_the_key_holding_the_fewest_then_the_oldest():
+    slots = [Slot(seq_id=i) for i in range(3)]
+    slots[0].job, slots[1].job = _keyed("b"), _keyed("b")
+    waiting = [_keyed("b"), _keyed("b"), _keyed("a"), _keyed("c")]
+    assert next_waiting(waiting, slots) == 2  # a holds none; b's queued ones wait
+    slots[2].job = _keyed("a")
+    assert next_waiting(waiting, slots) == 3  # c holds none either
+    slots[2].job = _keyed("c")
+    assert next_waiting(waiting, slots) == 2  # a and c hold one each: the older, a's
+    assert next_waiting([_keyed(""), _keyed(""), _keyed("")], slots) == 0  # one scope: FIFO
+
+
+def test_one_key_may_fill_the_slots_but_only_its_share_of_the_queue():
+    adm = Admission(parallel=2, max_queue=4, max_queue_per_key=0)  # 0: half the queue
+    for _ in range(4):
+        adm.take("b", 1)  # its two slots and two places in the queue
+    with pytest.raises(QueueFull, match="MAX_QUEUE_PER_KEY"):
+        adm.take("b", 1)
+    adm.take("a", 2)  # another key still gets in: the queue is full now
+    with pytest.raises(QueueFull, match="already waiting"):
+        adm.take("c", 1)
+    adm.give("b")
+    adm.take("b", 1)
+    assert (adm.total, adm.by_scope) == (6, {"b": 4, "a": 2})
+
+
+def test_without_keys_every_caller_is_one_scope_under_max_queue_alone():
+    adm = Admission(parallel=2, max_queue=4, max_queue_per_key=1)
+    for _ in range(6):
+        adm.take("", 1)
+    with pytest.raises(QueueFull, match="already waiting"):
+        adm.take("", 1)

@@ -1,0 +1,99 @@
+"""Who gets the engine when it is full, end to end on the real model: one API key cannot take
+every slot and the whole queue from the others (security3 M4), and a short prompt is not held
+behind another request's long one (security3 L1). Structure only: which request was admitted,
+which got a 429, which got its tokens before which."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import requests
+
+from tests.support.server import ServerProcess, running, wait_for
+
+KEY_A, KEY_B = "fair-key-a-0123456789", "fair-key-b-0123456789"
+WORDS = "The quick brown fox jumps over the lazy dog. "  # 10 tokens
+
+
+class Streams:
+    """Streamed completions read on threads, each one's first text and end noted in the order
+    the client saw them."""
+
+    def __init__(self, srv: ServerProcess):
+        self.srv = srv
+        self.seen: list[str] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def post(self, key: str | None, body: dict) -> requests.Response:
+        """The request's response once its headers came, not read yet: a stream's headers come
+        with its first bytes, a heartbeat's while it waits for a slot, so they say it was
+        accepted (it is in the engine's queue)."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return requests.post(self.srv.url("/v1/completions"), json={**body, "stream": True},
+                             headers=headers, stream=True, timeout=300)
+
+    def read(self, name: str, r: requests.Response) -> None:
+        def run() -> None:
+            first = True
+            try:
+                for line in r.iter_lines():
+                    if line == b"data: [DONE]":
+                        self._note(f"{name} done")
+                    elif line.startswith(b"data: {") and first:
+                        choices = json.loads(line[6:])["choices"]
+                        if choices and choices[0]["text"]:
+                            self._note(f"{name} first")
+                            first = False
+            except (requests.RequestException, AttributeError, OSError):
+                pass  # closed by the test, from its own thread
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _note(self, event: str) -> None:
+        with self._lock:
+            self.seen.append(event)
+
+    def has(self, *events: str) -> bool:
+        with self._lock:
+            return all(e in self.seen for e in events)
+
+
+def test_one_key_cannot_take_the_whole_queue_and_another_is_served_first(server_factory):
+    """PARALLEL 2, MAX_QUEUE 4 (so MAX_QUEUE_PER_KEY is 2): key B runs two long streams and
+    asks for four more; two wait and two get a 429. Key A's request is still admitted, and
+    when one of B's streams ends A's request takes the slot before B's waiting ones (A holds
+    no slot, B holds one). Before, B's six filled PARALLEL + MAX_QUEUE and A got a 429."""
+    srv = server_factory({"PARALLEL": "2", "MAX_QUEUE": "4", "API_KEY": f"{KEY_A},{KEY_B}",
+                          "PREFILL_CHUNK": "64", "STREAM_HEARTBEAT_SECONDS": "1"})
+    srv.wait_ready()
+    streams = Streams(srv)
+    long_run = {"prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+    # B's waiting ones: a prompt of ~10 chunks, so each one's first token is steps away from
+    # its admission
+    waiting = {"prompt": WORDS * 60, "max_tokens": 2, "temperature": 0}
+    held = [streams.post(KEY_B, long_run) for _ in range(2)]
+    try:
+        assert [r.status_code for r in held] == [200, 200]
+        for i, r in enumerate(held):
+            streams.read(f"H{i}", r)  # read as they come: a client that does not read stalls
+        wait_for(lambda: running(srv) == 2, 60, "B's two streams in the slots")
+        more = [streams.post(KEY_B, waiting) for _ in range(4)]
+        assert [r.status_code for r in more] == [200, 200, 429, 429]
+        assert more[2].json()["error"]["code"] == "queue_full"
+        assert "MAX_QUEUE_PER_KEY" in more[2].json()["error"]["message"]
+        for i, r in enumerate(more[:2]):
+            streams.read(f"B{i}", r)
+        a = streams.post(KEY_A, {"prompt": "Say hello.", "max_tokens": 4, "temperature": 0})
+        assert a.status_code == 200, a.text  # accepted: in the engine's queue now
+        streams.read("A", a)
+        held[0].close()  # one of B's streams ends: its slot is free
+        wait_for(lambda: streams.has("A done", "B0 done", "B1 done"), 120, "every answer")
+        seen = streams.seen
+        assert seen.index("A done") < min(seen.index("B0 first"), seen.index("B1 first")), seen
+    finally:
+        for r in held:
+            r.close()
