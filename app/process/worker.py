@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import gevent
+from gevent.monkey import get_original
 from gunicorn.http import errors as http_errors
 from gunicorn.workers.ggevent import GeventWorker
 
@@ -91,6 +93,25 @@ def error_response(status: int, reason: str, message: str, path: str = "") -> by
     return head.encode("latin-1") + data
 
 
+def native_logging_locks() -> None:
+    """Give logging native locks again, after gevent's patching. gevent turns the logging
+    module's lock and every handler's into gevent locks, and native threads (the engine's, the
+    prep pool's) that contend for one wait for ever: of ten pool threads logging 200 lines each,
+    one or two finished. A native lock is held for one line's write, so a greenlet that meets one
+    held waits that long, as any C call would make it."""
+    rlock = get_original("_thread", "RLock")  # the C one: threading's is built on patched locks
+
+    def create_lock(handler: logging.Handler) -> None:
+        handler.lock = rlock()
+
+    logging._lock = rlock()  # type: ignore[attr-defined]
+    logging.Handler.createLock = create_lock  # type: ignore[method-assign]
+    for ref in list(logging._handlerList):  # type: ignore[attr-defined]
+        handler = ref()
+        if handler is not None:
+            handler.lock = rlock()
+
+
 class DrainingGeventWorker(GeventWorker):
     """gunicorn's gevent worker, but a SIGTERM drain ends when the last request in flight ends,
     request heads are bounded, and gunicorn's own errors are JSON (see the module)."""
@@ -111,6 +132,10 @@ class DrainingGeventWorker(GeventWorker):
         """Pool slots no connection still sending its head may take: a new connection (a
         health probe) always finds one."""
         return max(1, self.worker_connections // 10)
+
+    def patch(self) -> None:
+        super().patch()
+        native_logging_locks()  # gevent's patching made them gevent locks: see there
 
     # ---- connections and their heads -------------------------------------------------------
     def handle(self, listener, client, addr):
