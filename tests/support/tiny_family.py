@@ -24,9 +24,14 @@ CONTROL = 3  # llama_token_type: LLAMA_TOKEN_TYPE_CONTROL
 
 
 def build_family(path: Path, vocab_src: Path, tokens: list[str], template: str,
-                 eos: str | None = None, bos: str | None = None, seed: int = 0) -> Path:
+                 eos: str | None = None, bos: str | None = None, seed: int = 0,
+                 favour: str | None = None, after: tuple[str, ...] = ()) -> Path:
     """The model at ``path``: ``vocab_src``'s tokenizer plus ``tokens`` (control tokens, in
-    order, those it already has left as they are), with ``template`` as its chat template."""
+    order, those it already has left as they are), with ``template`` as its chat template.
+    ``favour``: the token the model writes right after any of the tokens ``after`` (a family's
+    call opener after the generation prompt's last token, so that even a request that cannot
+    force a call, Ollama's, gets one): their embeddings carry a large first component, which
+    only that token's output row reads."""
     rng = np.random.default_rng(seed)
     reader = GGUFReader(str(vocab_src))
     vocab = list(reader.fields["tokenizer.ggml.tokens"].contents())
@@ -66,15 +71,33 @@ def build_family(path: Path, vocab_src: Path, tokens: list[str], template: str,
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_file_type(0)
-    w.add_tensor("token_embd.weight", _rand(rng, N_EMBD, n_vocab))
+    embd, out = _rand(rng, N_EMBD, n_vocab), _rand(rng, N_EMBD, n_vocab)
+    if favour is not None:
+        embd[:, 0] = 0.0
+        embd[[vocab.index(t) for t in after], 0] = 100.0
+        out[:, 0] = 0.0
+        out[vocab.index(favour), 0] = 5.0
+    w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    w.add_tensor("output.weight", _rand(rng, N_EMBD, n_vocab))
+    w.add_tensor("output.weight", out)
     for i in range(N_LAYER):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            w.add_tensor(f"blk.{i}.{name}.weight", _rand(rng, N_EMBD, N_EMBD))
+            w.add_tensor(f"blk.{i}.{name}.weight", _apart(_rand(rng, N_EMBD, N_EMBD), favour))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", _rand(rng, N_EMBD, N_FF))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", _rand(rng, N_EMBD, N_FF))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", _rand(rng, N_FF, N_EMBD))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", _apart(_rand(rng, N_EMBD, N_FF), favour))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", _apart(_rand(rng, N_EMBD, N_FF), favour))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", _apart(_rand(rng, N_FF, N_EMBD), favour))
     return finish(w, path)
+
+
+def _apart(weight: np.ndarray, favour: str | None) -> np.ndarray:
+    """A layer's weight (numpy: out x in) that neither reads nor writes the residual stream's
+    first component when a token is favoured: that component is then the current token's
+    embedding alone, so the favoured token follows exactly the ``after`` tokens."""
+    if favour is not None:
+        if weight.shape[1] == N_EMBD:
+            weight[:, 0] = 0.0
+        if weight.shape[0] == N_EMBD:
+            weight[0, :] = 0.0
+    return weight
