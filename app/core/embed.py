@@ -103,7 +103,9 @@ class Embeddings:
                 raise
         try:
             model, emb = self.check(inp)
-            handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout))
+            # the embedder asks ``gone`` itself at every decode: a hang-up stops the batch at
+            # the next one, not at this greenlet's next poll
+            handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout, gone))
             outcomes = self._wait(handle, gone, api)
         finally:
             if hold is not None:
@@ -124,6 +126,9 @@ class Embeddings:
             while True:
                 try:
                     return handle.result(GONE_POLL if gone else limit)
+                except ClientGone:  # the embedder saw it first
+                    self.service.metrics.api(api).gone()
+                    raise
                 except TimeoutError:
                     if gone is not None and gone():
                         self.service.metrics.api(api).gone()

@@ -8,7 +8,8 @@ to a requested size and normalizing is the core's (app.core.embed), the wire for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
@@ -28,6 +29,9 @@ class EmbedRequest:
     inputs: tuple[str | tuple[int, ...], ...]
     truncate: bool = False
     timeout: float | None = None  # seconds from submission; past it the request fails
+    # whether the caller has gone (a socket peek): asked by the embedder's thread at every
+    # decode, so a hung-up batch stops at the next one; quick and safe from any thread
+    gone: Callable[[], bool] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

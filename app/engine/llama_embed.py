@@ -4,8 +4,9 @@ The generation engine loads the model and hands it here; this module opens a sec
 on the same weights with embeddings on and the pooling chosen, so an embedding request never
 waits behind a generation step (and generation never waits behind an embedding batch beyond
 sharing the cores). Inputs of every waiting request are packed into one ``llama_decode``, one
-sequence each, taken round-robin across requests so a one-line request rides the next decode
-even behind a 2,000-input one.
+sequence each; requests take turns at decodes (app.engine.embed_jobs), so a one-line request
+waits at most the decode in progress even behind a 2,000-input one, and a request whose caller
+has gone stops at the next decode.
 
 Why a text's vector does not depend on its batch-mates: each input is its own sequence,
 starting at position 0, in a unified KV buffer that is cleared after every decode; attention is
@@ -21,13 +22,14 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from app.base.bridge import Channel, ThreadEvent, allocate_lock, original_sleep, start_native_thread
 from app.base.errors import (
     BadRequest,
+    ClientGone,
     ContextOverflow,
     EngineFailure,
     GenerationTimeout,
@@ -37,6 +39,7 @@ from app.base.errors import (
     ShuttingDown,
 )
 from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
+from app.engine.embed_jobs import Input, Job, pick
 from app.engine.types import outside_vocab
 
 log = logging.getLogger(__name__)
@@ -144,19 +147,6 @@ class EmbedConfig:
     only: bool  # the model embeds only
 
 
-@dataclass(eq=False)
-class _Job:
-    request: EmbedRequest
-    channel: Channel
-    deadline: float | None
-    cancel: list[bool] = field(default_factory=lambda: [False])
-    outcomes: list[Outcome | None] = field(default_factory=list)
-    todo: deque[tuple[int, list[int]]] = field(default_factory=deque)  # (input index, tokens)
-    truncated: set[int] = field(default_factory=set)
-    left: int = 0  # inputs without an outcome yet
-    done: bool = False
-
-
 class LlamaEmbedder:
     """Embeds on its own llama.cpp context. Built by the engine thread once the model is
     loaded (``open``); serves from its own thread (``start``)."""
@@ -188,7 +178,7 @@ class LlamaEmbedder:
         self._keep_last = bool(ll.llama_vocab_get_add_eos(vocab) or ll.llama_vocab_get_add_sep(vocab))
         self._ctx = None
         self._batch = None
-        self._queue: deque[_Job] = deque()
+        self._queue: deque[Job] = deque()
         self._wake = ThreadEvent()
         self._count_lock = allocate_lock()
         self._in_flight = 0
@@ -197,6 +187,9 @@ class LlamaEmbedder:
         self._running = False
         self._decodes = 0
         self._widths: Counter[int] = Counter()
+        self._inputs = 0  # inputs decoded
+        self._cancelled = 0  # requests stopped because their caller went
+        self._skipped = 0  # their inputs, never decoded
         self._decode_since: float | None = None
 
     @property
@@ -237,7 +230,7 @@ class LlamaEmbedder:
         out = self._decode([toks] * min(4, cfg.n_seq))
         if isinstance(out, ServiceError):
             raise ModelLoadError(f"embedding warm-up failed: {out.message}")
-        self._decodes = 0
+        self._decodes = self._inputs = 0
         self._widths.clear()
         log.info("embeddings: %s pooling, %d dimensions, %d tokens per input and batch, "
                  "%d inputs per decode", cfg.pooling, self._info.n_embd, cfg.n_ctx, cfg.n_seq)
@@ -265,8 +258,8 @@ class LlamaEmbedder:
                     f"server is busy: {self.config.max_queue} embedding requests already waiting"
                 )
             self._in_flight += 1
-        deadline = time.monotonic() + request.timeout if request.timeout else None
-        job = _Job(request, Channel(), deadline)
+        now = time.monotonic()
+        job = Job(request, Channel(), now + request.timeout if request.timeout else None, now)
         self._queue.append(job)
         self._wake.set()
         return EmbedHandle(job.channel, job.cancel)
@@ -276,6 +269,9 @@ class LlamaEmbedder:
             "waiting": len(self._queue),
             "decodes": self._decodes,
             "batch_widths": {str(k): v for k, v in sorted(self._widths.items())},
+            "inputs": self._inputs,
+            "cancelled": self._cancelled,
+            "inputs_skipped": self._skipped,
         }
 
     def stalled(self, limit: float) -> str | None:
@@ -304,7 +300,7 @@ class LlamaEmbedder:
 
     # ---- the embedding thread ----------------------------------------------------------------
     def _main(self) -> None:
-        active: list[_Job] = []
+        active: list[Job] = []
         try:
             while True:
                 while self._queue:
@@ -331,25 +327,36 @@ class LlamaEmbedder:
             self._running = False
             self._stopped.set()
 
-    def _take(self, job: _Job) -> None:
-        """Tokenize and check every input; a bad one gets its error as its outcome."""
+    def _take(self, job: Job) -> None:
+        """A new request: its inputs wait untokenized until their decode is planned."""
         inputs = job.request.inputs
         job.outcomes = [None] * len(inputs)
         job.left = len(inputs)
         if self._stopping:
             self._answer(job, ShuttingDown("server is shutting down"))
             return
-        for i, item in enumerate(inputs):
-            try:
-                toks, cut = self._tokens(item, job.request.truncate)
-            except ServiceError as err:
-                self._settle(job, i, err)
-                continue
-            if cut:
-                job.truncated.add(i)
-            job.todo.append((i, toks))
+        job.todo.extend(Input(i, item) for i, item in enumerate(inputs))
         if not job.left:
             self._deliver(job)
+
+    def _ready(self, job: Job, n: int) -> None:
+        """Tokenize and check the first ``n`` inputs of the job's todo; a bad one gets its error
+        as its outcome and leaves the todo (the next one takes its place)."""
+        i = 0
+        while i < n and i < len(job.todo):  # bounded: each pass tokenizes or removes one
+            inp = job.todo[i]
+            if inp.tokens is not None:
+                i += 1
+                continue
+            try:
+                inp.tokens, cut = self._tokens(inp.item, job.request.truncate)
+            except ServiceError as err:
+                del job.todo[i]
+                self._settle(job, inp.index, err)
+                continue
+            if cut:
+                job.truncated.add(inp.index)
+            i += 1
 
     def _tokens(self, item: str | tuple[int, ...], truncate: bool) -> tuple[list[int], bool]:
         n_ctx = self.config.n_ctx
@@ -384,9 +391,14 @@ class LlamaEmbedder:
             return toks[: n_ctx - 1] + toks[-1:], True
         return toks[:n_ctx], True
 
-    def _alive(self, job: _Job) -> bool:
-        if job.cancel[0]:
-            self._finish(job)
+    def _alive(self, job: Job) -> bool:
+        """Whether the job goes on, asked at every decode: its caller gone (the greenlet's
+        cancel, or the request's own probe, so a hang-up stops it at the very next decode),
+        its deadline, shutdown."""
+        if job.cancel[0] or self._gone(job):
+            self._cancelled += 1
+            self._skipped += len(job.todo)
+            self._answer(job, ClientGone("the client went away"))
             return False
         if job.deadline is not None and time.monotonic() > job.deadline:
             self._answer(job, GenerationTimeout(
@@ -397,34 +409,33 @@ class LlamaEmbedder:
             return False
         return True
 
-    def _step(self, active: list[_Job]) -> None:
-        """One decode: inputs taken round-robin across the requests, while they fit."""
-        picked: list[tuple[_Job, int, list[int]]] = []
+    @staticmethod
+    def _gone(job: Job) -> bool:
+        """The request's own probe (False without one, or when it cannot tell)."""
+        try:
+            return bool(job.request.gone and job.request.gone())
+        except Exception:  # noqa: BLE001 - the greenlet's own poll still sees the hang-up
+            return False
+
+    def _step(self, active: list[Job]) -> None:
+        """One decode: the turn of the request that has waited longest, and the requests it
+        finishes riding along (app.engine.embed_jobs)."""
         # while streams run, a decode is at most a prompt chunk's worth of tokens (a longer
         # single input still goes whole: pooling needs it in one piece)
         room = self.config.share_tokens if self._turns.host_busy() else self.config.n_ctx
-        full = False
-        while not full and len(picked) < self.config.n_seq:
-            took = False
-            for job in active:
-                if not job.todo:
-                    continue
-                i, toks = job.todo[0]
-                if (len(toks) > room and picked) or len(picked) >= self.config.n_seq:
-                    full = True
-                    break
-                job.todo.popleft()
-                picked.append((job, i, toks))
-                room -= len(toks)
-                took = True
-            if not took:
-                break
-        out = self._decode([toks for _, _, toks in picked])
-        for k, (job, i, toks) in enumerate(picked):
+        head, picked = pick(active, self.config.n_seq, room, self._ready)
+        if not picked:
+            return  # every input looked at failed on its own: answered already
+        out = self._decode([inp.tokens or [] for _, inp in picked])
+        if head is not None:
+            head.since = time.monotonic()
+        for k, (job, inp) in enumerate(picked):
+            toks = inp.tokens or []
             if isinstance(out, ServiceError):
-                self._settle(job, i, out)
+                self._settle(job, inp.index, out)
             else:
-                self._settle(job, i, Embedding(out[k], len(toks), i in job.truncated))
+                self._settle(job, inp.index,
+                             Embedding(out[k], len(toks), inp.index in job.truncated))
 
     def _decode(self, seqs: list[list[int]]) -> list[np.ndarray] | ServiceError:
         ll, b = self._ll, self._batch
@@ -458,26 +469,27 @@ class LlamaEmbedder:
                 ll.llama_memory_clear(self._mem, True)
             self._decode_since = None
             self._decodes += 1
+            self._inputs += len(seqs)
             self._widths[len(seqs)] += 1
 
-    def _settle(self, job: _Job, i: int, outcome: Outcome) -> None:
+    def _settle(self, job: Job, i: int, outcome: Outcome) -> None:
         if job.outcomes[i] is None:
             job.outcomes[i] = outcome
             job.left -= 1
         if not job.left:
             self._deliver(job)
 
-    def _deliver(self, job: _Job) -> None:
+    def _deliver(self, job: Job) -> None:
         job.channel.put(list(job.outcomes))
         self._finish(job)
 
-    def _answer(self, job: _Job, err: ServiceError) -> None:
+    def _answer(self, job: Job, err: ServiceError) -> None:
         if job.done:
             return
         job.channel.put(err)
         self._finish(job)
 
-    def _finish(self, job: _Job) -> None:
+    def _finish(self, job: Job) -> None:
         job.todo.clear()
         job.left = 0
         if job.done:
