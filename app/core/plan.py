@@ -139,7 +139,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         lead = ("open" if in_thought else "think" if think else "") if required or answer else ""
         # takes hold only once a call starts; with an answer format the grammar holds the
         # whole reply, so it cannot be lazy (see ToolFormat.grammar)
-        lazy = not required and answer is None and bool(fmt.triggers)
+        triggers = fmt.lazy_triggers(offered)
+        lazy = not required and answer is None and bool(triggers)
         try:
             call = fmt.grammar(offered, parallel=parallel, required=required, lead=lead,
                                template=template, limits=limits, thought=thought,
@@ -158,7 +159,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         if call is not None:
             params = replace(params, grammar=call, grammar_param="tools",
                              grammar_takes_injection=bool(lead),
-                             grammar_triggers=fmt.triggers if lazy else ())
+                             grammar_triggers=triggers if lazy else ())
     spec = None
     if parsed or think:
         spec = ReplySpec(

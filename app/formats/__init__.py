@@ -20,6 +20,7 @@ from app.formats.hermes import Hermes
 from app.formats.llama3 import Llama3
 from app.formats.magistral import MAGISTRAL_THINK, Magistral
 from app.formats.mistral import Mistral
+from app.formats.pythonic import Pythonic
 from app.formats.qwen3_coder import Qwen3Coder
 from app.formats.spec import NAME_RE
 from app.formats.think import THINK, ReasoningFormat
@@ -30,7 +31,7 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Qwen3Coder(), Hermes(), Magistral(), Mistral(), Llama3(), Generic())
+    f.name: f for f in (Qwen3Coder(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 

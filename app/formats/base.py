@@ -117,6 +117,12 @@ class ToolFormat:
         """A fresh id for a call the model made."""
         return "call_" + secrets.token_hex(12)
 
+    def lazy_triggers(self, tools: list[Tool]) -> tuple[str, ...]:
+        """What wakes the lazy grammar under tool_choice auto when ``tools`` are offered: the
+        markers that open a call (a format whose calls open with a tool's name, as pythonic
+        lists do, adds words of its own)."""
+        return self.triggers
+
 
 class MarkerFormat(ToolFormat):
     """A format whose calls are blocks opening with a marker, with content around them."""

@@ -35,13 +35,14 @@ LIMIT = 60  # tokens: a forced call of this schema ends well within it
 @dataclass(frozen=True)
 class Family:
     format: str  # the tool-call format the template is read as
-    thought: str  # the thought syntax
+    thought: str | None  # the thought syntax (None: the template teaches none)
     template: str  # takes ``open_thought``: the generation prompt opens a thought (budget test)
     tokens: list[str]  # the family's control tokens
     eos: str
     favour: str  # the call opener the tiny model writes right after ...
     after: tuple[str, ...]  # ... these tokens, which end the generation prompts here
     shown: str  # how the history's call shows in the rendered prompt
+    marker: str  # a control token the history's call is written with
     env: dict[str, str] = field(default_factory=dict)
     # a template that teaches thoughts leaves tool_choice auto unheld (a lazy grammar would
     # wake inside a thought), so only a thoughtless family's Ollama request is sure of a call
@@ -61,9 +62,26 @@ MAGISTRAL = Family(
      "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[ARGS]",
      "[CALL_ID]", "[THINK]", "[/THINK]"],
     "</s>", "[TOOL_CALLS]", ("[/INST]", "[/TOOL_RESULTS]", "[/THINK]"),
-    '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>')
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>', "[TOOL_CALLS]")
+LLAMA4 = Family(
+    "pythonic", None,
+    "{{ bos_token }}{% if tools %}<|header_start|>system<|header_end|>\n\nUse exact format: "
+    "[func_name1(param1=value1, param2=value2), func_name2(...)]\n{{ tools|tojson }}<|eot|>"
+    "{% endif %}{% for m in messages %}{% if m.tool_calls %}"
+    "<|header_start|>assistant<|header_end|>\n\n{% if m.content is string %}{{ m.content }}"
+    "{% endif %}[{% for c in m.tool_calls %}{{ c.function.name }}("
+    "{% for k, v in c.function.arguments.items() %}{{ k }}={{ v|tojson }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}){% if not loop.last %}, {% endif %}"
+    "{% endfor %}]<|eot|>{% elif m.role == 'tool' %}<|header_start|>ipython<|header_end|>\n\n"
+    "{{ m.content|tojson }}<|eot|>{% else %}<|header_start|>{{ m.role }}<|header_end|>\n\n"
+    "{{ m.content }}<|eot|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|header_start|>assistant<|header_end|>\n\n{% endif %}",
+    ["<|begin_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>",
+     "<|python_start|>", "<|python_end|>"],
+    "<|eot|>", "<|python_start|>", ("ĊĊ",), '[get_weather(city="Paris")]<|eot|>',
+    "<|header_start|>", held_under_auto=True)
 
-FAMILIES = [MAGISTRAL]
+FAMILIES = [MAGISTRAL, LLAMA4]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])
@@ -102,7 +120,7 @@ def test_props_name_the_format(family):
     fam, srv = family
     formats = requests.get(srv.url("/props"), timeout=10).json()["formats"]
     assert (formats["tool_format"], formats["thought_format"]) == (fam.format, fam.thought)
-    assert fam.favour in formats["reads"]
+    assert (fam.favour in formats["reads"]) == (fam.favour in fam.template)
 
 
 def test_a_forced_call_on_every_api(family):
@@ -176,7 +194,7 @@ def test_the_second_turn_renders_in_the_family_form_and_answers(family):
                                     "return_token_strs": True})
     prompt = "".join(shown["token_strs"])
     assert fam.shown in prompt and "Sunny, 21 C" in prompt, prompt
-    assert fam.favour in shown["token_strs"]  # the history's marker is the control token
+    assert fam.marker in shown["token_strs"]  # the history's marker is the control token
     for body in ({"messages": second_turn(), "tools": [TOOL], "max_tokens": 8},
                  {"messages": second_turn(), "max_tokens": 8}):
         choice = post(srv, "/v1/chat/completions", body)["choices"][0]
@@ -206,6 +224,8 @@ def test_the_second_turn_renders_in_the_family_form_and_answers(family):
 
 def test_a_thought_ended_by_the_budget_then_the_call(family):
     fam, srv = family
+    if fam.thought is None:
+        pytest.skip("the family writes no thoughts")
     body = {"messages": [{"role": "user", "content": ASK}], "tools": [TOOL],
             "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": LIMIT + 8,
             "temperature": 0, "reasoning_budget": 4, "chat_template_kwargs": {"open_thought": True}}

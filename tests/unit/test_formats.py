@@ -17,7 +17,7 @@ from app.settings import Settings, from_settings
 
 
 def test_every_format_is_registered_under_its_name_and_generic_is_the_fallback():
-    assert list(formats.FORMATS) == ["qwen3_coder", "hermes", "magistral", "mistral", "llama3", "generic"]
+    assert list(formats.FORMATS) == ["qwen3_coder", "hermes", "magistral", "mistral", "pythonic", "llama3", "generic"]
     assert all(name == f.name for name, f in formats.FORMATS.items())
     assert formats.detect(None).name == formats.detect("no tools here").name == "generic"
     with pytest.raises(ValueError, match="unknown tool format"):
