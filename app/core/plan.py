@@ -129,6 +129,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         messages, extra = fmt.offer(messages, extra, offered, required, protect)
         think = think and fmt.native  # the generic form's grammar holds the whole reply
     prompt = _render(info, messages, inp.add_generation_prompt, extra)
+    if taught and inp.add_generation_prompt:
+        prompt = thought.finish_prompt(prompt, inp.thinking)
     if inp.prefill:  # the answer's start, as message text: the reply continues it
         prompt += protect(inp.prefill)
     in_thought = think and thought.opened(prompt)
@@ -161,9 +163,10 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
                              grammar_takes_injection=bool(lead),
                              grammar_triggers=triggers if lazy else ())
     spec = None
-    if parsed or think:
+    reads = bool(parsed) or (fmt.reads_replies and not offered)  # no tools: no calls count
+    if reads or think:
         spec = ReplySpec(
-            format=fmt if parsed else None,
+            format=fmt if reads else None,
             think=think,
             in_thought=in_thought,
             thought=thought,

@@ -57,6 +57,10 @@ class ToolFormat:
     # the chat template renders the tools and past calls itself (else they are described in
     # words and the whole reply is held to JSON: see app.formats.generic)
     native: ClassVar[bool] = True
+    # the chat template makes every reply start in the format's markup (Command R7B's
+    # <|START_RESPONSE|>, Functionary's recipient line): the scanner reads replies to requests
+    # without tools too (their calls, if any, do not count: none were offered)
+    reads_replies: ClassVar[bool] = False
 
     def detect(self, template: str) -> bool:
         """Whether a chat template teaches its model this format."""

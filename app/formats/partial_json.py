@@ -148,9 +148,12 @@ def value_end(s: str, i: int) -> tuple[int, bool]:
 Found = tuple[str | None, str, bool]  # (name once complete, arguments so far, complete)
 
 
-def call_object(s: str, i: int) -> tuple[Found, int | None]:
+def call_object(s: str, i: int, names: tuple[str, ...] = ("name",),
+                args_keys: tuple[str, ...] = ("arguments", "parameters")) -> tuple[Found, int | None]:
     """``{"name": ..., "arguments"|"parameters": ...}`` (keys in any order, others skipped) from
-    its ``{``: the call so far and where the object ends (None: not yet; -1: malformed)."""
+    its ``{``: the call so far and where the object ends (None: not yet; -1: malformed).
+    ``names`` / ``args_keys``: the keys a family writes them under (Command R7B: ``tool_name``
+    and ``parameters``)."""
     name: str | None = None
     args = ""
     args_done = False
@@ -170,7 +173,7 @@ def call_object(s: str, i: int) -> tuple[Found, int | None]:
             if not closed:
                 raise Incomplete
             i = expect(s, i, ":")
-            if key == "name":
+            if key in names:
                 value, i, closed = string(s, i)
                 if not closed:
                     raise Incomplete
@@ -178,7 +181,7 @@ def call_object(s: str, i: int) -> tuple[Found, int | None]:
                 continue
             start = ws(s, i)
             i, complete = value_end(s, start)
-            if key in ("arguments", "parameters") and not args_done:
+            if key in args_keys and not args_done:
                 args = s[start:i]
                 args_done = complete
             if not complete:

@@ -77,6 +77,11 @@ class ReasoningFormat:
             return {"enable_thinking": False, **variables}
         return variables
 
+    def finish_prompt(self, prompt: str, thinking: bool | None) -> str:
+        """The rendered prompt as the request's thinking switch wants it: a syntax whose
+        template reads no switch (Command R7B) closes an empty thought itself; unchanged here."""
+        return prompt
+
     def lead(self, lead: str, then: str) -> list[str]:
         """Grammar rules whose ``root`` is ``then`` after what ``lead`` allows first: "" (nothing),
         "think" (an optional thought) or "open" (the prompt opened a thought: it must close)."""
