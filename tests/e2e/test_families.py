@@ -81,7 +81,23 @@ LLAMA4 = Family(
     "<|eot|>", "<|python_start|>", ("ĊĊ",), '[get_weather(city="Paris")]<|eot|>',
     "<|header_start|>", held_under_auto=True)
 
-FAMILIES = [MAGISTRAL, LLAMA4]
+GRANITE = Family(
+    "granite", "granite",
+    "{% if tools %}<|start_of_role|>system<|end_of_role|>When a tool is required, respond only with "
+    "<|tool_call|> followed by a JSON list of tools used.<|end_of_text|>\n"
+    "<|start_of_role|>available_tools<|end_of_role|>{{ tools|tojson }}<|end_of_text|>\n"
+    "{% elif thinking %}<|start_of_role|>system<|end_of_role|>Write your thoughts between "
+    "<think></think> and write your response between <response></response>.<|end_of_text|>\n"
+    "{% endif %}{% for m in messages %}<|start_of_role|>{{ m.role }}<|end_of_role|>"
+    "{{ m.content }}<|end_of_text|>\n{% endfor %}{% if add_generation_prompt %}"
+    "<|start_of_role|>assistant<|end_of_role|>{% if open_thought %}<think>{% endif %}{% endif %}",
+    ["<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<|tool_call|>", "<think>",
+     "</think>"],
+    "<|end_of_text|>", "<|tool_call|>", ("<|end_of_role|>", "</think>"),
+    '<|start_of_role|>assistant<|end_of_role|><|tool_call|>[{"name": "get_weather", '
+    '"arguments": {"city": "Paris"}}]<|end_of_text|>', "<|tool_call|>")
+
+FAMILIES = [MAGISTRAL, LLAMA4, GRANITE]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])
