@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from app.formats.base import ToolFormat
 from app.formats.command_r7b import COMMAND_R7B_THOUGHT, CommandR7B
+from app.formats.functionary import Functionary
 from app.formats.generic import Generic
 from app.formats.granite import GRANITE_THINK, Granite
 from app.formats.hermes import Hermes
@@ -33,7 +34,7 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (CommandR7B(), Qwen3Coder(), Granite(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (CommandR7B(), Functionary(), Qwen3Coder(), Granite(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 

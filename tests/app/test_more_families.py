@@ -38,6 +38,9 @@ FAMILIES = [
            ('"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}',
             '<|START_TOOL_RESULT|>[\n    {\n        "tool_call_id": "0"'),
            "<|START_RESPONSE|>It is sunny.<|END_RESPONSE|>"),
+    Family("functionary_v3_2", (TEMPLATES / "meetkai-functionary-medium-v3.2.jinja").read_text(),
+           'all\nLet me look.>>>get_weather\n{"city": "Paris"}', None,
+           ('>>>get_weather\n{"city": "Paris"}<|eot_id|>',), "all\nIt is sunny."),
 ]
 IDS = [f.name for f in FAMILIES]
 
