@@ -17,6 +17,7 @@ from __future__ import annotations
 from app.formats.base import ToolFormat
 from app.formats.command_r7b import COMMAND_R7B_THOUGHT, CommandR7B
 from app.formats.functionary import Functionary
+from app.formats.gemma4 import CHANNEL_THOUGHT, Gemma4
 from app.formats.generic import Generic
 from app.formats.granite import GRANITE_THINK, Granite
 from app.formats.hermes import Hermes
@@ -34,13 +35,13 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (CommandR7B(), Functionary(), Qwen3Coder(), Granite(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (Gemma4(), CommandR7B(), Functionary(), Qwen3Coder(), Granite(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
 # How thoughts are written, in detection order: the first whose detect() accepts a template is
 # its syntax; <think> (the commonest, and what a template that names none gets) last.
-REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, THINK)}
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, THINK)}
 # REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
 REASONING_MODES = ("auto", "parsed", "inline")
 

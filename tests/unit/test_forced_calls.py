@@ -72,7 +72,12 @@ def test_a_forced_call_carries_each_required_parameter_once_with_its_type(vocab,
     gate.check(text, "tools", LIMITS)
     validator = jsonschema.Draft202012Validator(SCHEMA)
     closers = closers_of(pieces, (b"}", b"]", b",", b"\n"))
-    paths = tag_paths(pieces, tuple(m.encode() for m in fmt.markers if m.startswith("</")))
+    # a marker holding a quote ends a string as '"' does in JSON (Gemma 4's <|"|>): its first
+    # tokens are favoured as a quote is, and it is written to its end once begun
+    quotes = tuple(m.encode() for m in fmt.markers if '"' in m)
+    if quotes:
+        closers[0][tag_paths(pieces, quotes)[b""]] = True
+    paths = tag_paths(pieces, tuple(m.encode() for m in fmt.markers if m.startswith("</")) + quotes)
     finished = 0
     for seed in range(SAMPLES):
         out = sample_once(vocab, pieces, closers, text, seed, MAX_TOKENS, paths)
