@@ -87,5 +87,5 @@ class JsonList(MarkerFormat):
         if not self.close:
             return content
         # a stray close (after a list the grammar ended, or written twice) is never shown
-        content = content.replace(self.close, "")
-        return content[: len(content) - (0 if final else held_suffix(content, (self.close,)))]
+        keep = 0 if final else held_suffix(content, (self.close,))
+        return content[: len(content) - keep].replace(self.close, "")

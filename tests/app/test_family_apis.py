@@ -41,6 +41,10 @@ FAMILIES = {
     "granite": ((TEMPLATES / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text(),
                 '<think>It needs the tool.</think><|tool_call|>[{"name": "get_weather", '
                 '"arguments": {"city": "Paris"}}]', "It needs the tool."),
+    # the template opens the thought: the reply starts inside it
+    "nemotron": ((TEMPLATES / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(),
+                 'It needs the tool.\n</think>\n<TOOLCALL>[{"name": "get_weather", "arguments": '
+                 '{"city": "Paris"}}]</TOOLCALL>', "It needs the tool.\n"),
 }
 
 
@@ -125,6 +129,29 @@ def test_granite_thinks_when_asked_on_any_api():
                               "/api/chat")
     answer = client.post("/v1/chat/completions", json={"messages": ASK}).get_json()
     assert answer["choices"][0]["message"]["content"] == "Hi."
+
+
+def test_nemotron_thinks_unless_told_not_to_on_any_api():
+    engine = FakeEngine(reply="Hi.", n_ctx=4096, chat_template=FAMILIES["nemotron"][0])
+    client = make_client(engine)
+    assert prompt_of(client, engine.requests, {"messages": ASK}).endswith("<think>\n")
+    off = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi /no_think"}]}),
+        ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": ASK,
+                          "thinking": {"type": "disabled"}}),
+        ("/v1beta/models/m:generateContent", {
+            "contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
+            "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}}}),
+        ("/api/chat", {"model": "m", "messages": ASK, "stream": False, "think": False}),
+    ]
+    for path, body in off:
+        assert prompt_of(client, engine.requests, body, path).endswith("<think></think>"), path
+    # thought off, the reply is all answer
+    answer = client.post("/api/chat", json=off[-1][1]).get_json()["message"]
+    assert answer["content"] == "Hi." and not answer.get("thinking")
+    back_on = {"model": "m", "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 64},
+               "messages": [{"role": "user", "content": "Hi /no_think"}]}
+    assert prompt_of(client, engine.requests, back_on, "/v1/messages").endswith("<think>\n")
 
 
 def test_pythonic_wakes_the_lazy_grammar_at_an_offered_tools_name():

@@ -20,7 +20,7 @@ import openai
 import pytest
 import requests
 
-from tests.support.server import VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess, free_port
+from tests.support.server import DATA, VERTEX_HEALTH, VERTEX_PREDICT, ServerProcess, free_port
 from tests.support.tiny_family import build_family
 
 # an enum: a random model's free string could run on until max_tokens
@@ -47,6 +47,7 @@ class Family:
     # a template that teaches thoughts leaves tool_choice auto unheld (a lazy grammar would
     # wake inside a thought), so only a thoughtless family's Ollama request is sure of a call
     held_under_auto: bool = False
+    ask: str = ASK  # the question a forced call answers (a family's own switch may ride on it)
 
 
 MAGISTRAL = Family(
@@ -97,7 +98,15 @@ GRANITE = Family(
     '<|start_of_role|>assistant<|end_of_role|><|tool_call|>[{"name": "get_weather", '
     '"arguments": {"city": "Paris"}}]<|end_of_text|>', "<|tool_call|>")
 
-FAMILIES = [MAGISTRAL, LLAMA4, GRANITE]
+NEMOTRON = Family(
+    "nemotron", "nemotron", (DATA / "templates" / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(),
+    ["<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<TOOLCALL>", "</TOOLCALL>", "<think>",
+     "</think>", "<AVAILABLE_TOOLS>", "</AVAILABLE_TOOLS>", "<TOOL_RESPONSE>", "</TOOL_RESPONSE>"],
+    "<SPECIAL_12>", "<TOOLCALL>", ("</think>",),
+    '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>', "<TOOLCALL>",
+    ask=ASK + " /no_think")  # its template opens a thought unless told not to
+
+FAMILIES = [MAGISTRAL, LLAMA4, GRANITE, NEMOTRON]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])
@@ -141,7 +150,7 @@ def test_props_name_the_format(family):
 
 def test_a_forced_call_on_every_api(family):
     fam, srv = family
-    chat = {"messages": [{"role": "user", "content": ASK}], "tools": [TOOL],
+    chat = {"messages": [{"role": "user", "content": fam.ask}], "tools": [TOOL],
             "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": LIMIT,
             "temperature": 0}
     choice = post(srv, "/v1/chat/completions", chat)["choices"][0]
@@ -157,21 +166,21 @@ def test_a_forced_call_on_every_api(family):
     assert json.loads(streamed.function.arguments) == args  # greedy: the same call
 
     resp = post(srv, "/v1/responses", {
-        "input": ASK, "tool_choice": "required", "parallel_tool_calls": False,
+        "input": fam.ask, "tool_choice": "required", "parallel_tool_calls": False,
         "max_output_tokens": LIMIT, "temperature": 0,
         "tools": [{"type": "function", "name": "get_weather", "parameters": PARAMS}]})
     (item,) = [o for o in resp["output"] if o["type"] == "function_call"]
     checked(item["name"], item["arguments"])
 
     msg = post(srv, "/v1/messages", {
-        "model": "m", "max_tokens": LIMIT, "messages": [{"role": "user", "content": ASK}],
+        "model": "m", "max_tokens": LIMIT, "messages": [{"role": "user", "content": fam.ask}],
         "tools": [{"name": "get_weather", "description": "w", "input_schema": PARAMS}],
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "temperature": 0})
     (use,) = [b for b in msg["content"] if b["type"] == "tool_use"]
     assert msg["stop_reason"] == "tool_use" and checked(use["name"], use["input"])
 
     gem = post(srv, "/v1beta/models/m:generateContent", {
-        "contents": [{"role": "user", "parts": [{"text": ASK}]}],
+        "contents": [{"role": "user", "parts": [{"text": fam.ask}]}],
         "tools": [{"functionDeclarations": [{"name": "get_weather", "description": "w",
                                              "parameters": {"type": "OBJECT", "properties": {
                                                  "city": {"type": "STRING", "enum": ["Paris", "Oslo"]}},
@@ -183,7 +192,7 @@ def test_a_forced_call_on_every_api(family):
 
     # Ollama cannot force a call: the tiny model opens one, and the lazy grammar holds it
     olla = post(srv, "/api/chat", {"model": "m", "stream": False, "tools": [TOOL],
-                                   "messages": [{"role": "user", "content": ASK}],
+                                   "messages": [{"role": "user", "content": fam.ask}],
                                    "options": {"temperature": 0, "num_predict": LIMIT}})
     if fam.held_under_auto:
         calls = olla["message"].get("tool_calls") or []
