@@ -211,8 +211,12 @@ def _later_channels(text: str, final: bool) -> str:
     the one at its start), one still open is held, as is what may be the start of a marker;
     a stray ``<channel|>`` is dropped."""
     markers = (CHANNEL, END_CHANNEL)
-    if CHANNEL not in text and END_CHANNEL not in text:
-        return text[: len(text) - (0 if final else held_suffix(text, markers))]
+    kept = memo.resume("channels", text, 0)  # a stream: no marker up to there
+    since = max(0, kept[0] - len(CHANNEL) + 1) if kept else 0
+    if text.find(CHANNEL, since) == -1 and text.find(END_CHANNEL, since) == -1:
+        memo.keep("channels", text, 0, len(text))
+        keep = 0 if final else held_suffix(text, markers)
+        return text[: len(text) - keep] if keep else text
     content: list[str] = []
     pos = 0
     while True:

@@ -27,7 +27,7 @@ BARE_KEY = re.compile(r'[^\s:{}\[\],<"]+')  # a key written without quotes
 _SCALAR = re.compile(r"[^,:{}\[\]<\"]+")  # a number, true/false/null, or a bare word
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _PYTHON = {"True": "true", "False": "false", "None": "null"}
-_MEMO = "gemma4-args"
+_MEMO, _STRING = "gemma4-args", "gemma4-string"
 
 # (JSON so far, containers open, what comes next, a comma owed before the next member)
 State = tuple[str, tuple[str, ...], str, bool]
@@ -136,12 +136,16 @@ def read_args(s: str, i: int, final: bool = False) -> tuple[str, int | None]:
             comma, state, j = False, ("key" if c == "{" else "value"), j + 1
             continue
         if s.startswith(QUOTE, j):
-            k = s.find(QUOTE, j + _Q)
-            if k == -1:
-                raw = s[j + _Q :]
-                raw = raw[: len(raw) - (0 if final else held_suffix(raw, (QUOTE,)))]
-                return wait(j, sep + '"' + _escaped(raw))
-            out.append(sep + '"' + _escaped(s[j + _Q : k]) + '"')
+            start = j + _Q
+            open_ = memo.resume(_STRING, s, start)  # (searched up to, (its escaping, of chars))
+            k = s.find(QUOTE, max(start, open_[0] - _Q + 1) if open_ else start)
+            if k == -1:  # escaping is per character: each piece is escaped once
+                done, n_done = open_[1] if open_ else ("", 0)
+                cut = len(s) - (0 if final else held_suffix(s, (QUOTE,)))
+                done += _escaped(s[start + n_done : cut])
+                memo.keep(_STRING, s, start, n, (done, cut - start))
+                return wait(j, sep + '"' + done)
+            out.append(sep + '"' + _escaped(s[start:k]) + '"')
             comma, state, j = False, "after", k + _Q
             continue
         if QUOTE.startswith(s[j:]):

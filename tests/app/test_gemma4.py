@@ -219,3 +219,15 @@ def test_each_apis_thinking_switch_is_enable_thinking(path, body, on):
     prompt = engine.requests[-1].prompt
     assert ("<|think|>" in prompt) == on
     assert prompt.endswith("<|turn>model\n" if on else "<|turn>model\n<|channel>thought\n<channel|>")
+
+
+def test_a_turn_that_spoke_and_called_is_followed_by_the_models_cue():
+    """The template closes a turn that said something besides its calls and results, and then
+    writes no cue: the model's turn is opened again (as llama.cpp does)."""
+    engine = FakeEngine(reply="Sunny.", n_ctx=8192, chat_template=TEMPLATE)
+    messages = [{"role": "user", "content": ASK},
+                {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": json.dumps(ARGS)}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    poster(make_client(engine))("/v1/chat/completions", {"messages": messages, "tools": [TOOL]})
+    assert engine.requests[-1].prompt.endswith("<tool_response|>Let me look.<turn|>\n<|turn>model\n")

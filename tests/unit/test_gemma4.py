@@ -10,6 +10,7 @@ import random
 import pytest
 
 from app import formats
+from app.core.decode import ReplyStream
 from app.formats import chat_template
 from app.formats.gemma4 import CHANNEL_THOUGHT, Gemma4
 from app.formats.gemma4_args import read_args, to_gemma
@@ -330,7 +331,7 @@ def test_schemas_over_the_limits_are_refused():
         formats.get("gemma4").grammar(many, parallel=False, limits=LIMITS)
 
 
-FRAGMENTS = ["<|tool_call>", "call:", "f", "{", "}", "[", "]", ":", ",", Q, "a", "1", "-", ".", " ",
+FRAGMENTS = ["<|tool_call>", "call:", "f", "{", "}", "[", "]", ":", ",", Q, Q + "ab", "a", "1", "-", ".", " ",
              "\n", "<tool_call|>", "<|channel>", "thought", "<channel|>", "<", "|", "hi", "true",
              '"', "\\", "<|tool", "<chan", "None"]
 
@@ -344,6 +345,18 @@ def test_random_replies_only_ever_grow():
         s = spec(**rng.choice(specs))
         text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(1, 16)))
         grows(s, text)
-        for c in parse_reply(text, s, [], final=True).calls:
+        whole = parse_reply(text, s, [], final=True)
+        for c in whole.calls:
             if c.complete:
                 json.loads(c.arguments)
+        # streamed in random pieces (the scans resumed from one parse to the next)
+        rs, i = ReplyStream(s), 0
+        while i < len(text):
+            step = rng.randint(1, 6)
+            rs.feed(text[i:i + step])
+            i += step
+        rs.finish()
+        streamed = rs.result()
+        assert (streamed.content, streamed.reasoning) == (whole.content, whole.reasoning), text
+        assert [(c.name, c.arguments) for c in streamed.calls] == [
+            (c.name, c.arguments) for c in whole.calls], text
