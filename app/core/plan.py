@@ -125,6 +125,8 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
     messages = fmt.history(protect(inp.messages))
     extra: dict[str, Any] = thought.controls(protect(dict(inp.template_kwargs)), inp.effort,
                                              inp.thinking)
+    if inp.reasoning_budget is not None:  # a template may read the budget (Seed-OSS)
+        extra = thought.budgeted(extra, inp.reasoning_budget)
     if offered:
         messages, extra = fmt.offer(messages, extra, offered, required, protect)
         think = think and fmt.native  # the generic form's grammar holds the whole reply

@@ -27,6 +27,7 @@ from app.formats.mistral import Mistral
 from app.formats.nemotron import NEMOTRON_THINK, Nemotron
 from app.formats.pythonic import Pythonic
 from app.formats.qwen3_coder import Qwen3Coder
+from app.formats.seed_oss import SEED_THINK, SeedOss
 from app.formats.spec import NAME_RE
 from app.formats.think import THINK, ReasoningFormat
 
@@ -36,13 +37,13 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Gemma4(), CommandR7B(), Functionary(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (Gemma4(), CommandR7B(), Functionary(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
 # How thoughts are written, in detection order: the first whose detect() accepts a template is
 # its syntax; <think> (the commonest, and what a template that names none gets) last.
-REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, THINK)}
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
 # REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
 REASONING_MODES = ("auto", "parsed", "inline")
 

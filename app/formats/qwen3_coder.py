@@ -7,6 +7,7 @@ is read as JSON when it parses (``ReplySpec.string_params`` says which are strin
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 from app.engine.text import held_suffix
 from app.formats import memo
@@ -26,10 +27,15 @@ class Qwen3Coder(MarkerFormat):
     summary = "`<function=...>` XML"
     triggers = (OPEN,)
     markers = (OPEN, CLOSE, FUNCTION, END_FUNCTION, PARAMETER, END_PARAMETER)
+    # the call block's tags, and what a parameter's value sits between (a newline each side,
+    # which is not the value's; Seed-OSS, which builds on this, writes its own tags and none)
+    block_open: ClassVar[str] = OPEN
+    block_close: ClassVar[str] = CLOSE
+    nl: ClassVar[str] = "\n"
 
     @property
     def starts(self) -> tuple[str, ...]:
-        return (OPEN, FUNCTION)  # a function written without the <tool_call> wrapper counts
+        return (self.block_open, FUNCTION)  # a function written without the wrapper counts
 
     def detect(self, template: str) -> bool:
         return OPEN in template and FUNCTION in template and PARAMETER in template
@@ -41,6 +47,7 @@ class Qwen3Coder(MarkerFormat):
         tag, any other's is JSON its schema accepts (a parameter the grammar let repeat was
         written over and over until max_tokens, and a required one could go missing)."""
         rules: list[str] = [until("pv", END_PARAMETER)]
+        nl = lit(self.nl) if self.nl else ""
         fns = []
         params, defs = hoist_defs(tools)
         for i, (t, schema) in enumerate(zip(tools, params, strict=True)):
@@ -49,36 +56,41 @@ class Qwen3Coder(MarkerFormat):
             strings = string_params(schema)
             seq = []
             for j, (key, prop) in enumerate(props.items()):
-                head = f'"<parameter=" {lit(key)} ">\\n"'
-                if key in strings:
+                head = f'"<parameter=" {lit(key)} ">" {nl}'
+                choices = prop.get("enum") if isinstance(prop, dict) else None
+                if key in strings and choices and all(isinstance(c, str) for c in choices):
+                    # a string enum: one of its values (a text held to nothing ran on)
+                    value = f"( {' | '.join(lit(c) for c in choices)} ) {nl} {lit(END_PARAMETER)}"
+                elif key in strings:
                     value = "pv0"  # the text, then the closing tag
                 else:
                     sub = {**prop, "$defs": defs} if defs and isinstance(prop, dict) else prop
                     rules.append(schema_rules(sub if isinstance(sub, dict) else {}, f"q{i}-{j}-",
                                               limits))
-                    value = f'q{i}-{j}-root "\\n</parameter>"'
+                    value = f"q{i}-{j}-root {nl} {lit(END_PARAMETER)}"
                 one = f'{head} {value} "\\n"'
                 seq.append(one if key in required else f"( {one} )?")
             fns.append(f'"<function=" {lit(t.name)} ">\\n" {" ".join(seq)} "</function>"')
-        one = '"<tool_call>\\n" ( ' + " | ".join(fns) + ' ) "\\n</tool_call>"'
+        opened, closed = lit(self.block_open + "\n"), lit("\n" + self.block_close)
+        one = f"{opened} ( " + " | ".join(fns) + f" ) {closed}"
         return rules, (f'{one} ( "\\n" {one} )*' if parallel else one)
 
     def block(self, body: str, i: int, marker: str, spec: ReplySpec,
               final: bool) -> tuple[list[Found], int | None]:
         if marker == FUNCTION:
-            return _function(body, i + len(marker), spec)
+            return _function(body, i + len(marker), spec, self.nl)
         found: list[Found] = []
         j = ws(body, i + len(marker))
         while True:  # one or more functions, then </tool_call>
             start = rest_is(body, j, FUNCTION)
             if start is None or start == -1:
                 return found, (j if found and start == -1 else start)
-            more, end = _function(body, start, spec)
+            more, end = _function(body, start, spec, self.nl)
             found += more
             if end is None or end == -1:
                 return found, end
             j = ws(body, end)
-            after = rest_is(body, j, CLOSE)
+            after = rest_is(body, j, self.block_close)
             if after is None:
                 return found, None
             if after != -1:
@@ -109,13 +121,16 @@ def _encode_growing(raw: str, done: tuple[str, int]) -> tuple[str, int]:
     return text + _escaped(raw[n:stable]), stable
 
 
-def _trim_newline(value: str) -> str:
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
+def _trim_newline(value: str, nl: str = "\n") -> str:
+    if not nl:
+        return value
+    value = value[1:] if value.startswith(nl) else value
+    return value[:-1] if value.endswith(nl) else value
 
 
-def _function(body: str, j: int, spec: ReplySpec) -> tuple[list[Found], int | None]:
-    """One ``NAME>...</function>`` from just past ``<function=``."""
+def _function(body: str, j: int, spec: ReplySpec, nl: str = "\n") -> tuple[list[Found], int | None]:
+    """One ``NAME>...</function>`` from just past ``<function=`` (``nl``: what a value sits
+    between)."""
     k = body.find(">", j)
     if k == -1:
         return [], (None if NAME_PREFIX_RE.fullmatch(body[j:]) else -1)
@@ -145,11 +160,11 @@ def _function(body: str, j: int, spec: ReplySpec) -> tuple[list[Found], int | No
             encoded = kept[1] if kept else ("", 0)
             if key in strings:  # a string value streams as it is written
                 raw = body[k + 1 :]
-                raw = _trim_newline(raw[: len(raw) - held_suffix(raw, (END_PARAMETER,))])
+                raw = _trim_newline(raw[: len(raw) - held_suffix(raw, (END_PARAMETER,))], nl)
                 encoded = _encode_growing(raw, encoded)
                 parts.append(head + '"' + encoded[0] + _escaped(raw[encoded[1]:]))
             memo.keep("parameter", body, k + 1, len(body), encoded)
             return [(name, "".join(parts), False)], None
-        parts.append(head + _param_json(_trim_newline(body[k + 1 : close]), key in strings))
+        parts.append(head + _param_json(_trim_newline(body[k + 1 : close], nl), key in strings))
         n += 1
         j = close + len(END_PARAMETER)

@@ -77,6 +77,12 @@ class ReasoningFormat:
             return {"enable_thinking": False, **variables}
         return variables
 
+    def budgeted(self, variables: dict[str, Any], budget: int) -> dict[str, Any]:
+        """The chat template's variables with the request's thought budget in tokens (its
+        reasoning_budget, Anthropic's budget_tokens, an effort's budget) where this syntax's
+        template reads one (Seed-OSS's thinking_budget); unchanged here."""
+        return variables
+
     def finish_prompt(self, prompt: str, thinking: bool | None) -> str:
         """The rendered prompt as the request's thinking switch wants it: a syntax whose
         template reads no switch (Command R7B) closes an empty thought itself; unchanged here."""

@@ -45,6 +45,10 @@ FAMILIES = {
     "nemotron": ((TEMPLATES / "NVIDIA-Nemotron-Nano-v2.jinja").read_text(),
                  'It needs the tool.\n</think>\n<TOOLCALL>[{"name": "get_weather", "arguments": '
                  '{"city": "Paris"}}]</TOOLCALL>', "It needs the tool.\n"),
+    "seed_oss": ((TEMPLATES / "ByteDance-Seed-OSS.jinja").read_text(),
+                 "<seed:think>It needs the tool.</seed:think>\n<seed:tool_call>\n"
+                 "<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n"
+                 "</seed:tool_call>", "It needs the tool."),
 }
 
 
@@ -152,6 +156,35 @@ def test_nemotron_thinks_unless_told_not_to_on_any_api():
     back_on = {"model": "m", "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 64},
                "messages": [{"role": "user", "content": "Hi /no_think"}]}
     assert prompt_of(client, engine.requests, back_on, "/v1/messages").endswith("<think>\n")
+
+
+def test_seed_oss_reads_the_thought_budget_from_any_api():
+    engine = FakeEngine(reply="Hi.", n_ctx=4096, chat_template=FAMILIES["seed_oss"][0])
+    client = make_client(engine)
+    budget = "thinking budget, which is {}."
+    assert "thinking budget" not in prompt_of(client, engine.requests, {"messages": ASK})
+    assert budget.format(256) in prompt_of(client, engine.requests, {
+        "messages": ASK, "reasoning_effort": "low"})
+    assert budget.format(777) in prompt_of(client, engine.requests, {
+        "messages": ASK, "reasoning_budget": 777})
+    assert budget.format(2048) in prompt_of(client, engine.requests, {
+        "model": "m", "max_tokens": 4096, "messages": ASK,
+        "thinking": {"type": "enabled", "budget_tokens": 2048}}, "/v1/messages")
+    off = "your thinking budget is 0"
+    for path, body in [
+        ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "none"}),
+        ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": ASK,
+                          "thinking": {"type": "disabled"}}),
+        ("/v1beta/models/m:generateContent", {
+            "contents": [{"role": "user", "parts": [{"text": "Hi"}]}],
+            "generationConfig": {"thinkingConfig": {"thinkingBudget": 0}}}),
+        ("/api/chat", {"model": "m", "messages": ASK, "stream": False, "think": False}),
+    ]:
+        prompt = prompt_of(client, engine.requests, body, path)
+        assert off in prompt and prompt.endswith("</seed:think>"), path
+    mine = {"messages": ASK, "reasoning_effort": "low",
+            "chat_template_kwargs": {"thinking_budget": 512}}
+    assert budget.format(512) in prompt_of(client, engine.requests, mine)
 
 
 def test_pythonic_wakes_the_lazy_grammar_at_an_offered_tools_name():

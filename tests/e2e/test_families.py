@@ -106,7 +106,25 @@ NEMOTRON = Family(
     '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>', "<TOOLCALL>",
     ask=ASK + " /no_think")  # its template opens a thought unless told not to
 
-FAMILIES = [MAGISTRAL, LLAMA4, GRANITE, NEMOTRON]
+SEED_OSS = Family(
+    "seed_oss", "seed",
+    "{% if tools %}<seed:bos>system\n{% for t in tools %}Function:\ndef {{ t.function.name }}("
+    "{% for k, v in t.function.parameters.properties.items() %}{{ k }}: str{% endfor %}):\n"
+    "{% endfor %}Use:\n<seed:tool_call>\n<function=example_function_name>\n"
+    "<parameter=example_parameter_1>value_1</parameter>\n</function>\n</seed:tool_call>\n"
+    "<seed:eos>{% endif %}{% for m in messages %}<seed:bos>{{ m.role }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<seed:tool_call>\n<function="
+    "{{ c.function.name }}>\n{% for k, v in c.function.arguments.items() %}<parameter={{ k }}>"
+    "{{ v }}</parameter>\n{% endfor %}</function>\n</seed:tool_call>{% endfor %}"
+    "{% else %}{{ m.content }}{% endif %}<seed:eos>{% endfor %}{% if add_generation_prompt %}"
+    "<seed:bos>assistant\n{% if open_thought %}<seed:think>{% endif %}{% endif %}",
+    ["<seed:bos>", "<seed:eos>", "<seed:tool_call>", "</seed:tool_call>", "<seed:think>",
+     "</seed:think>", "<seed:cot_budget_reflect>", "</seed:cot_budget_reflect>"],
+    "<seed:eos>", "<seed:tool_call>", ("Ċ", "</seed:think>"),
+    "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n"
+    "</seed:tool_call><seed:eos>", "<seed:tool_call>")
+
+FAMILIES = [MAGISTRAL, LLAMA4, GRANITE, NEMOTRON, SEED_OSS]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])
