@@ -1,6 +1,7 @@
 """Command R7B (Cohere): ``<|START_THINKING|>plan<|END_THINKING|>`` then either
 ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>``
-or ``<|START_RESPONSE|>answer<|END_RESPONSE|>``.
+or ``<|START_RESPONSE|>answer<|END_RESPONSE|>``. Cohere2 MoE (North Code) writes the same, its
+answers between ``<|START_TEXT|>`` and ``<|END_TEXT|>``, and its prompt opens the thought.
 
 The template wraps every answer in the response markers, so the scanner reads replies to
 requests without tools too (``reads_replies``): no marker reaches the content. Thinking is on
@@ -23,6 +24,7 @@ from app.grammar.gate import Limits
 
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
 START_RESPONSE, END_RESPONSE = "<|START_RESPONSE|>", "<|END_RESPONSE|>"
+START_TEXT, END_TEXT = "<|START_TEXT|>", "<|END_TEXT|>"  # Cohere2 MoE's answer markers
 START_THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
 CHATBOT = "<|CHATBOT_TOKEN|>"  # the assistant turn's header: the generation prompt ends with it
 
@@ -30,13 +32,14 @@ CHATBOT = "<|CHATBOT_TOKEN|>"  # the assistant turn's header: the generation pro
 @dataclass(frozen=True)
 class CohereThought(ReasoningFormat):
     """``<|START_THINKING|>...<|END_THINKING|>``. llama.cpp's copy of the template reads
-    ``enable_thinking`` (off unless set: llama.cpp sets it on unless told otherwise); Cohere's
-    own reads no switch, so thinking off writes the empty thought into the prompt."""
+    ``enable_thinking`` (off unless set: llama.cpp sets it on unless told otherwise), Cohere2
+    MoE's ``reasoning`` (on unless set off; its prompt opens the thought); Cohere's own reads no
+    switch, so thinking off writes the empty thought into the prompt."""
 
     def controls(self, variables: dict[str, Any], effort: str | None,
                  thinking: bool | None) -> dict[str, Any]:
         on = thinking if thinking is not None else effort != "none"
-        return {"enable_thinking": on, **variables}
+        return {"enable_thinking": on, "reasoning": on, **variables}
 
     def finish_prompt(self, prompt: str, thinking: bool | None) -> str:
         if thinking is False and prompt.endswith(CHATBOT):
@@ -51,12 +54,12 @@ class CommandR7B(MarkerFormat):
     name = "command_r7b"
     summary = "`<|START_ACTION|>` JSON list"
     triggers = (START_ACTION,)
-    markers = (START_ACTION, END_ACTION, START_RESPONSE, END_RESPONSE)
+    markers = (START_ACTION, END_ACTION, START_RESPONSE, END_RESPONSE, START_TEXT, END_TEXT)
     reads_replies = True
 
     @property
     def starts(self) -> tuple[str, ...]:
-        return (START_ACTION, START_RESPONSE, END_RESPONSE)
+        return (START_ACTION, START_RESPONSE, END_RESPONSE, START_TEXT, END_TEXT)
 
     def detect(self, template: str) -> bool:
         return START_ACTION in template and END_ACTION in template

@@ -116,13 +116,35 @@ def test_thinking_off_closes_an_empty_thought_in_the_prompt():
     for thinking, effort, on in ((None, None, True), (True, None, True), (False, None, False),
                                  (None, "none", False), (None, "high", True)):
         extra = COMMAND_R7B_THOUGHT.controls({}, effort, thinking)
-        assert extra == {"enable_thinking": on}
+        assert extra == {"enable_thinking": on, "reasoning": on}
         rendered = chat_template.render(TEMPLATE, [{"role": "user", "content": "hi"}], extra=extra)
         assert rendered.endswith("<|START_THINKING|><|END_THINKING|>") != on
     assert COMMAND_R7B_THOUGHT.controls({"enable_thinking": True}, None, False) == {
-        "enable_thinking": True}  # the client's own wins
+        "enable_thinking": True, "reasoning": False}  # the client's own wins
     prompt = "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
     assert COMMAND_R7B_THOUGHT.finish_prompt(prompt, False) == (
         prompt + "<|START_THINKING|><|END_THINKING|>")
     assert COMMAND_R7B_THOUGHT.finish_prompt(prompt, True) == prompt
     assert COMMAND_R7B_THOUGHT.finish_prompt(prompt, None) == prompt
+
+
+MOE = (DATA / "templates" / "Cohere2MoE.jinja").read_text()
+
+
+def test_cohere2_moe_opens_the_thought_and_answers_between_text_markers():
+    """Cohere2 MoE (North Code): the same calls; its prompt opens the thought (``reasoning``
+    on) or closes an empty one (off); its answer is between <|START_TEXT|> and <|END_TEXT|>."""
+    assert formats.detect(MOE).name == "command_r7b" and formats.detect_reasoning(MOE) is COMMAND_R7B_THOUGHT
+    user = [{"role": "user", "content": "hi"}]
+    on = chat_template.render(MOE, user, extra=COMMAND_R7B_THOUGHT.controls({}, None, None))
+    off = chat_template.render(MOE, user, extra=COMMAND_R7B_THOUGHT.controls({}, None, False))
+    assert COMMAND_R7B_THOUGHT.opened(on) and not COMMAND_R7B_THOUGHT.opened(off)
+    assert off.endswith("<|START_THINKING|><|END_THINKING|>")
+    opened = spec(in_thought=True)
+    for reply, content, calls in (
+            ("I'm\nthinking<|END_THINKING|><|START_TEXT|>Hello, world!<|END_TEXT|>", "Hello, world!", []),
+            ("I'm\nthinking<|END_THINKING|>" + ACTION, "", [("special_function", {"arg1": 1})])):
+        msg = whole(opened, reply)
+        assert (msg["content"] or "", calls_of(msg)) == (content, calls)
+        assert msg["reasoning_content"] == "I'm\nthinking"
+        assert_streams_as_whole(opened, reply, MARKUP)
