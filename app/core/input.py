@@ -23,6 +23,18 @@ EFFORT_BUDGET: dict[str, int | None] = {
 }
 
 
+def effort_for(budget: int | None) -> str | None:
+    """The effort a thought budget in tokens reaches: the largest whose budget is at most it,
+    and at least "minimal" for any budget but 0 (a small budget still asks for a thought; None:
+    no budget, no effort)."""
+    if budget is None:
+        return None
+    if budget == 0:
+        return "none"
+    reached = [(b, e) for e, b in EFFORT_BUDGET.items() if b and b <= budget]
+    return max(reached, default=(0, "minimal"))[1]
+
+
 @dataclass(frozen=True)
 class OutputFormat:
     """Structured output: any JSON object, or JSON that follows ``schema``."""

@@ -12,7 +12,7 @@ from typing import Any
 from app import formats
 from app.base.errors import BadRequest
 from app.core import media
-from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice
+from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice, effort_for
 from app.core.media import MediaLimits
 from app.engine.types import MEDIA, GenerationRequest, ModelInfo, SamplingParams
 from app.formats import chat_template
@@ -123,7 +123,10 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
             answer = answer_schema(inp.output)
     parallel = inp.parallel_tool_calls and inp.tool_choice.mode != "named"
     messages = fmt.history(protect(inp.messages))
-    extra: dict[str, Any] = thought.controls(protect(dict(inp.template_kwargs)), inp.effort,
+    # an effort named, else the one a thought budget reaches (Anthropic's budget_tokens,
+    # Gemini's thinkingBudget): a syntax whose template reads a level (GPT-OSS) gets one
+    effort = inp.effort if inp.effort is not None else effort_for(inp.reasoning_budget)
+    extra: dict[str, Any] = thought.controls(protect(dict(inp.template_kwargs)), effort,
                                              inp.thinking)
     if inp.reasoning_budget is not None:  # a template may read the budget (Seed-OSS)
         extra = thought.budgeted(extra, inp.reasoning_budget)
@@ -137,7 +140,7 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
         prompt += protect(inp.prefill)
     in_thought = think and thought.opened(prompt)
     parsed = offered  # the tools a reply is read for
-    if offered and (required or answer is not None or not think):
+    if offered and (required or answer is not None or not think or fmt.lazy_past_thoughts):
         # a grammar that holds the whole reply lets a thought come first; a lazy one (auto
         # without a format) takes hold only at a call, after any thought
         lead = ("open" if in_thought else "think" if think else "") if required or answer else ""

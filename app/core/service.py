@@ -393,6 +393,7 @@ class _ThoughtGuard:
         self.watching = spec is not None and spec.think
         self.in_thought = bool(spec and spec.in_thought)
         self.thought = (spec.thought if spec is not None else None) or THINK
+        self.calls = spec is not None and spec.format is not None  # the reply is read for calls
         self.budget = plan.reasoning_budget if self.watching else None
         self.text = ""
         self._scans: Memo = {}
@@ -420,6 +421,6 @@ class _ThoughtGuard:
         if self.ended or not self.open:
             return False
         self.ended = True
-        self.handle.inject(self.thought.close, unless=self.thought.close)
+        self.handle.inject(self.thought.ending(self.calls), unless=self.thought.close)
         return True
 

@@ -20,6 +20,7 @@ from app.formats.functionary import Functionary
 from app.formats.gemma4 import CHANNEL_THOUGHT, Gemma4
 from app.formats.generic import Generic
 from app.formats.granite import GRANITE_THINK, Granite
+from app.formats.harmony import HARMONY, Harmony
 from app.formats.hermes import Hermes
 from app.formats.llama3 import Llama3
 from app.formats.magistral import MAGISTRAL_THINK, Magistral
@@ -37,13 +38,13 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Gemma4(), CommandR7B(), Functionary(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
 # How thoughts are written, in detection order: the first whose detect() accepts a template is
 # its syntax; <think> (the commonest, and what a template that names none gets) last.
-REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
 # REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
 REASONING_MODES = ("auto", "parsed", "inline")
 

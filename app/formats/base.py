@@ -57,6 +57,9 @@ class ToolFormat:
     # the chat template renders the tools and past calls itself (else they are described in
     # words and the whole reply is held to JSON: see app.formats.generic)
     native: ClassVar[bool] = True
+    # a lazy grammar may wait through a thought: the triggers are markup no thought writes
+    # (harmony's headers), so under tool_choice auto a thinking model's calls are held too
+    lazy_past_thoughts: ClassVar[bool] = False
     # the chat template makes every reply start in the format's markup (Command R7B's
     # <|START_RESPONSE|>, Functionary's recipient line): the scanner reads replies to requests
     # without tools too (their calls, if any, do not count: none were offered)

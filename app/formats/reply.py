@@ -56,7 +56,10 @@ def parse_reply(text: str, spec: ReplySpec, ids: list[str], final: bool = False)
             reply.content = prefix
             return reply  # whatever a thought says, it is not a call
 
-    content = body if fmt is None else fmt.scan(body, spec, final, _adder(reply, ids, fmt))
+    if fmt is None:
+        content = (spec.thought or THINK).answer(body, final) if spec.think else body
+    else:
+        content = fmt.scan(body, spec, final, _adder(reply, ids, fmt))
     # trailing whitespace is held until more text follows it (or for good, at the end)
     reply.content = prefix + content.strip()
     return reply

@@ -68,6 +68,17 @@ class ReasoningFormat:
             return Thought(body[: len(body) - keep], "", True)
         return Thought(body[:end], body[end + len(self.close) :], False)
 
+    def answer(self, rest: str, final: bool) -> str:
+        """The content of the text after the thought when no tool format reads it: the text
+        itself (a syntax whose answer has markup of its own, such as harmony's final channel,
+        reads it here)."""
+        return rest
+
+    def ending(self, calls: bool) -> str:
+        """What ends a thought on request (reasoning control, a budget): the closing tag (a
+        syntax may open the answer too; ``calls``: the reply is read for tool calls)."""
+        return self.close
+
     def controls(self, variables: dict[str, Any], effort: str | None,
                  thinking: bool | None) -> dict[str, Any]:
         """The chat template's variables with the request's thinking switch and effort in the
