@@ -87,7 +87,8 @@ def test_props_name_the_format(family):
     fam, srv = family
     formats = requests.get(srv.url("/props"), timeout=10).json()["formats"]
     assert (formats["tool_format"], formats["thought_format"]) == (fam.format, fam.thought)
-    assert fam.favour is None or fam.favour in formats["reads"]
+    if fam.favour and fam.favour in fam.template:  # the control tokens the template names, read or dropped
+        assert fam.favour in formats["reads"]
 
 
 def test_a_forced_call_on_every_api(family):
@@ -115,3 +116,31 @@ def test_the_second_turn_renders_and_answers_on_every_api(family):
     tokens = post(srv, "/tokenize", {"model": "m", **chat})["tokens"]
     prompt = post(srv, "/detokenize", {"model": "m", "tokens": tokens})["prompt"]
     assert fam.shown in prompt and "sunny" in prompt, prompt[-800:]
+
+
+@pytest.fixture(scope="module")
+def moe(default_model, tmp_path_factory):
+    """Cohere2 MoE's template, whose generation prompt opens the thought (the tiny model opens
+    its call right after the thought's close, as a real one does)."""
+    path = build_family(tmp_path_factory.mktemp("moe") / "cohere2moe.gguf", default_model,
+                        [*COMMAND_R7B.tokens, "<|START_TEXT|>", "<|END_TEXT|>"],
+                        (TEMPLATES / "Cohere2MoE.jinja").read_text(), eos=COMMAND_R7B.eos,
+                        favour="<|START_ACTION|>", after=("<|END_THINKING|>",))
+    srv = ServerProcess({"MODEL": str(path), "PARALLEL": "1"})
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_thought_the_prompt_opened_ended_by_the_budget_then_the_call(moe):
+    """The budget injects <|END_THINKING|>: the thought is split off and the forced call
+    follows in the family's syntax, streamed or not."""
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [TOOL],
+            "tool_choice": "required", "max_tokens": LIMIT, "temperature": 0,
+            "reasoning_budget": 4}
+    for stream in (False, True):
+        answer = post(moe, "/v1/chat/completions", {**body, "stream": stream})
+        calls, thought = read("chat_stream" if stream else "chat", answer)
+        assert thought and calls and all(name == "get_weather" for name, _ in calls), answer
