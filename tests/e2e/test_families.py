@@ -5,9 +5,10 @@ the same call on every API (Chat Completions whole and streamed, Responses, Anth
 Gemini, Ollama, a Vertex envelope), the second turn with the call and its result renders in the
 family's own form and answers, and a thought ended by the reasoning budget is split off.
 
-The tiny model favours its family's call opener (tests.support.tiny_family ``favour``), so
-Ollama's request, which cannot force a call, gets one too, and a forced call comes before any
-thought. Its words mean nothing: nothing here reads them.
+The tiny model writes its family's call opener right after the generation prompt (and after a
+thought's close): tests.support.tiny_family ``favour``. So Ollama's request, which cannot force
+a call, gets one where tool_choice auto is held (a family that teaches no thoughts), and a
+forced call comes before any thought. Its words mean nothing: nothing here reads them.
 """
 
 from __future__ import annotations
@@ -209,10 +210,10 @@ def test_a_forced_call_on_every_api(family):
     checked(part["functionCall"]["name"], part["functionCall"]["args"])
 
     # Ollama cannot force a call: the tiny model opens one, and the lazy grammar holds it
-    olla = post(srv, "/api/chat", {"model": "m", "stream": False, "tools": [TOOL],
-                                   "messages": [{"role": "user", "content": fam.ask}],
-                                   "options": {"temperature": 0, "num_predict": LIMIT}})
     if fam.held_under_auto:
+        olla = post(srv, "/api/chat", {"model": "m", "stream": False, "tools": [TOOL],
+                                       "messages": [{"role": "user", "content": fam.ask}],
+                                       "options": {"temperature": 0, "num_predict": LIMIT}})
         calls = olla["message"].get("tool_calls") or []
         assert calls, olla
         checked(calls[0]["function"]["name"], calls[0]["function"]["arguments"])
