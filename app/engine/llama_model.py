@@ -122,8 +122,9 @@ class LlamaModel:
             )
         self.model = model
         self.vocab = ll.llama_model_get_vocab(model)
-        self.tok = Tokenizer(ll, self.vocab, cfg.preserved_tokens)
         self.vocab_tables = Vocab(ll, self.vocab)
+        self.tok = Tokenizer(ll, self.vocab, cfg.preserved_tokens,
+                             self.vocab_tables.user_defined_texts)
         self.n_ctx_train = ll.llama_model_n_ctx_train(model)
         self.n_threads = cfg.threads or len(os.sched_getaffinity(0))
 
@@ -186,7 +187,7 @@ class LlamaModel:
             add_bos=self.tok.add_bos,
             created=int(time.time()),
             n_vocab=self.n_vocab,
-            control_texts=self.vocab_tables.control_texts,
+            control_texts=self._special_texts(template),
             cpu_extra_buffers=self.extra_buffers,
             system_info=self.system_info,
             cuda=self.cuda,
@@ -197,6 +198,15 @@ class LlamaModel:
             adapters=tuple((f.name, f.scale) for f in self.adapters.files)
             if self.adapters is not None else (),
         )
+
+    def _special_texts(self, template: str | None) -> tuple[str, ...]:
+        """The texts message text must not turn into tokens (app.formats.chat_template's
+        protector): every control token's, and each user-defined token's the chat template
+        writes (its structure: GPT-OSS's <|channel|>, which llama.cpp makes user-defined and
+        matches even in plain text), longest first."""
+        t = template or ""
+        used = {u for u in self.vocab_tables.user_defined_texts if u in t}
+        return tuple(sorted({*self.vocab_tables.control_texts, *used}, key=len, reverse=True))
 
     def _split_params(self, mparams) -> None:
         """SPLIT_MODE, TENSOR_SPLIT and MAIN_GPU into llama.cpp's model parameters; more

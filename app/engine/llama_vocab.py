@@ -20,7 +20,8 @@ def vocab_type_name(value: int) -> str:
 class Tokenizer:
     """Text to tokens and back, as the engine and the introspection routes need them."""
 
-    def __init__(self, ll: Any, vocab: Any, preserved_texts: tuple[str, ...]):
+    def __init__(self, ll: Any, vocab: Any, preserved_texts: tuple[str, ...],
+                 user_defined: frozenset[str] = frozenset()):
         self.ll = ll
         self.vocab = vocab
         self.bos = ll.llama_vocab_bos(vocab)
@@ -29,6 +30,9 @@ class Tokenizer:
         # markers the reply parsers read (tool calls, thoughts): kept in the text even when the
         # model makes them control tokens
         self.preserved = self.control_tokens(preserved_texts)
+        # user-defined tokens' texts: llama.cpp matches them even in text tokenized as plain
+        # text, so message text holding one is cut before it can (see prompt)
+        self.user_defined = user_defined
 
     def prompt(self, text: str, add_bos: bool) -> list[int]:
         """A prompt's tokens: control tokens parsed, except in protected spans (message text)."""
@@ -38,7 +42,12 @@ class Tokenizer:
         tokens: list[int] = []
         for i, part in enumerate(parts):
             part = part.replace(PROTECT_OPEN, "").replace(PROTECT_CLOSE, "")
-            if part or i == 0:
+            if i % 2 and part in self.user_defined:
+                # a user-defined token's text in message text: its first character apart, so
+                # llama.cpp cannot match the token (GPT-OSS's <|channel|> written by a client)
+                tokens += self.tokens(part[:1], False, special=False)
+                tokens += self.tokens(part[1:], False, special=False)
+            elif part or i == 0:
                 tokens += self.tokens(part, add_bos=add_bos and i == 0, special=i % 2 == 0)
         return tokens
 

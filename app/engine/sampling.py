@@ -76,6 +76,7 @@ class Vocab:
         byte_token: dict[int, int] = {}
         eog: list[int] = []
         control: list[str] = []
+        user_defined: list[str] = []
         longest = 1
         buf = ctypes.create_string_buffer(512)
         control_attrs = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN
@@ -91,8 +92,11 @@ class Vocab:
                 first[tok] = piece[0]
                 if len(piece) == 1 and piece[0] not in byte_token:
                     byte_token[piece[0]] = tok
-            if ll.llama_vocab_get_attr(vocab, tok) & control_attrs and piece:
+            attrs = ll.llama_vocab_get_attr(vocab, tok)
+            if attrs & control_attrs and piece:
                 control.append(piece.decode("utf-8", "replace"))
+            elif attrs & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and len(piece) >= 2:
+                user_defined.append(piece.decode("utf-8", "replace"))
         self.first_byte = first
         # every token's text (control tokens spelled out) in one buffer: the logprobs' token
         # strings, read on the engine thread without a call into llama.cpp
@@ -106,6 +110,9 @@ class Vocab:
         self.eog_ids = np.array(eog, dtype=np.int32)
         self.longest_piece = longest
         self.control_texts = tuple(sorted(set(control), key=len, reverse=True))
+        # user-defined tokens: llama.cpp matches their text even in text tokenized as plain
+        # text (GPT-OSS's <|channel|>, <|message|> ... are such tokens)
+        self.user_defined_texts = frozenset(user_defined)
         self.all_ids = np.arange(n, dtype=np.int32)
         self.scratch = np.zeros(n, dtype=TOKEN_DATA)  # engine thread only
 

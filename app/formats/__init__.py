@@ -22,6 +22,7 @@ from app.formats.generic import Generic
 from app.formats.granite import GRANITE_THINK, Granite
 from app.formats.harmony import HARMONY, Harmony
 from app.formats.hermes import Hermes
+from app.formats.lfm2 import Lfm2
 from app.formats.llama3 import Llama3
 from app.formats.magistral import MAGISTRAL_THINK, Magistral
 from app.formats.mistral import Mistral
@@ -38,7 +39,7 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
@@ -80,7 +81,8 @@ def choose_reasoning(setting: str, template: str | None) -> tuple[ReasoningForma
 
 def choose(setting: str, template: str | None) -> ToolFormat:
     """The format the TOOL_FORMAT setting names, or the template's own for ``auto``."""
-    return detect(template) if setting == "auto" else get(setting)
+    fmt = detect(template) if setting == "auto" else get(setting)
+    return fmt.for_template(template or "")
 
 
 def preserved_tokens() -> tuple[str, ...]:

@@ -130,6 +130,12 @@ class ToolFormat:
         lists do, adds words of its own)."""
         return self.triggers
 
+    def for_template(self, template: str) -> ToolFormat:
+        """This format as ``template`` writes it: a family whose templates differ (in how they
+        take the arguments, whether they render the tools) answers a variant; most are the
+        same for every template."""
+        return self
+
 
 class MarkerFormat(ToolFormat):
     """A format whose calls are blocks opening with a marker, with content around them."""

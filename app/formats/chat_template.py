@@ -14,6 +14,8 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from app.base.errors import BadRequest
@@ -44,12 +46,24 @@ def _strftime_now(fmt: str) -> str:
     return _dt.datetime.now().strftime(fmt)
 
 
+class _Generation(Extension):
+    """``{% generation %}...{% endgeneration %}``, transformers' mark of the assistant's own text
+    (for training masks; LFM2.5's template has it): rendered as its body, as transformers and
+    llama.cpp render it."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
-        extensions=["jinja2.ext.loopcontrols"],
+        extensions=["jinja2.ext.loopcontrols", _Generation],
         undefined=jinja2.Undefined,
     )
     env.filters["tojson"] = _tojson

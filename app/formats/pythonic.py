@@ -54,24 +54,8 @@ class Pythonic(ToolFormat):
         if TEACHES not in template and '"parameters"' in template:  # Llama 4's stock template
             rules = [schema_rules(call_schema(tools, "parameters"), "c-", limits)]
             return rules, f"( {lit(PYTHON_START)} )? c-root ( {lit(PYTHON_END)} )?"
-        rules: list[str] = []
-        params, defs = hoist_defs(tools)
-        alts = []
-        for i, (t, schema) in enumerate(zip(tools, params, strict=True)):
-            props = list((schema.get("properties") or {}).items())
-            required = set(schema.get("required") or ())
-            items = []
-            for j, (key, prop) in enumerate(props):
-                sub = {**prop, "$defs": defs} if defs and isinstance(prop, dict) else prop
-                json_rules = schema_rules(sub if isinstance(sub, dict) else {}, f"p{i}-{j}-",
-                                          limits)
-                rules.append(_as_python(json_rules))
-                items.append((f"{lit(key + '=')} p{i}-{j}-root", key in required))
-            args = _in_order(items, f"k{i}-", rules)
-            alts.append(f'{lit(t.name + "(")} {args} ")"')
-        call = "( " + " | ".join(alts) + " )"
-        many = f'{call} ( ", " {call} )*' if parallel else call
-        return rules, f'( {lit(PYTHON_START)} )? "[" {many} "]" ( {lit(PYTHON_END)} )?'
+        rules, many = list_grammar(tools, parallel=parallel, limits=limits)
+        return rules, f"( {lit(PYTHON_START)} )? {many} ( {lit(PYTHON_END)} )?"
 
     def scan(self, body: str, spec: ReplySpec, final: bool, add: Add) -> str:
         i = ws(body, 0)
@@ -82,6 +66,29 @@ class Pythonic(ToolFormat):
         if body.startswith("{", j):  # the JSON form, at the start as Llama 3 writes it
             return _strip(_JSON.scan(body[j:], spec, final, add), final)
         return _strip(_lists(body, final, add), final)
+
+
+def list_grammar(tools: list[Tool], *, parallel: bool, limits: Limits) -> tuple[list[str], str]:
+    """(rules, expression) of a call list ``[f(x=1), ...]``: each tool's parameters in its
+    schema's order, a required one once and an optional one at most once, values as Python
+    literals of the schema's JSON grammar (LFM2 writes the same list between its own markers)."""
+    rules: list[str] = []
+    params, defs = hoist_defs(tools)
+    alts = []
+    for i, (t, schema) in enumerate(zip(tools, params, strict=True)):
+        props = list((schema.get("properties") or {}).items())
+        required = set(schema.get("required") or ())
+        items = []
+        for j, (key, prop) in enumerate(props):
+            sub = {**prop, "$defs": defs} if defs and isinstance(prop, dict) else prop
+            json_rules = schema_rules(sub if isinstance(sub, dict) else {}, f"p{i}-{j}-", limits)
+            rules.append(_as_python(json_rules))
+            items.append((f"{lit(key + '=')} p{i}-{j}-root", key in required))
+        args = _in_order(items, f"k{i}-", rules)
+        alts.append(f'{lit(t.name + "(")} {args} ")"')
+    call = "( " + " | ".join(alts) + " )"
+    many = f'{call} ( ", " {call} )*' if parallel else call
+    return rules, f'"[" {many} "]"'
 
 
 def _strip(content: str, final: bool) -> str:
@@ -109,7 +116,7 @@ def _lists(body: str, final: bool, add: Add) -> str:
             out.append("[")
             pos = j + 1
             continue
-        found, end = _call_list(body, j + 1)
+        found, end = call_list(body, j + 1)
         named = [f for f in found if f[0] is not None]
         if end == -1 and not named:
             out.append("[")
@@ -133,9 +140,9 @@ def _opens_list(body: str, j: int) -> str:
     return "yes" if end > k and body[end] == "(" else "no"
 
 
-def _call_list(body: str, j: int) -> tuple[list[Found], int | None]:
+def call_list(body: str, j: int) -> tuple[list[Found], int | None]:
     """The calls of a list from just past its ``[``: (calls, where the list ends: None not yet,
-    -1 malformed)."""
+    -1 malformed). LFM2 reads its lists with it too."""
     found: list[Found] = []
     while True:
         j = ws(body, j)

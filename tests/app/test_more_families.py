@@ -23,8 +23,10 @@ class Family:
     """A family's template, a reply in its syntax, and how its template shows the history."""
 
     def __init__(self, name: str, template: str, reply: str, thought: str | None,
-                 shown: tuple[str, ...], answer: str = "", answered: str = "It is sunny."):
+                 shown: tuple[str, ...], answer: str = "It is sunny.", answered: str = "It is sunny.",
+                 id: str = ""):
         self.name, self.template, self.reply, self.thought = name, template, reply, thought
+        self.id = id or name
         self.shown = shown  # how the earlier call (and its result) show in the prompt
         self.answer = answer  # a plain answer in the family's syntax, and what it reads as
         self.answered = answered
@@ -41,8 +43,17 @@ FAMILIES = [
     Family("functionary_v3_2", (TEMPLATES / "meetkai-functionary-medium-v3.2.jinja").read_text(),
            'all\nLet me look.>>>get_weather\n{"city": "Paris"}', None,
            ('>>>get_weather\n{"city": "Paris"}<|eot_id|>',), "all\nIt is sunny."),
+    Family("lfm2", (TEMPLATES / "LFM2.5-8B-A1B.jinja").read_text(),
+           '<think>I will look it up.</think><|tool_call_start|>[get_weather(city="Paris")]'
+           "<|tool_call_end|>", "I will look it up.",
+           ("<|im_start|>assistant\n<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>",),
+           id="lfm2.5"),
+    Family("lfm2", (TEMPLATES / "LFM2-8B-A1B.jinja").read_text(),
+           'Looking.<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>', None,
+           ('<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
+            "<|tool_response_start|>"), id="lfm2"),
 ]
-IDS = [f.name for f in FAMILIES]
+IDS = [f.id for f in FAMILIES]
 
 
 def poster(client):
@@ -71,8 +82,6 @@ def test_a_call_and_thought_read_the_same_on_every_api(family):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_a_plain_answer_shows_no_markup(family):
-    if not family.answer:
-        pytest.skip("the family's answer is plain text")
     client = make_client(FakeEngine(reply=family.answer, n_ctx=8192, chat_template=family.template))
     post = poster(client)
     messages = [{"role": "user", "content": "Weather in Paris?"}]
@@ -85,7 +94,7 @@ def test_a_plain_answer_shows_no_markup(family):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_the_second_turn_renders_from_every_api(family):
-    engine = FakeEngine(reply=family.answer or family.answered, n_ctx=8192,
+    engine = FakeEngine(reply=family.answer, n_ctx=8192,
                         chat_template=family.template)
     post = poster(make_client(engine))
     for api, (path, body) in histories(WEATHER, CALL).items():

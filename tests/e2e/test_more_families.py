@@ -60,7 +60,14 @@ FUNCTIONARY = Family(
     ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>", None, (),
     '>>>get_weather\n{"city": "Paris"}')
 
-FAMILIES = [COMMAND_R7B, FUNCTIONARY]
+# LFM2's first template: the history writes the calls into the text, as the model wrote them
+LFM2 = Family(
+    "lfm2", None, (TEMPLATES / "LFM2-8B-A1B.jinja").read_text(),
+    ["<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
+     "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_response_start|>",
+     "<|tool_response_end|>"], "<|im_end|>", None, (), '[get_weather(city="Paris")]')
+
+FAMILIES = [COMMAND_R7B, FUNCTIONARY, LFM2]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])

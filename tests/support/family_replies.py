@@ -79,3 +79,15 @@ def assert_only_grows(spec: ReplySpec, text: str) -> None:
         assert len(b.calls) >= len(a.calls), text
         for x, y in zip(a.calls, b.calls, strict=False):
             assert x.name == y.name and y.arguments.startswith(x.arguments), text
+
+
+def assert_random_replies_grow(specs: list[ReplySpec], pieces: list[str], seed: str,
+                               n: int = 150) -> None:
+    """Seeded random replies built from a family's ``pieces``: every prefix's parse extends the
+    one before, under each of ``specs``."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(n):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        assert_only_grows(rng.choice(specs), text)

@@ -12,7 +12,13 @@ from app import formats
 from app.formats import chat_template
 from app.formats.command_r7b import COMMAND_R7B_THOUGHT
 from app.formats.spec import ReplySpec
-from tests.support.family_replies import assert_only_grows, assert_streams_as_whole, calls_of, whole
+from tests.support.family_replies import (
+    assert_only_grows,
+    assert_random_replies_grow,
+    assert_streams_as_whole,
+    calls_of,
+    whole,
+)
 from tests.support.server import DATA
 
 TEMPLATE = (DATA / "templates" / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja").read_text()
@@ -148,3 +154,12 @@ def test_cohere2_moe_opens_the_thought_and_answers_between_text_markers():
         assert (msg["content"] or "", calls_of(msg)) == (content, calls)
         assert msg["reasoning_content"] == "I'm\nthinking"
         assert_streams_as_whole(opened, reply, MARKUP)
+
+
+def test_random_replies_only_ever_grow():
+    pieces = ["<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>", "<|END_ACTION|>",
+              "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", '[', ']', '{', '}', ',',
+              '"tool_name": "special_function"', '"parameters": {"arg1": 1}', '"tool_call_id": "0"',
+              "hi ", "<|START_", '"', "\\", "\n"]
+    assert_random_replies_grow([spec(), spec(in_thought=True), ReplySpec(format=FMT)], pieces,
+                               "command_r7b")

@@ -14,7 +14,13 @@ from app.formats.spec import ReplySpec, string_params
 from app.grammar import gate
 from app.protocol.tools import validate_tools
 from app.settings import Settings
-from tests.support.family_replies import assert_only_grows, assert_streams_as_whole, calls_of, whole
+from tests.support.family_replies import (
+    assert_only_grows,
+    assert_random_replies_grow,
+    assert_streams_as_whole,
+    calls_of,
+    whole,
+)
 from tests.support.sampling import grammar_sampler
 from tests.support.server import DATA
 
@@ -122,3 +128,9 @@ def test_a_third_turn_renders_calls_as_the_model_wrote_them():
     assert "<|start_header_id|>tool<|end_header_id|>\n\nsunny<|eot_id|>" in prompt
     assert ">>>all\nSunny.<|eot_id|>" in prompt
     assert prompt.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n>>>")
+
+
+def test_random_replies_only_ever_grow():
+    pieces = ["all\n", ">>>", ">", "python\n", "special_function\n", '{"arg1": 1}', "{", "}", '"',
+              "print(1)", " ", "\n", "hi", "all", "special_function"]
+    assert_random_replies_grow([spec(), ReplySpec(format=FMT)], pieces, "functionary")
