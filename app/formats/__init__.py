@@ -14,6 +14,7 @@ engine's preserved tokens and the lazy-grammar triggers all follow from the regi
 
 from __future__ import annotations
 
+from app.formats.apertus import APERTUS_THOUGHT, Apertus
 from app.formats.base import ToolFormat
 from app.formats.command_r7b import COMMAND_R7B_THOUGHT, CommandR7B
 from app.formats.functionary import Functionary
@@ -39,13 +40,13 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
 # How thoughts are written, in detection order: the first whose detect() accepts a template is
 # its syntax; <think> (the commonest, and what a template that names none gets) last.
-REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, APERTUS_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
 # REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
 REASONING_MODES = ("auto", "parsed", "inline")
 

@@ -52,6 +52,12 @@ FAMILIES = [
            'Looking.<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>', None,
            ('<|im_start|>assistant\n<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
             "<|tool_response_start|>"), id="lfm2"),
+    *(Family("apertus", (TEMPLATES / f"{name}.jinja").read_text(),
+             "<|inner_prefix|>I will look it up.<|inner_suffix|><|tools_prefix|>"
+             '[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>', "I will look it up.",
+             ('<|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>[',),
+             id=f"apertus-{name}")
+      for name in ("Apertus-8B-Instruct", "swiss-ai-Apertus-8B-Instruct-2509")),
 ]
 IDS = [f.id for f in FAMILIES]
 

@@ -67,7 +67,15 @@ LFM2 = Family(
      "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_response_start|>",
      "<|tool_response_end|>"], "<|im_end|>", None, (), '[get_weather(city="Paris")]')
 
-FAMILIES = [COMMAND_R7B, FUNCTIONARY, LFM2]
+APERTUS = Family(
+    "apertus", "apertus", (TEMPLATES / "Apertus-8B-Instruct.jinja").read_text(),
+    ["<|system_start|>", "<|system_end|>", "<|developer_start|>", "<|developer_end|>",
+     "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|assistant_end|>",
+     "<|inner_prefix|>", "<|inner_suffix|>", "<|tools_prefix|>", "<|tools_suffix|>"],
+    "<|assistant_end|>", "<|tools_prefix|>", ("<|assistant_start|>", "<|inner_suffix|>"),
+    '[{"get_weather": {"city": "Paris"}}]')
+
+FAMILIES = [COMMAND_R7B, FUNCTIONARY, LFM2, APERTUS]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])
