@@ -28,6 +28,7 @@ from app.formats.llama3 import Llama3
 from app.formats.magistral import MAGISTRAL_THINK, Magistral
 from app.formats.mistral import Mistral
 from app.formats.nemotron import NEMOTRON_THINK, Nemotron
+from app.formats.phi4 import Phi4
 from app.formats.pythonic import Pythonic
 from app.formats.qwen3_coder import Qwen3Coder
 from app.formats.seed_oss import SEED_THINK, SeedOss
@@ -40,7 +41,7 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), Phi4(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 

@@ -58,6 +58,14 @@ FAMILIES = [
              ('<|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>[',),
              id=f"apertus-{name}")
       for name in ("Apertus-8B-Instruct", "swiss-ai-Apertus-8B-Instruct-2509")),
+    Family("phi4", (TEMPLATES / "microsoft-Phi-4-mini-instruct.jinja").read_text(),
+           '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>', None,
+           ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|/tool_call|>'
+            "<|end|><|tool_response|>", '<|tool|>[{"name": "get_weather"'), id="phi4-microsoft"),
+    Family("phi4", (TEMPLATES / "llama-cpp-microsoft-Phi-4-mini-instruct.jinja").read_text(),
+           '<|tool_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}<|/tool_call|>', None,
+           ('<|tool_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}<|/tool_call|>'
+            "<|end|><|tool_response|>",), id="phi4-llama.cpp"),
 ]
 IDS = [f.id for f in FAMILIES]
 

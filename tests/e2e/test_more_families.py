@@ -75,7 +75,14 @@ APERTUS = Family(
     "<|assistant_end|>", "<|tools_prefix|>", ("<|assistant_start|>", "<|inner_suffix|>"),
     '[{"get_weather": {"city": "Paris"}}]')
 
-FAMILIES = [COMMAND_R7B, FUNCTIONARY, LFM2, APERTUS]
+# Microsoft's template: the tools go into the system message, the calls into the text
+PHI4 = Family(
+    "phi4", None, (TEMPLATES / "microsoft-Phi-4-mini-instruct.jinja").read_text(),
+    ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>", "<|tool_call|>",
+     "<|/tool_call|>", "<|tool_response|>"], "<|end|>", "<|tool_call|>", ("<|assistant|>",),
+    '[{"name": "get_weather", "arguments": {"city": "Paris"}}]')
+
+FAMILIES = [COMMAND_R7B, FUNCTIONARY, LFM2, APERTUS, PHI4]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f.format for f in FAMILIES])
