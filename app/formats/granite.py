@@ -57,13 +57,14 @@ class ResponseThink(ReasoningFormat):
     answer_open: str = "<response>"
     answer_close: str = "</response>"
     switch: str = "thinking"
+    needs: str = "<|start_of_role|>"  # the family's turns (MiniMax writes <response> too)
 
     @property
     def markers(self) -> tuple[str, ...]:
         return (self.open, self.close, self.answer_open, self.answer_close)
 
     def detect(self, template: str) -> bool:
-        return self.open in template and self.answer_open in template
+        return self.open in template and self.answer_open in template and self.needs in template
 
     def split(self, text: str, in_thought: bool = False, final: bool = False) -> Thought:
         t = super().split(text, in_thought, final)

@@ -38,6 +38,9 @@ def test_detected_from_the_templates():
     assert formats.detect(G33).name == formats.detect(G31).name == "granite"
     assert formats.detect_reasoning(G33).name == "granite"
     assert formats.detect(G40).name == "hermes" and formats.detect_reasoning(G40) is None
+    # MiniMax M2 wraps tool results in <response>: not Granite's answer
+    minimax = "<think>{{ m.reasoning_content }}</think>{{- '\\n<response>' }}{{ m.content }}"
+    assert formats.detect_reasoning(minimax).name != "granite"
 
 
 @pytest.mark.parametrize("reply, content, calls, reasoning", [
