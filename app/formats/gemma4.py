@@ -40,6 +40,9 @@ class Gemma4(MarkerFormat):
     summary = "`<|tool_call>call:NAME{...}`"
     triggers = (OPEN,)
     markers = (OPEN, CLOSE, QUOTE)
+    # <|tool_call> is a control token Gemma writes only to call, never inside its thought
+    # channel: under tool_choice auto a thinking Gemma's calls are held to their schemas too
+    lazy_past_thoughts = True
 
     def detect(self, template: str) -> bool:
         return OPEN + CALL in template

@@ -125,8 +125,10 @@ def test_a_thought_and_a_call_read_the_same_on_every_api(forced):
         grammar = engine.requests[-1].params.grammar
         if forced and api != "ollama":  # the call in Gemma's syntax, after an optional thought
             assert '"<|tool_call>call:"' in grammar and '"<|channel>thought"' in grammar, api
-        else:  # a thinking template's auto is not held (docs/tools-and-reasoning.md)
-            assert grammar is None, api
+        else:  # auto: lazy, held from <|tool_call> on, which no thought writes
+            params = engine.requests[-1].params
+            assert '"<|tool_call>call:"' in grammar and '"<|channel>thought"' not in grammar, api
+            assert params.grammar_triggers == ("<|tool_call>",), api
 
 
 def test_a_plain_answer_shows_no_markup_on_every_api():
