@@ -103,8 +103,10 @@ class ReasoningFormat:
         """Grammar rules whose ``root`` is ``then`` after what ``lead`` allows first: "" (nothing),
         "think" (an optional thought) or "open" (the prompt opened a thought: it must close)."""
         rules = [until("th", self.close)] if lead else []
-        root = {"": then, "think": f"( {lit(self.open)} th0 [ \\t\\n]* )? {then}",
-                "open": f"th0 [ \\t\\n]* {then}"}
+        # a few blank characters between the thought and what follows, not any number: a
+        # random model looped on them until max_tokens
+        root = {"": then, "think": f"( {lit(self.open)} th0 [ \\t\\n]{{0,4}} )? {then}",
+                "open": f"th0 [ \\t\\n]{{0,4}} {then}"}
         return [*rules, f"root ::= {root[lead]}"]
 
 
