@@ -25,7 +25,7 @@ def test_every_format_is_registered_under_its_name_and_generic_is_the_fallback()
     assert all(name == f.name for name, f in formats.FORMATS.items())
     assert formats.detect(None).name == formats.detect("no tools here").name == "generic"
     with pytest.raises(ValueError, match="unknown tool format"):
-        formats.get("kimi")
+        formats.get("no-such-format")
 
 
 def test_triggers_are_markers_and_every_marker_is_preserved():
