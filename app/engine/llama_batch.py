@@ -1,15 +1,16 @@
 """The batch scheduler: PARALLEL slots over one llama.cpp context, on the engine thread.
 
-Every step builds one ``llama_batch`` with the next token of each generating sequence plus prompt
-chunks of sequences being admitted (within PREFILL_CHUNK), calls ``llama_decode`` once, and
-samples each sequence with its own sampler; a prompt being scored (prompt_logprobs) is decoded
-in a second call of its own, so its scores do not depend on the other sequences. A free slot
-goes to the oldest waiting job of the key scope holding the fewest slots (``next_waiting``:
-first come, first served without API keys); the job takes the free slot whose cached tokens
-share the longest prefix with its prompt (within its API key's scope) and decodes only the
-rest; a job with n choices takes n slots, the others copying the leader's prompt KV. A finished job's KV stays for the next request's prefix; a cancelled or
-failed one's is dropped at once. What a job's end means to the engine (its counters) is the
-``over`` callback.
+Every step builds one ``llama_batch`` with the next token of each generating sequence plus
+prompt chunks of sequences being admitted (PREFILL_CHUNK shared between them:
+``slots.shares``), calls ``llama_decode`` once, and samples each sequence with its own
+sampler; a prompt being scored (prompt_logprobs) is decoded in a second call of its own, so
+its scores do not depend on the other sequences. A free slot goes to the oldest waiting job
+of the key scope holding the fewest slots (``slots.next_waiting``: first come, first served
+without API keys); the job takes the free slot whose cached tokens share the longest prefix
+with its prompt (within its API key's scope) and decodes only the rest; a job with n choices
+takes n slots, the others copying the leader's prompt KV. A finished job's KV stays for the
+next request's prefix; a cancelled or failed one's is dropped at once. What a job's end means
+to the engine (its counters) is the ``over`` callback.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from app.engine.slots import (
     fail,
     next_waiting,
     place,
+    shares,
     spread,
     taken,
     timeout_error,
@@ -191,7 +193,6 @@ class Batch:
             slot.i_batch = -1
         n = 0
         budget = self.prefill_chunk
-        scorer: Slot | None = None  # the prompt scored this step
         lora = self._step_lora()  # the adapter set this step serves (() without adapters)
         if lora is None:
             return
@@ -234,26 +235,22 @@ class Batch:
                 budget -= len(draft)
                 room -= len(draft)
                 slot.draft, slot.speculating = draft, True
-        # 2. prompt chunks for sequences being admitted, within the step's token budget
-        for slot in prefilling:
-            job = slot.job
-            if job.request.params.prompt_logprobs is not None:
-                scorer = scorer or slot
-                continue
-            if budget <= 0:
-                continue
-            end = len(job.tokens)
-            if job.images:
-                if not self._decode_images(slot):
+        # 2. prompt chunks for sequences being admitted: the step's token budget shared
+        # between them (``shares``), each up to its next image, decoded first if it is next
+        filling = [s for s in prefilling if s.job.request.params.prompt_logprobs is None]
+        scorer = next((s for s in prefilling if s not in filling), None)
+        if budget > 0 and filling:
+            for slot in filling:
+                if slot.job.images and not self._decode_images(slot):
                     return
-                end = next((s.start for s in job.images if s.start >= slot.n_prompt_done), end)
-            take = min(budget, end - slot.n_prompt_done)
-            if take <= 0:
-                continue
-            self._add_chunk(slot, n, take, every=False)
-            n += take
-            budget -= take
-            chunked = True
+            wants = [next((s.start for s in slot.job.images if s.start >= slot.n_prompt_done),
+                          len(slot.job.tokens)) - slot.n_prompt_done for slot in filling]
+            for slot, take in zip(filling, shares(budget, wants), strict=True):
+                if take > 0:
+                    self._add_chunk(slot, n, take, every=False)
+                    n += take
+                    budget -= take
+                    chunked = True
         width = 0
         if n:
             if not self._decode(n):

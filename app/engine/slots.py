@@ -149,6 +149,22 @@ def next_waiting(waiting: Sequence[Job], slots: list[Slot]) -> int:
     return best
 
 
+def shares(budget: int, wants: list[int]) -> list[int]:
+    """How a step's prompt budget is split between the prompts being decoded (``wants``: the
+    tokens each has before its next image or its end): equal shares, and what a short prompt
+    does not need goes to the longer ones (max-min fair; a remainder to the shorter first).
+    So a short prompt admitted beside a long one is decoded in the next step, and every prompt
+    gets at least budget / prompts a step (security3 L1: in slot order a request waited for
+    another's whole prompt, 70 s there)."""
+    out = [0] * len(wants)
+    left = budget
+    order = sorted(range(len(wants)), key=wants.__getitem__)
+    for k, i in enumerate(order):
+        out[i] = min(wants[i], -(-left // (len(order) - k)))
+        left -= out[i]
+    return out
+
+
 def spread(slots: list[Slot]) -> Callable[[Slot], int]:
     """How far apart the running sequences' ids would be with a given slot running too
     (the running ones read once, not once per candidate slot)."""

@@ -152,7 +152,8 @@ class LlamaSettings(BaseModel):
     prefill_chunk: int = Field(
         256,
         description="Most prompt tokens decoded per engine step, so a long new prompt does not "
-        "stall the streams already running.",
+        "stall the streams already running; prompts being decoded share it (a short one beside "
+        "a long one is decoded whole in the next step).",
         ge=16,
         le=65536,
         **env("PREFILL_CHUNK"),

@@ -26,12 +26,12 @@ class Streams:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def post(self, key: str | None, body: dict) -> requests.Response:
+    def post(self, key: str | None, body: dict, path: str = "/v1/completions") -> requests.Response:
         """The request's response once its headers came, not read yet: a stream's headers come
         with its first bytes, a heartbeat's while it waits for a slot, so they say it was
         accepted (it is in the engine's queue)."""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return requests.post(self.srv.url("/v1/completions"), json={**body, "stream": True},
+        return requests.post(self.srv.url(path), json={**body, "stream": True},
                              headers=headers, stream=True, timeout=300)
 
     def read(self, name: str, r: requests.Response) -> None:
@@ -43,7 +43,8 @@ class Streams:
                         self._note(f"{name} done")
                     elif line.startswith(b"data: {") and first:
                         choices = json.loads(line[6:])["choices"]
-                        if choices and choices[0]["text"]:
+                        if choices and (choices[0].get("text")
+                                        or (choices[0].get("delta") or {}).get("content")):
                             self._note(f"{name} first")
                             first = False
             except (requests.RequestException, AttributeError, OSError):
@@ -97,3 +98,39 @@ def test_one_key_cannot_take_the_whole_queue_and_another_is_served_first(server_
     finally:
         for r in held:
             r.close()
+
+
+def test_a_short_prompt_is_answered_while_a_long_one_is_still_being_decoded(server_factory):
+    """PREFILL_CHUNK 16 and a ~630-token prompt: ~40 steps of prefill. It takes slot 0 (it
+    reuses the chat template's opening decoded there at load), the slot whose prompt slot order
+    served first; a short chat sent meanwhile takes slot 1. The step's budget is shared, so
+    the short one's first token comes before the long one's (its prompt's end). Before, the
+    short one waited for the whole long prompt."""
+    srv = server_factory({"PARALLEL": "2", "PREFILL_CHUNK": "16", "STREAM_HEARTBEAT_SECONDS": "0"})
+    srv.wait_ready()
+    streams = Streams(srv)
+    chat = "/v1/chat/completions"
+
+    def long_slot() -> int | None:
+        rows = requests.get(srv.url("/slots"), timeout=10).json()
+        return next((r["id"] for r in rows if r["n_prompt_tokens"] > 400
+                     and 0 < r["n_prompt_tokens_processed"] < r["n_prompt_tokens"]), None)
+
+    long = streams.post(None, {"messages": [{"role": "user", "content": WORDS * 60}],
+                               "max_tokens": 2, "ignore_eos": True, "temperature": 0}, chat)
+    try:
+        assert long.status_code == 200, long.text
+        streams.read("long", long)
+        slot = wait_for(lambda: [s for s in [long_slot()] if s is not None], 120,
+                        "the long prompt being decoded")[0]
+        assert slot == 0, slot
+        short = streams.post(None, {"messages": [{"role": "user", "content": "Say hello."}],
+                                    "max_tokens": 2, "ignore_eos": True, "temperature": 0}, chat)
+        assert short.status_code == 200, short.text
+        streams.read("short", short)
+        wait_for(lambda: streams.has("long done", "short done"), 300, "both answers")
+        seen = streams.seen
+        assert "short first" in seen and "long first" in seen, seen
+        assert seen.index("short first") < seen.index("long first"), seen
+    finally:
+        long.close()

@@ -4,7 +4,9 @@ for llama.cpp: a slot's cached KV is another conversation's next turn, so a few 
 (a system prompt) is copied to where the prompt goes; a request that reuses nothing takes what
 costs least.
 And the running sequences stay side by side (llama.cpp attends over every KV stream between the
-lowest and the highest id in a batch), a cached prefix in a slot away from them copied over."""
+lowest and the highest id in a batch), a cached prefix in a slot away from them copied over.
+Which waiting request a freed slot goes to (another key's before this key's queue), and a short
+prompt beside a long one sharing the step's budget."""
 
 from __future__ import annotations
 
@@ -197,3 +199,27 @@ def test_a_freed_slot_goes_to_another_key_before_this_keys_queued_requests():
     sched.admit()
     assert [s.job for s in sched.slots if s.job is not None] == [a, b2]
     assert list(sched.waiting) == queued  # then B's, in their order
+
+
+def test_a_short_prompt_beside_a_long_one_gets_its_first_token_before_the_long_one_ends():
+    """The step's prompt budget is shared: a short prompt admitted while a long one is being
+    decoded in chunks gets its first token in a step or two, not after the long prompt (in slot
+    order, the lower slot's long prompt took the whole budget until it was done)."""
+    from tests.support.fake_llama import job as fake_job
+
+    sched, ll = scheduler(parallel=2, chunk=16)
+    seen: list = []
+    long = fake_job(list(range(1, 29)) * 5, ll, seen)  # 140 tokens: 9 steps of 16
+    sched.waiting.append(long)
+    sched.admit()
+    sched.decode_step()
+    short = fake_job([3, 4, 5], ll, seen)
+    sched.waiting.append(short)
+    held = next(s for s in sched.slots if s.job is long)
+    for _ in range(20):
+        sched.admit()
+        sched.decode_step()
+        if short.n_generated:
+            break
+    assert short.n_generated == 1
+    assert held.n_prompt_done < len(long.tokens)  # the long prompt is still being decoded

@@ -13,7 +13,7 @@ from app.base.errors import QueueFull
 from app.engine.admission import Admission
 from app.engine.lora import next_set
 from app.engine.prediction import Place, Prediction
-from app.engine.slots import Job, Slot, next_waiting, place
+from app.engine.slots import Job, Slot, next_waiting, place, shares
 from app.engine.speculative import SpecConfig, SpecGate, next_draft_len, ngram_draft, propose
 from app.engine.tokens import Mark, common_prefix
 from app.engine.types import GenerationRequest, SamplingParams, Speculation
@@ -201,3 +201,14 @@ def test_without_keys_every_caller_is_one_scope_under_max_queue_alone():
         adm.take("", 1)
     with pytest.raises(QueueFull, match="already waiting"):
         adm.take("", 1)
+
+
+def test_prompts_share_a_steps_budget_the_short_ones_whole():
+    assert shares(256, [4000]) == [256]
+    assert shares(256, [4000, 12]) == [244, 12]  # the short one whole, the rest to the long
+    assert shares(256, [4000, 3000]) == [128, 128]
+    assert shares(256, [4000, 50, 3000]) == [103, 50, 103]
+    assert shares(256, [4000, 100, 3000]) == [85, 86, 85]  # 100 is more than a third
+    assert shares(5, [10, 10]) == [3, 2]  # a remainder to the first of the shorter
+    assert shares(1, [50, 3, 9]) == [0, 1, 0]  # a budget nearly spent: the shortest first
+    assert shares(0, [10]) == [0] and shares(64, []) == []
