@@ -17,6 +17,8 @@ from __future__ import annotations
 from app.formats.apertus import APERTUS_THOUGHT, Apertus
 from app.formats.base import ToolFormat
 from app.formats.command_r7b import COMMAND_R7B_THOUGHT, CommandR7B
+from app.formats.deepseek import DEEPSEEK_THINK, DeepSeek
+from app.formats.deepseek_dsml import DeepSeekDsml
 from app.formats.functionary import Functionary
 from app.formats.gemma4 import CHANNEL_THOUGHT, Gemma4
 from app.formats.generic import Generic
@@ -41,13 +43,14 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), Phi4(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
+    f.name: f for f in (DeepSeekDsml(), DeepSeek(),
+                        Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), Phi4(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
 # How thoughts are written, in detection order: the first whose detect() accepts a template is
 # its syntax; <think> (the commonest, and what a template that names none gets) last.
-REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, APERTUS_THOUGHT, MAGISTRAL_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, APERTUS_THOUGHT, MAGISTRAL_THINK, DEEPSEEK_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
 # REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
 REASONING_MODES = ("auto", "parsed", "inline")
 
