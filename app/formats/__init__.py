@@ -25,6 +25,7 @@ from app.formats.generic import Generic
 from app.formats.granite import GRANITE_THINK, Granite
 from app.formats.harmony import HARMONY, Harmony
 from app.formats.hermes import Hermes
+from app.formats.kimi import KIMI_THINK, Kimi
 from app.formats.lfm2 import Lfm2
 from app.formats.llama3 import Llama3
 from app.formats.magistral import MAGISTRAL_THINK, Magistral
@@ -43,14 +44,14 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (DeepSeekDsml(), DeepSeek(),
+    f.name: f for f in (DeepSeekDsml(), DeepSeek(), Kimi(),
                         Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), Phi4(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
 
 # How thoughts are written, in detection order: the first whose detect() accepts a template is
 # its syntax; <think> (the commonest, and what a template that names none gets) last.
-REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, APERTUS_THOUGHT, MAGISTRAL_THINK, DEEPSEEK_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
+REASONING: dict[str, ReasoningFormat] = {f.name: f for f in (HARMONY, CHANNEL_THOUGHT, COMMAND_R7B_THOUGHT, APERTUS_THOUGHT, MAGISTRAL_THINK, DEEPSEEK_THINK, KIMI_THINK, GRANITE_THINK, NEMOTRON_THINK, SEED_THINK, THINK)}
 # REASONING_FORMAT's modes; a REASONING name there means "parsed, written that way"
 REASONING_MODES = ("auto", "parsed", "inline")
 
