@@ -22,6 +22,7 @@ from app.formats.deepseek_dsml import DeepSeekDsml
 from app.formats.functionary import Functionary
 from app.formats.gemma4 import CHANNEL_THOUGHT, Gemma4
 from app.formats.generic import Generic
+from app.formats.glm import Glm
 from app.formats.granite import GRANITE_THINK, Granite
 from app.formats.harmony import HARMONY, Harmony
 from app.formats.hermes import Hermes
@@ -44,7 +45,7 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (DeepSeekDsml(), DeepSeek(), Kimi(),
+    f.name: f for f in (DeepSeekDsml(), DeepSeek(), Kimi(), Glm(),
                         Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), Phi4(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets

@@ -91,7 +91,9 @@ def test_a_forced_call_carries_each_required_parameter_once_with_its_type(vocab,
         args = json.loads(call.arguments, object_pairs_hook=no_repeats)
         errors = [e.message for e in validator.iter_errors(args)]
         assert not errors, (name, out, errors)
-    assert finished >= SAMPLES // 3, f"{name}: only {finished} of {SAMPLES} calls finished"
+    # a quarter: closing tags that share a long prefix (GLM's </arg_key> and </arg_value>) send
+    # a random walk down the wrong one half the time, so its string values end less often
+    assert finished >= SAMPLES // 4, f"{name}: only {finished} of {SAMPLES} calls finished"
 
 
 QWEN_OK = ("<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n"
