@@ -30,6 +30,7 @@ from app.formats.kimi import KIMI_THINK, Kimi
 from app.formats.lfm2 import Lfm2
 from app.formats.llama3 import Llama3
 from app.formats.magistral import MAGISTRAL_THINK, Magistral
+from app.formats.minimax import MiniMax
 from app.formats.mistral import Mistral
 from app.formats.nemotron import NEMOTRON_THINK, Nemotron
 from app.formats.phi4 import Phi4
@@ -45,7 +46,7 @@ __all__ = ["FORMATS", "NAME_RE", "REASONING", "REASONING_MODES", "THINK", "Reaso
 
 # In detection order (llama.cpp's): the first whose detect() accepts a template is its format.
 FORMATS: dict[str, ToolFormat] = {
-    f.name: f for f in (DeepSeekDsml(), DeepSeek(), Kimi(), Glm(),
+    f.name: f for f in (DeepSeekDsml(), DeepSeek(), Kimi(), Glm(), MiniMax(),
                         Harmony(), Gemma4(), CommandR7B(), Functionary(), Lfm2(), Apertus(), Phi4(), SeedOss(), Qwen3Coder(), Granite(), Nemotron(), Hermes(), Magistral(), Mistral(), Pythonic(), Llama3(), Generic())
 }
 FALLBACK = "generic"  # what a template that teaches no format gets
