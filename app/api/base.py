@@ -287,6 +287,12 @@ class _Closing:
     def __iter__(self) -> Iterator[bytes]:
         return self
 
+    @property
+    def ending(self) -> bool:
+        """The generation has ended: the frames left are its closing ones (a resumable
+        session writes them together with its end, app.streams)."""
+        return self.run.over
+
     def __next__(self) -> bytes:
         try:
             return next(self.frames)

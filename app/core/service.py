@@ -243,6 +243,12 @@ class Run:
     def completion_tokens(self) -> int:
         return sum(self.tokens)
 
+    @property
+    def over(self) -> bool:
+        """Every choice has ended (or failed, or the run was closed): what a renderer still
+        sends is its closing frames, with no more waiting on the engine."""
+        return self._over
+
     def events(self, heartbeat: float | None = None,
                gone: Callable[[], bool] | None = None) -> Iterator[Event]:
         """The events of every choice. ``heartbeat``: a Tick after that many idle seconds.

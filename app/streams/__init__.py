@@ -70,7 +70,7 @@ class Streams:
         key's requests."""
         if not self.max_live:
             return
-        live = sum(1 for s in self._sessions.values() if s.scope == scope and not s.done)
+        live = sum(1 for s in self._sessions.values() if s.scope == scope and s.generating)
         if live >= self.max_live:
             raise TooManyStreams(
                 f"this API key already runs {live} resumable streams (X-Conversation-Id) on "
@@ -98,8 +98,21 @@ class Streams:
         return _Reader(session, 0, self.heartbeat)
 
     def _drain(self, session: Session) -> None:
+        frames = session.frames
         try:
-            for chunk in session.frames:
+            for chunk in frames:
+                if getattr(frames, "ending", False):
+                    # the generation has ended: the frames left are its closing ones, rendered
+                    # without waiting. They go out with the session's end, so no reader (a
+                    # client that then starts its next stream), lookup or per-key count sees
+                    # the last event before the end is recorded (security review round 3)
+                    tail = [chunk]
+                    try:
+                        tail.extend(frames)
+                    finally:
+                        session.write(b"".join(tail))
+                        session.finish()
+                    break
                 session.write(chunk)
                 if self._unread(session, time.monotonic()):
                     session.cancelled = True
@@ -107,7 +120,7 @@ class Streams:
         except Exception:  # noqa: BLE001 - the renderers turn failures into events themselves
             log.exception("resumable stream %s: producing failed", session.conv_id)
         finally:
-            session.frames.close()  # the run is closed: a stopped generation frees its slot
+            frames.close()  # the run is closed: a stopped generation frees its slot
             session.finish()
             log.info("resumable stream %s ended after %d bytes%s", session.conv_id,
                      session.total, " (stopped)" if session.cancelled else "")

@@ -126,6 +126,12 @@ class Session:
     def done(self) -> bool:
         return self.completed_at is not None
 
+    @property
+    def generating(self) -> bool:
+        """Its generation still runs (what STREAM_MAX_LIVE_PER_KEY counts): not once the run
+        has ended, even while its closing frames are still being rendered."""
+        return not self.done and not getattr(self.frames, "ending", False)
+
     def write(self, data: bytes) -> None:
         if self.done or not data:
             return

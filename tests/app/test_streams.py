@@ -203,6 +203,34 @@ def test_finished_sessions_expire_after_the_ttl(engine):
     assert client.get("/health").json["streams"]["sessions"] == 0
 
 
+def test_lookup_finds_every_session_of_a_key_until_its_ttl(engine):
+    """Security round 3: after 117 finished streams of one key the lookup found 30. Nothing
+    caps how many sessions a key keeps: each is kept STREAM_SESSION_TTL seconds after it ends
+    (300), then the lookup omits it and a replay is a 404. The reviewer's streams ran about
+    10 s each, so only the last 300 s of them were still kept. Pinned without waiting: 117
+    finished sessions are all found; once the first 87 ended more than the TTL ago (their end
+    moved back), the lookup finds the other 30."""
+    engine.reply = "a b c"
+    client = make_client(engine, stream_max_live_per_key=1)
+    ids = [f"many-{i}" for i in range(117)]
+    for conv in ids:  # one after another, each read to its end
+        assert post(client, conv).data.endswith(b"data: [DONE]\n\n")
+
+    def found() -> list[str]:
+        out = client.post("/v1/streams/lookup", json={"conversation_ids": ids}).json
+        assert all(s["is_done"] for s in out)
+        return [s["conversation_id"] for s in out]
+
+    assert found() == ids
+    hub = client.application.extensions["vertex_gguf_streams"]
+    for session in hub._sessions.values():
+        if session.conv_id in ids[:87]:
+            session.done_monotonic -= hub.ttl + 1  # ended longer than the TTL ago
+    assert found() == ids[87:]
+    assert get(client, ids[0]).status_code == 404
+    assert get(client, ids[-1]).status_code == 200
+
+
 def test_an_offset_that_dropped_out_of_a_small_ring_is_400(engine):
     client = make_client(engine, stream_buffer_bytes=512)
     body = post(client, "ring").data  # a connected reader loses nothing: its pin keeps it
@@ -392,6 +420,50 @@ def test_a_key_may_run_only_so_many_resumable_generations(engine):
     assert post(client, "c3", headers=K1, buffered=False).status_code == 200
     engine.resume.set()
     for resp in (*held, other, again):
+        resp.close()
+
+
+ENDINGS = [  # (path, body, the API's last event): each stream read until that event only
+    ("/v1/chat/completions", CHAT, b"data: [DONE]"),
+    ("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True,
+                      "messages": [{"role": "user", "content": "hi"}]}, b"event: message_stop"),
+    ("/v1/responses", {"input": "hi", "stream": True}, b"event: response.completed"),
+]
+
+
+@pytest.mark.parametrize("path, body, last", ENDINGS, ids=["chat", "messages", "responses"])
+def test_a_stream_has_ended_before_its_last_event_goes_out(engine, monkeypatch, path, body,
+                                                           last):
+    """Security round 3: a key sending resumable streams one after another got 429
+    too_many_streams from its own finished ones. A client that has read the last event starts
+    the next stream at once; the session's end must be recorded before that event can reach
+    it, whatever the run's teardown does after its last frame (here it yields to the hub, as
+    any I/O there would). Five streams in a row at STREAM_MAX_LIVE_PER_KEY=1, each looked up
+    and the next one started the moment its last event arrives, the rest unread."""
+    from app.api import base as api_base
+
+    note = api_base.note_run
+
+    def yielding(run):  # the run's teardown yields to the hub after its last frame
+        note(run)
+        gevent.sleep(0.01)
+
+    monkeypatch.setattr(api_base, "note_run", yielding)
+    client = make_client(engine, stream_max_live_per_key=1, stream_unread_timeout=0)
+    held = []
+    for i in range(5):
+        resp = post(client, f"seq{i}", body, path, buffered=False)
+        assert resp.status_code == 200, resp.json
+        got = b""
+        for chunk in resp.response:  # bounded: the stream ends
+            got += chunk
+            if last in got:
+                break
+        assert last in got
+        status = client.post("/v1/streams/lookup", json={"conversation_ids": [f"seq{i}"]}).json
+        assert status[0]["is_done"], status
+        held.append(resp)  # the connection stays open, unread past its last event
+    for resp in held:
         resp.close()
 
 

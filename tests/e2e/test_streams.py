@@ -129,6 +129,30 @@ def test_a_dropped_client_resumes_with_exactly_the_uninterrupted_bytes(server):
     assert lookup(server, "drop-1") is None
 
 
+def test_resumable_streams_one_after_another_stay_under_the_cap(server):
+    """Security round 3: a key sending resumable streams one after another got 429
+    too_many_streams from its own finished ones. At STREAM_MAX_LIVE_PER_KEY=1 (half of two
+    slots), ten streams, each read until its [DONE] and the next started at once on a new
+    connection, the old one still open: every one is admitted, and each is done by the lookup
+    as soon as its [DONE] has arrived."""
+    body = {**SHORT, "max_tokens": 8}
+    held = []
+    try:
+        for i in range(10):
+            r = requests.post(server.url("/v1/chat/completions"), json=body, stream=True,
+                              headers={"X-Conversation-Id": f"seq-{i}"}, timeout=60)
+            held.append(r)
+            assert r.status_code == 200, r.text
+            for line in r.iter_lines():  # bounded: the stream ends
+                if line == b"data: [DONE]":
+                    break
+            status = lookup(server, f"seq-{i}")
+            assert status is not None and status["is_done"], status
+    finally:
+        for r in held:
+            r.close()
+
+
 def test_offset_errors(default_model):
     srv = start({"STREAM_BUFFER_BYTES": "1024"})
     try:
