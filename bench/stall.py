@@ -9,6 +9,12 @@ cannot fit), a 1000-value enum response_format (twice: the second finds its prom
 checkout cannot survive (they crash it) are not sent. Not a test: figures depend on the machine.
 
     python bench/stall.py [--compare /path/to/other/checkout]
+
+With ``--prefill``, the other stall (security3 L1): a short request's time to first token
+alone, and sent while another request's long prompt (about 1,900 and 3,800 tokens) is being
+prefilled in PREFILL_CHUNK steps; and whether its first token came before that prompt's end.
+
+    python bench/stall.py --prefill [--compare /path/to/other/checkout]
 """
 
 from __future__ import annotations
@@ -75,10 +81,83 @@ def run(repo: Path) -> dict[str, tuple[float, float, int]]:
     return out
 
 
+LONG_SENTENCE = "The quick brown fox jumps over the lazy dog. "  # 10 tokens
+
+
+def prefilling(base: str) -> int | None:
+    """The slot holding a long prompt partly decoded (GET /slots), if one does."""
+    rows = requests.get(f"{base}/slots", timeout=10).json()
+    return next((r["id"] for r in rows if r["is_processing"] and r["n_prompt_tokens"] > 1000
+                 and 0 < r["n_prompt_tokens_processed"] < r["n_prompt_tokens"]), None)
+
+
+def beside(base: str, n: int, k: int) -> dict[str, object]:
+    """A short streamed request's time to first token, sent once a prompt of ``n`` x 10
+    tokens (0: none) is partly decoded; which slot that prompt took (PARALLEL 2: the short
+    one takes the other: before the fix, the lower slot's prompt was served first)."""
+    done: list[float] = []
+    long_tokens: list[int] = []
+
+    def long_request() -> None:
+        body = {"prompt": f"Run {k}. " + LONG_SENTENCE * n, "max_tokens": 1, "cache_prompt": False}
+        r = requests.post(f"{base}/v1/completions", json=body, timeout=600)
+        long_tokens.append(r.json()["usage"]["prompt_tokens"])
+        done.append(time.perf_counter())
+
+    t = threading.Thread(target=long_request, daemon=True)
+    slot = None
+    if n:
+        t.start()
+        deadline = time.monotonic() + 120
+        while slot is None and time.monotonic() < deadline:
+            slot = prefilling(base)
+            time.sleep(0.01)
+    body = {"prompt": f"Say hello {k}.", "max_tokens": 4, "stream": True, "cache_prompt": False}
+    t0 = time.perf_counter()
+    first = None
+    with requests.post(f"{base}/v1/completions", json=body, stream=True, timeout=600) as r:
+        for line in r.iter_lines(chunk_size=None):
+            if first is None and line.startswith(b"data: {"):
+                first = time.perf_counter()
+    if n:
+        t.join(600)
+    return {"long_prompt_tokens": long_tokens[0] if long_tokens else 0, "long_slot": slot,
+            "ttft_ms": round((first - t0) * 1000, 1) if first else None,
+            "long_done_after_ms": round((done[0] - t0) * 1000, 1) if done else None,
+            "first_token_before_long_prompt_end": bool(n and first and done and first < done[0])}
+
+
+def prefill(repo: Path, sentences: tuple[int, ...] = (0, 190, 380)) -> list[dict[str, object]]:
+    """For each long prompt size, the short request beside it with the long prompt in each of
+    the two slots (where it lands depends on what the slots cached: up to 4 tries for both)."""
+    out: list[dict[str, object]] = []
+    env = {"PARALLEL": "2", "CTX_SIZE": "4096", "STREAM_HEARTBEAT_SECONDS": "0"}
+    with serve(repo, env) as base:
+        k = 0
+        for n in sentences:
+            seen: set[object] = set()
+            for _ in range(4 if n else 1):
+                k += 1
+                row = beside(base, n, k)
+                if row["long_slot"] not in seen:
+                    seen.add(row["long_slot"])
+                    out.append(row)
+                if len(seen) == (2 if n else 1):
+                    break
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", type=Path)
+    ap.add_argument("--prefill", action="store_true",
+                    help="a short request's first token beside a long prompt being prefilled")
     args = ap.parse_args()
+    if args.prefill:
+        for repo in [ROOT] + ([args.compare] if args.compare else []):
+            for row in prefill(repo):
+                print(json.dumps({"repo": str(repo), **row}))
+        return
     for repo in [ROOT] + ([args.compare] if args.compare else []):
         for name, (median, worst, status) in run(repo).items():
             print(json.dumps({"repo": str(repo), "case": name, "status": status,
