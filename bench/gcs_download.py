@@ -1,10 +1,11 @@
 """Cloud Storage download speed and time-to-ready, against gcp-storage-emulator.
 
-1. Throughput: the same object fetched by our sliced parallel path (``app.model.gcs``) and by the
-   Python client's single-stream ``Blob.download_to_filename`` (what the stock images do), in
-   the same run. Between client and emulator sits a loopback proxy capping each connection's
-   bandwidth (``--mb-per-conn``): on loopback the emulator has no per-connection limit, real GCS
-   does, and that per-stream limit is what slicing beats. Without the cap both are bound by the
+1. Throughput: the same object fetched by our sliced parallel path
+   (``app.model.gcs_download``) and by the Python client's single-stream
+   ``Blob.download_to_filename`` (what the stock images do), in the same run. Between client
+   and emulator sits a loopback proxy capping each connection's bandwidth (``--mb-per-conn``):
+   on loopback the emulator has no per-connection limit, real GCS does, and that per-stream
+   limit is what slicing beats. Without the cap both are bound by the
    emulator alone; the ratio is printed for both.
 2. Time-to-ready: process start to the first 200 from the health route, for the default model
    served from ``gs://`` (through the same capped proxy) on a cold cache, then on a warm cache.
@@ -28,12 +29,12 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.gcs_proxy import GcsProxy  # noqa: E402
-
-from app import gcs  # noqa: E402
+from app.model import gcs_download  # noqa: E402
 from app.model.default import default_model_path  # noqa: E402
 from app.settings import DEFAULT_CACHE_DIR  # noqa: E402
-from tests.conftest import Emulator, free_port  # noqa: E402
+from tests.support.gcs_emulator import Emulator  # noqa: E402
+from tests.support.gcs_proxy import GcsProxy  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 
 
 def single_stream(client, dest: Path) -> float:
@@ -44,10 +45,10 @@ def single_stream(client, dest: Path) -> float:
 
 
 def sliced(proxy_url: str, cache: Path, workers: int, slice_mb: int) -> float:
-    opts = gcs.DownloadOptions(cache_dir=cache, workers=workers, slice_bytes=slice_mb << 20,
-                               emulator_host=proxy_url)
+    opts = gcs_download.DownloadOptions(cache_dir=cache, workers=workers,
+                                        slice_bytes=slice_mb << 20, emulator_host=proxy_url)
     t0 = time.perf_counter()
-    gcs.fetch_model("gs://models/m/model.gguf", opts)
+    gcs_download.fetch_model("gs://models/m/model.gguf", opts)
     return time.perf_counter() - t0
 
 

@@ -10,6 +10,7 @@ from app.base.state import LoadState
 from app.engine.lora import AdapterFile
 from app.model import gcs
 from app.model.default import SHA256, default_model_path, sha256_of
+from app.model.gcs_download import DownloadOptions, fetch_model
 from app.settings import Settings, lora_entries
 
 
@@ -31,9 +32,9 @@ def resolve(settings: Settings, state: LoadState) -> str:
         return str(path)
     if source.startswith("gs://"):
         state.set("downloading", progress=0.0, detail=source)
-        path = gcs.fetch_model(
+        path = fetch_model(
             source,
-            gcs.DownloadOptions.from_settings(settings),
+            DownloadOptions.from_settings(settings),
             on_progress=lambda p: state.set_download(p.done, p.total, p.rate, p.eta),
         )
         return str(path)
@@ -51,14 +52,14 @@ def resolve_projector(settings: Settings, state: LoadState) -> str | None:
     source = settings.mmproj
     if source == "none":  # a directory's projector left unpaired
         return None
-    opts = gcs.DownloadOptions.from_settings(settings)
+    opts = DownloadOptions.from_settings(settings)
     if source is None:
         model = settings.model
         if model is None:
             return None
         if model.startswith("gs://"):
             try:
-                source = gcs.find_projector(model, opts)
+                source = gcs.find_projector(model, opts.emulator_host)
             except gcs.GcsError as exc:
                 raise ModelLoadError(str(exc)) from None
             if source is None:
@@ -82,24 +83,24 @@ def resolve_draft(settings: Settings, state: LoadState) -> str | None:
     cached as the model is); None without one."""
     if settings.draft_model is None:
         return None
-    return _one_file(settings.draft_model, "DRAFT_MODEL", gcs.DownloadOptions.from_settings(
+    return _one_file(settings.draft_model, "DRAFT_MODEL", DownloadOptions.from_settings(
         settings), state)
 
 
 def resolve_adapters(settings: Settings, state: LoadState) -> list[AdapterFile]:
     """LORA_ADAPTERS, each a local file (fetched and verified as the model is)."""
-    opts = gcs.DownloadOptions.from_settings(settings)
+    opts = DownloadOptions.from_settings(settings)
     return [AdapterFile(name, _one_file(source, f"LORA_ADAPTERS {name}", opts, state), scale)
             for name, source, scale in lora_entries(settings.lora_adapters)]
 
 
-def _one_file(source: str, setting: str, opts: gcs.DownloadOptions, state: LoadState) -> str:
+def _one_file(source: str, setting: str, opts: DownloadOptions, state: LoadState) -> str:
     """A second GGUF beside the model, named by ``setting``: fetched from Cloud Storage into
     the cache, or a local file that must exist."""
     if source.startswith("gs://"):
         state.set("downloading", progress=0.0, detail=source)
         try:
-            return str(gcs.fetch_model(source, replace(opts, model_file=None)))
+            return str(fetch_model(source, replace(opts, model_file=None)))
         except gcs.GcsError as exc:
             raise ModelLoadError(str(exc).replace("model ", f"{setting} ", 1)) from None
     path = Path(source[len("file://"):] if source.startswith("file://") else source)

@@ -12,7 +12,7 @@ import pytest
 
 from app import engine_config, formats, plan_options
 from app.engine.config import EngineConfig
-from app.model.gcs import DownloadOptions
+from app.model.gcs_download import DownloadOptions
 from app.settings import Settings, from_settings
 
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from app.model import gcs
+from app.model import gcs, gcs_download
 from app.model.default import SHA256
 
 CHUNK = 8 << 20
 SPLIT = "SmolLM2-135M-Instruct.Q4_1"
 
 
-def opts(proxy, cache: Path, **kw) -> gcs.DownloadOptions:
-    return gcs.DownloadOptions(cache_dir=cache, workers=4, slice_bytes=CHUNK,
+def opts(proxy, cache: Path, **kw) -> gcs_download.DownloadOptions:
+    return gcs_download.DownloadOptions(cache_dir=cache, workers=4, slice_bytes=CHUNK,
                                emulator_host=proxy.url, **kw)
 
 
@@ -39,7 +39,7 @@ def leftovers(cache: Path) -> list[str]:
 
 def test_single_object_sliced_download_is_verified_and_cached(gcs_proxy, tmp_path):
     seen = []
-    path = gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path),
+    path = gcs_download.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path),
                            on_progress=lambda p: seen.append((p.done, p.total)))
     assert sha256(path) == SHA256
     assert gcs_proxy.faults.media_requests == -(-98362432 // CHUNK)  # one request per slice
@@ -50,41 +50,41 @@ def test_single_object_sliced_download_is_verified_and_cached(gcs_proxy, tmp_pat
 
 
 def test_small_objects_download_in_one_stream(gcs_proxy, tmp_path):
-    path = gcs.fetch_model("gs://models/dir-many/", opts(gcs_proxy, tmp_path, model_file="a.gguf"))
+    path = gcs_download.fetch_model("gs://models/dir-many/", opts(gcs_proxy, tmp_path, model_file="a.gguf"))
     assert path.read_bytes() == b"GGUF model a"
     assert gcs_proxy.faults.media_requests == 1
 
 
 def test_directory_with_one_gguf(gcs_proxy, tmp_path):
     for uri in ("gs://models/dir-one", "gs://models/dir-one/"):
-        path = gcs.fetch_model(uri, opts(gcs_proxy, tmp_path))
+        path = gcs_download.fetch_model(uri, opts(gcs_proxy, tmp_path))
         assert path.name == "smollm2.gguf" and sha256(path) == SHA256
 
 
 def test_directory_with_several_ggufs_needs_model_file(gcs_proxy, tmp_path):
     with pytest.raises(gcs.GcsError) as exc:
-        gcs.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path))
+        gcs_download.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path))
     assert "a.gguf, b.gguf" in str(exc.value) and "MODEL_FILE" in str(exc.value)
-    assert gcs.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path, model_file="b*")).read_bytes() == b"GGUF model b"
+    assert gcs_download.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path, model_file="b*")).read_bytes() == b"GGUF model b"
     with pytest.raises(gcs.GcsError, match="matches 2 models"):
-        gcs.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path, model_file="*.gguf"))
+        gcs_download.fetch_model("gs://models/dir-many", opts(gcs_proxy, tmp_path, model_file="*.gguf"))
 
 
 def test_split_gguf_is_fetched_whole(gcs_proxy, tmp_path):
-    first = gcs.fetch_model("gs://models/split/", opts(gcs_proxy, tmp_path))
+    first = gcs_download.fetch_model("gs://models/split/", opts(gcs_proxy, tmp_path))
     assert first.name == f"{SPLIT}-00001-of-00003.gguf"
     assert sorted(p.name for p in first.parent.glob("*.gguf")) == [
         f"{SPLIT}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     # naming any shard fetches (here: finds in the cache) the whole set and loads from the first
     before = gcs_proxy.faults.media_requests
-    again = gcs.fetch_model(f"gs://models/split/{SPLIT}-00002-of-00003.gguf", opts(gcs_proxy, tmp_path))
+    again = gcs_download.fetch_model(f"gs://models/split/{SPLIT}-00002-of-00003.gguf", opts(gcs_proxy, tmp_path))
     assert again == first and gcs_proxy.faults.media_requests == before
 
 
 def test_corrupted_download_is_refused_and_nothing_is_cached(gcs_proxy, tmp_path):
     gcs_proxy.faults.corrupt = True
     with pytest.raises(gcs.GcsError, match="crc32c mismatch"):
-        gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+        gcs_download.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
@@ -98,7 +98,7 @@ def test_corrupted_download_is_refused_and_nothing_is_cached(gcs_proxy, tmp_path
 def test_missing_or_bad_uri_fails_at_once_naming_it(gcs_proxy, tmp_path, uri, needle):
     gcs_proxy.faults.sent.clear()
     with pytest.raises(gcs.GcsError) as exc:
-        gcs.fetch_model(uri, opts(gcs_proxy, tmp_path))
+        gcs_download.fetch_model(uri, opts(gcs_proxy, tmp_path))
     assert needle in str(exc.value) and uri in str(exc.value)
     # permanent errors are not retried: no request was sent twice
     sent = gcs_proxy.faults.sent
@@ -108,19 +108,19 @@ def test_missing_or_bad_uri_fails_at_once_naming_it(gcs_proxy, tmp_path, uri, ne
 def test_cache_hit_downloads_nothing_and_new_generation_downloads_again(emulator, gcs_proxy, tmp_path):
     emulator.upload("models", "gen/m.gguf", data=b"GGUF generation one")
     o = opts(gcs_proxy, tmp_path)
-    assert gcs.fetch_model("gs://models/gen/m.gguf", o).read_bytes() == b"GGUF generation one"
+    assert gcs_download.fetch_model("gs://models/gen/m.gguf", o).read_bytes() == b"GGUF generation one"
     assert gcs_proxy.faults.media_requests == 1
-    gcs.fetch_model("gs://models/gen/m.gguf", o)  # a restart with the same object
+    gcs_download.fetch_model("gs://models/gen/m.gguf", o)  # a restart with the same object
     assert gcs_proxy.faults.media_requests == 1
     emulator.upload("models", "gen/m.gguf", data=b"GGUF generation two")
-    assert gcs.fetch_model("gs://models/gen/m.gguf", o).read_bytes() == b"GGUF generation two"
+    assert gcs_download.fetch_model("gs://models/gen/m.gguf", o).read_bytes() == b"GGUF generation two"
     assert gcs_proxy.faults.media_requests == 2
 
 
 def test_transient_errors_are_retried_and_slices_resumed(gcs_proxy, tmp_path):
     gcs_proxy.faults.fail_media = 3  # 503s
     gcs_proxy.faults.cut_media = 2  # connections cut half-way through a slice
-    path = gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+    path = gcs_download.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
     assert sha256(path) == SHA256
     assert gcs_proxy.faults.fail_media == 0 and gcs_proxy.faults.cut_media == 0
     assert leftovers(tmp_path) == []
@@ -133,7 +133,7 @@ def test_not_enough_space_is_a_clear_error(gcs_proxy, tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(gcs.GcsError, match=r"needs 98\.4 MB .* only 1\.0 MB are free"):
-        gcs.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+        gcs_download.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
     assert gcs_proxy.faults.media_requests == 0
 
 
@@ -160,7 +160,7 @@ def test_local_directory_uses_the_same_rules(tmp_path):
 def test_object_names_that_leave_the_cache_are_refused(tmp_path, name):
     obj = gcs.GcsObject("models", name, 1, 1, "")
     with pytest.raises(gcs.GcsError, match="cache path"):
-        gcs.cache_path(tmp_path, obj)
+        gcs_download.cache_path(tmp_path, obj)
 
 
 def test_a_live_process_s_partial_download_is_left_alone(tmp_path):
@@ -180,9 +180,9 @@ def test_a_live_process_s_partial_download_is_left_alone(tmp_path):
     abandoned = dest.with_name(f".{dest.name}.part-another-host-2")
     for part in (live, other_host, dead, abandoned):
         part.write_bytes(b"x")
-    old = time.time() - gcs.PART_STALE_SECONDS - 60
+    old = time.time() - gcs_download.PART_STALE_SECONDS - 60
     os.utime(abandoned, (old, old))
-    gcs._remove_stale_parts(dest)
+    gcs_download._remove_stale_parts(dest)
     assert live.exists() and other_host.exists()
     assert not dead.exists() and not abandoned.exists()
 
@@ -194,19 +194,19 @@ def test_an_object_without_crc32c_is_checked_by_md5_or_loaded_with_a_warning(tmp
     path = tmp_path / "m.gguf"
     path.write_bytes(data)
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
-    gcs.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", md5), path)
+    gcs_download.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", md5), path)
     with pytest.raises(gcs.GcsError, match="md5 mismatch"):
-        gcs.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", md5.swapcase()), path)
+        gcs_download.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", md5.swapcase()), path)
     with caplog.at_level("WARNING"):
-        gcs.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", ""), path)
+        gcs_download.verify(gcs.GcsObject("b", "m.gguf", len(data), 1, "", ""), path)
     assert "not verified" in caplog.text
 
 
 def test_a_cached_file_changed_behind_the_cache_s_back_is_fetched_again(gcs_proxy, tmp_path):
     uri = "gs://models/dir-many/"
-    path = gcs.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
+    path = gcs_download.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
     path.write_bytes(b"GGUF model X")  # same size, other bytes: the meta still matches
     before = gcs_proxy.faults.media_requests
-    again = gcs.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
+    again = gcs_download.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
     assert again.read_bytes() == b"GGUF model a"
     assert gcs_proxy.faults.media_requests == before + 1
