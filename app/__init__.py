@@ -104,7 +104,7 @@ def create_app(
     from app.base.metrics import install as install_metrics
     from app.core.service import Service
     from app.edge import auth, logs, routes
-    from app.protocol.sse import policy_of
+    from app.protocol.stream_policy import policy_of
     from app.streams import Streams
 
     boot = boot or Boot()

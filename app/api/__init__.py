@@ -1,12 +1,16 @@
 """The wire APIs, each one module over the neutral core (app.core).
 
-An API is a subclass of :class:`app.api.base.Api` in its own module, listed once in ``APIS``:
-that mounts its routes with its own error shape, and makes it reachable through the Vertex
-predict route (by ``@requestFormat`` or, for a raw body, by its fields: the APIs are asked in
-this order, so the one with the most distinctive fields comes first).
+An API is a subclass of a seam (app.api.generation.GenerationApi, or
+app.api.embeddings.EmbeddingApi) in its own module, listed once in ``APIS``: that mounts its
+routes with its own error shape, makes it reachable through the Vertex predict route (by
+``@requestFormat`` or, for a raw body, by its fields: the APIs are asked in this order, so the
+one with the most distinctive fields comes first), and lets it claim the shared model routes
+for its clients (:func:`speaker`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from flask import Flask
 
@@ -33,6 +37,12 @@ FAMILIES: dict[type[Api], str] = {
     ChatCompletions: "openai", Completions: "openai", VertexEmbeddings: "embeddings",
     OllamaEmbed: "ollama", GeminiEmbed: "gemini",
 }
+
+
+def speaker(headers: Mapping[str, str]) -> type[Api] | None:
+    """The API whose clients sent a request on a route several APIs share (GET /v1/models):
+    the first in the registry that claims its headers (Api.speaks); None: OpenAI's."""
+    return next((cls for cls in APIS if cls.speaks(headers)), None)
 
 
 def served(settings: Settings) -> list[type[Api]]:

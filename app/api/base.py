@@ -1,17 +1,17 @@
-"""What every API shares: reading the body, noticing a client that hung up, and the flow from
-a wire request through the core to a wire answer. An API subclasses :class:`Api`, says how to
-parse its request, render the core's result and events, and shape its errors; the rest is here.
+"""What every API shares, whatever it serves: reading the body, noticing a client that hung up,
+its routes and error shape, and the facts a request brings beside its body (:class:`Facts`).
+
+Two seams stand on :class:`Api`: generation (app.api.generation: parse, plan, run, render whole
+or through the one stream loop) and embeddings (app.api.embeddings: parse, embed, render).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import secrets
 import socket
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar
 
@@ -19,7 +19,6 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from gevent import select
 from werkzeug.exceptions import HTTPException
 
-from app import streams
 from app.base import bridge, reqctx
 from app.base.errors import (
     MethodNotAllowed,
@@ -30,19 +29,16 @@ from app.base.errors import (
     as_service_error,
 )
 from app.base.metrics import API_LABELS
-from app.core.events import Event, Result, fold
-from app.core.input import ChatInput, TextInput
-from app.core.media import Collected
-from app.core.service import Run, Service
-from app.protocol import jsonbody, validate
+from app.core.service import Service
+from app.engine.types import ModelInfo
+from app.protocol import jsonbody
 from app.protocol.http_status import HttpStatusError, headers_of, status_of
-from app.protocol.sse import HEADERS, comment, policy_of
+from app.protocol.sse import HEADERS
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
 Answer = dict[str, Any] | Iterator[bytes]
-CONVERSATION_HEADER = "X-Conversation-Id"  # opts a stream in to resuming (app.streams)
 
 
 def read_body(lenient: bool = False) -> Any:
@@ -125,16 +121,29 @@ def error_response(exc: BaseException,
     return resp
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What one request brings beside its body, passed down the seam with it: the route it came
+    through says its metrics label and its own parameters (Gemini's model and method are in its
+    path), the connection its headers, whether it has hung up, and how often a quiet stream
+    sends its keep-alive. The predict route, a resumable session and Gemini's JSON-array
+    stream each change one of them (``dataclasses.replace``), never the Api."""
+
+    label: str  # the metrics' ``api`` label
+    headers: Mapping[str, str] = field(default_factory=dict)
+    gone: Callable[[], bool] | None = None  # whether the client hung up (None: not probed)
+    heartbeat: float | None = None  # seconds without an event before a keep-alive (None: never)
+    params: Mapping[str, Any] = field(default_factory=dict)  # the route's own parameters
+
+
 class Api:
-    """One wire API over the core. Subclasses set the class attributes and implement
-    ``parse``, ``render``, ``render_stream`` and ``error_body``."""
+    """One wire API's routes over the core. A seam (GenerationApi, EmbeddingApi) says how a
+    body is answered; a subclass sets the class attributes, parses and renders."""
 
     name: ClassVar[str]  # also a @requestFormat value
     paths: ClassVar[tuple[str, ...]]  # the POST routes that serve it
     request_formats: ClassVar[tuple[str, ...]] = ()  # other @requestFormat names (lower case)
-    id_prefix: ClassVar[str] = "req"
     answers_many: ClassVar[bool] = False  # a predict envelope's instances go in one call
-    keepalive: ClassVar[bytes] = comment()  # what its streams send when quiet
     # any Content-Type from a caller that is not a browser (see read_body)
     lenient_content_type: ClassVar[bool] = False
     stream_headers: ClassVar[dict[str, str]] = HEADERS  # a stream's (SSE unless overridden)
@@ -142,44 +151,35 @@ class Api:
     def __init__(self, settings: Settings, service: Service):
         self.settings = settings
         self.service = service
-        # seconds without an event before a stream sends its keep-alive (None: never)
-        self.heartbeat = policy_of(settings).heartbeat_seconds or None
         self.label = API_LABELS.get(self.name, self.name)  # the metrics' ``api`` label
+        self.heartbeat: float | None = None  # see Facts.heartbeat
 
-    def images(self) -> Collected:
-        """A collector for one request's images (IMAGE_MAX_BYTES each)."""
-        return Collected(self.settings.image_max_bytes)
-
-    def relabelled(self, label: str) -> Api:
-        """This API under another metrics label (the predict route's)."""
-        other = copy.copy(self)
-        other.label = label
-        return other
+    def facts(self, headers: Mapping[str, str] | None = None,
+              gone: Callable[[], bool] | None = None, **params: Any) -> Facts:
+        """The facts of a request on this API's own routes."""
+        return Facts(self.label, headers or {}, gone, self.heartbeat, params)
 
     # ---- what an API says ---------------------------------------------------------------
     def looks_like(self, body: dict[str, Any]) -> bool:
         """Whether a raw Vertex body (no @requestFormat) is this API's request."""
         return False
 
-    def wants_stream(self, body: Any) -> bool:
-        return validate.wants_stream(body)
+    def wants_stream(self, body: Any, facts: Facts) -> bool:
+        return False
 
-    def parse(self, body: Any) -> tuple[ChatInput | TextInput, Any]:
-        """The core's input and whatever the renderers need of the request. Runs on a worker
-        thread (validation can be costly)."""
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         raise NotImplementedError
 
-    def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
+    def answer(self, body: Any, facts: Facts) -> dict[str, Any]:
+        """The whole answer."""
         raise NotImplementedError
 
-    def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
-        raise NotImplementedError
+    def serve(self, body: Any, facts: Facts) -> Answer:
+        """The answer, or the stream's bytes when the request asks for a stream."""
+        return self.answer(body, facts)
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def answer_many(self, bodies: list[Any],
-                    gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+    def answer_many(self, bodies: list[Any], facts: Facts) -> list[dict[str, Any]]:
         """Answers (or error bodies) for all of a predict envelope's instances of this API at
         once; only for an API that sets ``answers_many`` (it batches them better itself)."""
         raise NotImplementedError
@@ -187,67 +187,26 @@ class Api:
     def blueprint(self, bp: Blueprint) -> None:
         """Routes beyond ``paths`` (count_tokens, retrieval): none by default."""
 
-    # ---- the flow ---------------------------------------------------------------------------
-    def new_id(self) -> str:
-        return f"{self.id_prefix}_{secrets.token_hex(12)}"
+    # ---- the model routes every API shares (GET /v1/models, /v1/models/<id>) ------------------
+    @classmethod
+    def speaks(cls, headers: Mapping[str, str]) -> bool:
+        """Whether a request on a route several APIs share comes from this API's clients (its
+        SDKs' headers): the edge then answers it in this API's shapes. OpenAI's are the
+        edge's own, for a request no API claims."""
+        return False
 
-    def start(self, body: Any) -> tuple[Any, Run]:
-        """Parse and plan off the hub, submit, wait for acceptance: every error up to here
-        comes before the first byte."""
-        parsed: list[Any] = []
+    @classmethod
+    def model_name(cls, model_id: str) -> str:
+        """The model a model-card path names, as this API's clients write it."""
+        return model_id
 
-        def build() -> ChatInput | TextInput:
-            inp, req = self.parse(body)
-            parsed.append(req)
-            return inp
+    @classmethod
+    def model_list(cls, info: ModelInfo) -> dict[str, Any]:
+        raise NotImplementedError
 
-        reqctx.note_api(self.name)
-        plan = self.service.prepare(build)
-        # the API key's scope: a generation reuses only KV its own key wrote
-        plan.generation = replace(plan.generation, cache_scope=reqctx.cache_scope())
-        return parsed[0], self.service.start(plan, self.new_id(), self.label)
-
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """The whole answer. ``gone`` tells whether the client hung up (then it is cancelled)."""
-        req, run = self.start(body)
-        try:
-            return self.render(req, run, fold(self.watch(run.events(gone=gone), run, req), run.n))
-        finally:
-            note_run(run)
-
-    def watch(self, events: Iterator[Event], run: Run, req: Any) -> Iterator[Event]:
-        """The events on their way to the fold: an API that notes something as they pass
-        (when the thought ended, when the first token came) overrides this."""
-        return events
-
-    def stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
-        """The stream's bytes. With ``X-Conversation-Id`` the generation is produced into a
-        resumable session that outlives this connection, and this is its first reader."""
-        conv = streams.conversation_id(headers.get(CONVERSATION_HEADER))
-        if conv is None:
-            return self._stream(body, headers)
-        hub: streams.Streams = current_app.extensions["vertex_gguf_streams"]
-        scope = reqctx.cache_scope()
-        hub.replace(conv, scope)
-        hub.admit(scope)  # 429 past the key's cap, before the generation starts
-        quiet = copy.copy(self)
-        quiet.heartbeat = None  # heartbeats are per connection: each reader sends its own
-        return hub.produce(conv, scope, quiet._stream(body, headers), self.keepalive)
-
-    def _stream(self, body: Any, headers: Mapping[str, str]) -> Iterator[bytes]:
-        req, run = self.start(body)
-        try:
-            frames = self.render_stream(req, run, headers)
-        except BaseException:
-            run.close()
-            raise
-        return _Closing(frames, run)
-
-    def serve(self, body: Any, gone: Callable[[], bool] | None,
-              headers: Mapping[str, str]) -> Answer:
-        if self.wants_stream(body):
-            return self.stream(body, headers)
-        return self.answer(body, gone)
+    @classmethod
+    def model_card(cls, info: ModelInfo, name: str) -> dict[str, Any]:
+        raise NotImplementedError
 
     # ---- HTTP -------------------------------------------------------------------------------
     def error_response(self, exc: BaseException) -> Response:
@@ -261,8 +220,8 @@ class Api:
         return Response(result, headers=self.stream_headers, direct_passthrough=True)
 
     def view(self) -> Response:
-        return self.respond(self.serve(read_body(self.lenient_content_type), gone_probe(),
-                                       request.headers))
+        body = read_body(self.lenient_content_type)
+        return self.respond(self.serve(body, self.facts(request.headers, gone_probe())))
 
     def make_blueprint(self) -> Blueprint:
         """The API's routes, with its own error shape for everything raised in them."""
@@ -272,48 +231,3 @@ class Api:
         self.blueprint(bp)
         bp.register_error_handler(Exception, self.error_response)
         return bp
-
-
-class _Closing:
-    """The frames; however the response ends (the client gone, a stream stopped before its
-    first byte was asked for), ``close`` closes the run: a generator's own ``finally`` would not
-    run if it was never started."""
-
-    def __init__(self, frames: Iterator[bytes], run: Run):
-        self.frames = frames
-        self.run = run
-        self._closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self
-
-    @property
-    def ending(self) -> bool:
-        """The generation has ended: the frames left are its closing ones (a resumable
-        session writes them together with its end, app.streams)."""
-        return self.run.over
-
-    def __next__(self) -> bytes:
-        try:
-            return next(self.frames)
-        except BaseException:  # the end, or a failure: the run is over now (the access line
-            self.close()       # is written after this, with its tokens)
-            raise
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            close = getattr(self.frames, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self.run.close()
-            note_run(self.run)
-
-
-def note_run(run: Run) -> None:
-    """The run's tokens and finish reason, for the request's access-log line."""
-    reqctx.note_run(run.prompt_tokens, run.completion_tokens, run.cached_tokens,
-                    run.finish_reason)

@@ -1,15 +1,16 @@
-"""Embeddings on the wire: OpenAI's ``/v1/embeddings`` and Vertex AI's text-embedding instances.
+"""The embedding seam (:class:`EmbeddingApi`), and two of its APIs: OpenAI's ``/v1/embeddings``
+and Vertex AI's text-embedding instances (Gemini's and Ollama's are in their packages).
 
-Both are adapters over app.core.embed, so a text gets the same vector through either. OpenAI's
-route answers a request as a whole (one bad input is the request's 400, as OpenAI does);
-Vertex's instances answer one slot each, as Google's own embedding models do, so a predict
-envelope of instances is embedded as one batch and a bad instance fails only its own slot.
+Every embedding API is an adapter over app.core.embed, so a text gets the same vector through
+any of them. OpenAI's route answers a request as a whole (one bad input is the request's 400, as
+OpenAI does); Vertex's instances answer one slot each, as Google's own embedding models do, so a
+predict envelope of instances is embedded as one batch and a bad instance fails only its own
+slot.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import gevent
@@ -17,7 +18,7 @@ import numpy as np
 from flask import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from app.api.base import Answer, Api, json_off_hub
+from app.api.base import Answer, Api, Facts, json_off_hub
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError, as_service_error
 from app.core.embed import Embeddings, EmbedInput, EmbedResult, Vector
@@ -32,8 +33,10 @@ OFFLOAD_FLOATS = 20_000  # answers with more values than this are encoded off th
 
 
 class EmbeddingApi(Api):
-    """What the two embedding adapters share: no streaming, the core's Embeddings, and JSON
-    encoded off the hub when it is large (a 2,048-input answer is megabytes of floats)."""
+    """An embedding API: a body parsed (off the hub) into the core's EmbedInput, embedded, and
+    the result rendered, on one answer path; never streamed. A large answer (a 2,048-input
+    one is megabytes of floats) is rendered and encoded off the hub. Subclasses implement
+    ``parse``, ``render``, ``floats`` and ``error_body``."""
 
     def __init__(self, settings: Settings, service: Service):
         super().__init__(settings, service)
@@ -44,19 +47,37 @@ class EmbeddingApi(Api):
             timeout=settings.request_timeout or None,
         )
 
-    def wants_stream(self, body: Any) -> bool:
-        return False
+    def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, Any]:
+        """The core's input and whatever ``render`` needs of the request (a worker thread)."""
+        raise NotImplementedError
 
-    def serve(self, body: Any, gone: Callable[[], bool] | None,
-              headers: Mapping[str, str]) -> Answer:
-        return self.answer(body, gone)
+    def render(self, req: Any, result: EmbedResult) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def floats(self, answer: dict[str, Any]) -> int:
+        """How many numbers an answer holds: past OFFLOAD_FLOATS it is encoded off the hub."""
+        raise NotImplementedError
+
+    def failed(self, result: EmbedResult, err: ServiceError) -> ServiceError:
+        """The error a request answers when one of its inputs failed (``err``, the first)."""
+        return err
+
+    def answer(self, body: Any, facts: Facts) -> dict[str, Any]:
+        # validating up to MAX_BODY_BYTES of token ids, and listing a thousand vectors' floats,
+        # are done on a worker thread: on the hub they would pause every stream
+        inp, req = self.service.offload(lambda: self.parse(body, facts))
+        result = self.embeddings.run(inp, facts.gone, facts.label)
+        err = result.first_error()
+        if err is not None:
+            raise self.failed(result, err)
+        if len(result.items) > 64:
+            return self.service.offload(lambda: self.render(req, result))
+        return self.render(req, result)
 
     def respond(self, result: Answer) -> Response:
-        assert isinstance(result, dict)
-        size = sum(len(d.get("embedding", ())) for d in result.get("data", ()))
-        if size <= OFFLOAD_FLOATS:
-            return super().respond(result)
-        return json_off_hub(result)
+        if isinstance(result, dict) and self.floats(result) > OFFLOAD_FLOATS:
+            return json_off_hub(result)
+        return super().respond(result)
 
 
 class OpenAIEmbeddingsRequest(BaseModel):
@@ -86,10 +107,11 @@ class OpenAIEmbeddings(EmbeddingApi):
         (otherwise ``input`` alone is a Responses request)."""
         return "input" in body and ("encoding_format" in body or "dimensions" in body)
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         return openai.error_body(err)
 
-    def parse(self, body: Any) -> tuple[EmbedInput, OpenAIEmbeddingsRequest]:
+    def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, OpenAIEmbeddingsRequest]:
         req: OpenAIEmbeddingsRequest = validate.parse(OpenAIEmbeddingsRequest, body, UNSUPPORTED)
         raw = req.input
         if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
@@ -102,22 +124,17 @@ class OpenAIEmbeddings(EmbeddingApi):
                                  param="input")
         return EmbedInput(inputs, model=req.model, dimensions=req.dimensions), req
 
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        # validating up to MAX_BODY_BYTES of token ids, and listing a thousand vectors' floats,
-        # are done on a worker thread: on the hub they would pause every stream
-        inp, req = self.service.offload(lambda: self.parse(body))
-        result = self.embeddings.run(inp, gone, self.label)
-        err = result.first_error()
-        if err is not None:
-            if len(result.items) > 1:
-                i = result.items.index(err)
-                err = type(err)(f"input[{i}]: {err.message}", param="input", code=err.code)
-            raise err
-        if len(result.items) > 64:
-            return self.service.offload(lambda: self.render(req, result))
-        return self.render(req, result)
+    def failed(self, result: EmbedResult, err: ServiceError) -> ServiceError:
+        """The input at fault named, when there are several."""
+        if len(result.items) > 1:
+            i = result.items.index(err)
+            return type(err)(f"input[{i}]: {err.message}", param="input", code=err.code)
+        return err
 
-    def render(self, req: OpenAIEmbeddingsRequest, result: EmbedResult) -> dict[str, Any]:  # type: ignore[override]
+    def floats(self, answer: dict[str, Any]) -> int:
+        return sum(len(d.get("embedding", ())) for d in answer.get("data", ()))
+
+    def render(self, req: OpenAIEmbeddingsRequest, result: EmbedResult) -> dict[str, Any]:
         encode = _base64 if req.encoding_format == "base64" else _floats
         data = []
         for i, vec in enumerate(result.items):
@@ -190,13 +207,14 @@ class VertexEmbeddings(EmbeddingApi):
         return (isinstance(body.get("content"), str)
                 and not {"messages", "prompt", "input"} & body.keys())
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         """Google's error object (google.rpc.Status as JSON)."""
         status = status_of(err)
         return {"error": {"code": status, "message": err.message,
                           "status": GOOGLE_STATUS.get(status, "UNKNOWN")}}
 
-    def parse(self, body: Any) -> tuple[EmbedInput, VertexInstance]:
+    def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, VertexInstance]:
         inst: VertexInstance = validate.parse(VertexInstance, body)
         task = inst.task_type
         if task is not None and task.upper() not in TASK_TYPES:
@@ -212,9 +230,12 @@ class VertexEmbeddings(EmbeddingApi):
         return EmbedInput((text,), dimensions=inst.outputDimensionality,
                           truncate=inst.autoTruncate), inst
 
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """One instance on its own (a raw body through rawPredict)."""
-        slot = self.answer_many([body], gone)[0]
+    def floats(self, answer: dict[str, Any]) -> int:
+        return 0  # one instance's vector, or an envelope's (encoded by the predict route)
+
+    def answer(self, body: Any, facts: Facts) -> dict[str, Any]:
+        """One instance on its own (a raw body through rawPredict): its slot, or its error."""
+        slot = self.answer_many([body], facts)[0]
         if "error" in slot:
             raise _SlotError(slot)
         return slot
@@ -226,14 +247,15 @@ class VertexEmbeddings(EmbeddingApi):
             return resp
         return super().error_response(exc)
 
-    def answer_many(self, bodies: list[Any], gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+    def answer_many(self, bodies: list[Any], facts: Facts) -> list[dict[str, Any]]:
         """The instances of one envelope, embedded together: one request per distinct
-        (autoTruncate, outputDimensionality), which is one request in practice."""
+        (autoTruncate, outputDimensionality), which is one request in practice; a bad instance
+        fails only its own slot (the one answer path of EmbeddingApi fails the whole)."""
         slots: list[dict[str, Any] | None] = [None] * len(bodies)
         groups: dict[tuple[bool, int | None], list[tuple[int, str | tuple[int, ...]]]] = {}
         for i, body in enumerate(bodies):
             try:
-                inp, _ = self.parse(body)
+                inp, _ = self.parse(body, facts)
             except Exception as exc:  # noqa: BLE001 - a bad instance fails its own slot
                 slots[i] = self.error_body(as_service_error(exc))
                 continue
@@ -242,7 +264,7 @@ class VertexEmbeddings(EmbeddingApi):
         def run(key: tuple[bool, int | None], members: list) -> None:
             inp = EmbedInput(tuple(x for _, x in members), truncate=key[0], dimensions=key[1])
             try:
-                result = self.embeddings.run(inp, gone, self.label)
+                result = self.embeddings.run(inp, facts.gone, facts.label)
             except Exception as exc:  # noqa: BLE001 - a request-wide error fills its slots
                 err = self.error_body(as_service_error(exc))
                 for i, _ in members:

@@ -87,18 +87,15 @@ def _tokenize_chat(svc: Service, body: Any) -> Response:
     route's own parser and planned as a chat request is (the chat template, message text kept
     text), then tokenized as its generation would be."""
     chat = next(a for a in current_app.extensions["vertex_gguf_apis"] if a.name == "chat")
-    parsed: list[introspect.VllmTokenizeChat] = []
 
-    def build() -> ChatInput:  # off the hub, as a chat request's parse
+    def parse() -> tuple[ChatInput, introspect.VllmTokenizeChat]:  # off the hub, as a chat's
         req = introspect.parse_vllm_tokenize_chat(body)
-        parsed.append(req)
         as_chat = {"messages": req.messages, "tools": req.tools,
                    "chat_template_kwargs": req.chat_template_kwargs, "model": req.model}
-        inp, _ = chat.parse({k: v for k, v in as_chat.items() if v is not None})
-        return replace(inp, add_generation_prompt=req.add_generation_prompt)
+        inp, _ = chat.parse({k: v for k, v in as_chat.items() if v is not None}, chat.facts())
+        return replace(inp, add_generation_prompt=req.add_generation_prompt), req
 
-    plan = svc.prepare(build)
-    req = parsed[0]
+    plan, req = svc.prepare(parse)
     gen = replace(plan.generation, add_bos=req.add_special_tokens)
 
     def answer() -> dict[str, Any]:

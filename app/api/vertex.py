@@ -9,6 +9,7 @@ exactly as the matching API's own route would answer it, errors included.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import gevent
@@ -19,6 +20,7 @@ from app.api import streams
 from app.api.base import (
     Answer,
     Api,
+    Facts,
     LargeAnswer,
     error_response,
     gone_probe,
@@ -35,8 +37,7 @@ from app.protocol import openai, vertex
 class Predict:
     def __init__(self, apis: list[Api], service: Service, max_instances: int,
                  slots_per_request: int):
-        # the same APIs, counted in the metrics as the predict route's
-        self.apis = {a.name: a.relabelled(PREDICT) for a in apis}
+        self.apis = {a.name: a for a in apis}
         self.service = service
         self.max_instances = max_instances
         self.slots_per_request = slots_per_request
@@ -46,6 +47,13 @@ class Predict:
                 names[fmt.lower()] = a.name
         hint = ", ".join(repr(f) for a in apis for f in a.request_formats[:1] + a.paths[:1])
         self.formats = vertex.Formats(names, self._detect, hint)
+
+    @staticmethod
+    def facts(api: Api, headers: Mapping[str, str],
+              gone: Callable[[], bool] | None) -> Facts:
+        """A request to ``api`` through this route: counted in the metrics as the predict
+        route's."""
+        return replace(api.facts(headers, gone), label=PREDICT)
 
     def _detect(self, body: dict[str, Any]) -> str | None:
         for api in self.apis.values():  # in registry order: the more specific first
@@ -64,8 +72,8 @@ class Predict:
                 if resumed is not None:
                     return resumed
                 api = self.apis[vertex.api_of(body, self.formats)]
-                result: Answer = api.serve(vertex.strip_format(body), gone_probe(),
-                                           request.headers)
+                facts = self.facts(api, request.headers, gone_probe())
+                result: Answer = api.serve(vertex.strip_format(body), facts)
                 return api.respond(result)
             return self._envelope(body, request.headers)
         except Exception as exc:  # noqa: BLE001 - rendered in the shape of the API spoken
@@ -78,8 +86,9 @@ class Predict:
         streams: list[vertex.Instance] = []
         for i, item in enumerate(items):
             if isinstance(item, vertex.Instance):
+                api = self.apis[item.api]
                 try:
-                    if self.apis[item.api].wants_stream(item.body):
+                    if api.wants_stream(item.body, self.facts(api, headers, None)):
                         streams.append(item)
                 except ServiceError as err:
                     items[i] = err
@@ -92,7 +101,7 @@ class Predict:
                 )
             api = self.apis[streams[0].api]
             try:
-                return api.respond(api.stream(streams[0].body, headers))
+                return api.respond(api.serve(streams[0].body, self.facts(api, headers, None)))
             except Exception as exc:  # noqa: BLE001
                 return api.error_response(exc)
         self.service.info()  # 503 for the whole envelope while loading
@@ -106,13 +115,15 @@ class Predict:
         pool = gevent.pool.Pool(self.slots_per_request)
         jobs: list[tuple[list[int], gevent.Greenlet]] = []  # positions, and their answers
         for name, indices in self._by_api(items).items():
+            facts = self.facts(self.apis[name], headers, gone)
             if self.apis[name].answers_many:  # the API batches them itself (embeddings)
                 group = [items[i] for i in indices]
-                jobs.append((indices, gevent.spawn(reqctx.carry(self._batch), name, group, gone)))
+                jobs.append((indices, gevent.spawn(reqctx.carry(self._batch), name, group,
+                                                   facts)))
             else:
                 # each instance in its own greenlet, in a copy of this request's context (its
                 # id for log lines, its key's cache scope)
-                jobs += [([i], pool.spawn(reqctx.carry(self._instance), items[i], gone))
+                jobs += [([i], pool.spawn(reqctx.carry(self._instance), items[i], facts))
                          for i in indices]
         gevent.joinall([j for _, j in jobs])
         for indices, job in jobs:
@@ -134,20 +145,19 @@ class Predict:
         return out
 
     def _batch(self, name: str, items: list[vertex.Instance],
-               gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+               facts: Facts) -> list[dict[str, Any]]:
         api = self.apis[name]
         try:
-            return api.answer_many([item.body for item in items], gone)
+            return api.answer_many([item.body for item in items], facts)
         except Exception as exc:  # noqa: BLE001 - the whole group's slots get the error
             return [api.error_body(as_service_error(exc))] * len(items)
 
-    def _instance(self, item: vertex.Instance,
-                  gone: Callable[[], bool] | None) -> list[dict[str, Any]]:
+    def _instance(self, item: vertex.Instance, facts: Facts) -> list[dict[str, Any]]:
         """One instance's answer (as a list of one, like a batch's)."""
         api = self.apis[item.api]
         try:
-            if gone is not None and gone():
+            if facts.gone is not None and facts.gone():
                 raise ClientGone("the client went away")
-            return [api.answer(item.body, gone)]
+            return [api.answer(item.body, facts)]
         except Exception as exc:  # noqa: BLE001 - one instance's failure stays in its slot
             return [api.error_body(as_service_error(exc))]

@@ -7,8 +7,9 @@ off), so a streamed answer and a non-streamed one never disagree.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from app.base.errors import ServiceError
 from app.engine.types import TokenScore
@@ -80,6 +81,9 @@ class ChoiceEnd:
     stop_sequence: str | None = None
     cut_calls: frozenset[int] = frozenset()  # calls cut off by the limit (not in the fold)
     index: int = 0
+    # the tokens its thought took: its completion tokens when the thought's last piece came
+    # (0 without a thought); Gemini's thoughtsTokenCount, Responses' reasoning_tokens
+    thought_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,16 @@ class Call:
     arguments: str = ""
 
 
+def args_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object, for the APIs that send them as one (Anthropic's
+    ``input``, Gemini's ``args``, Ollama's ``arguments``): ``{}`` when they are not one."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 @dataclass
 class Answer:
     """One choice, whole."""
@@ -138,6 +152,7 @@ class Answer:
     reason: Reason = "stop"
     stop_sequence: str | None = None
     completion_tokens: int = 0
+    thought_tokens: int = 0  # as ChoiceEnd's
     logprobs: list[TokenScore] | None = None  # None: not asked for
 
 
@@ -174,7 +189,7 @@ def fold(events, n: int) -> Result:
             a = answers[ev.index]
             a.calls = [c for i, c in enumerate(a.calls) if i not in ev.cut_calls]
             a.reason, a.stop_sequence = ev.reason, ev.stop_sequence
-            a.completion_tokens = ev.completion_tokens
+            a.completion_tokens, a.thought_tokens = ev.completion_tokens, ev.thought_tokens
         elif isinstance(ev, Usage):
             usage = ev
         elif isinstance(ev, Failure):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,16 @@ def effort_for(budget: int | None) -> str | None:
     return max(reached, default=(0, "minimal"))[1]
 
 
+def template_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """A past tool call as an assistant turn's ``tool_calls`` entry, in the form chat templates
+    are written for; ``arguments`` as JSON text (a value that is not text yet, such as the
+    object Anthropic, Gemini and Ollama send, is written as JSON). Every API's history spells a
+    call this way."""
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 @dataclass(frozen=True)
 class OutputFormat:
     """Structured output: any JSON object, or JSON that follows ``schema``."""
@@ -59,8 +70,7 @@ class ChatInput:
     """A conversation to continue.
 
     ``messages`` are chat-template messages: ``role`` (system, user, assistant or tool),
-    ``content`` text, and on assistant turns ``tool_calls`` (``{id, type: function,
-    function: {name, arguments}}``, the form chat templates are written for) and
+    ``content`` text, and on assistant turns ``tool_calls`` (:func:`template_call`) and
     ``reasoning_content``; tool turns carry ``tool_call_id``. Text that came from the client is
     marked (see app.formats.chat_template.protector) by the planner, not here.
     """

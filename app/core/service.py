@@ -30,6 +30,7 @@ from app.core.events import (
     Logprobs,
     PromptLogprobs,
     Text,
+    Thinking,
     Tick,
     Usage,
 )
@@ -54,8 +55,15 @@ GONE_POLL = 0.5
 
 log = logging.getLogger(__name__)
 
-Build = Callable[[], ChatInput | TextInput]
 T = TypeVar("T")
+R = TypeVar("R")
+# an API's parser: the core's input, and whatever its renderers need of the request
+Parse = Callable[[], tuple[ChatInput | TextInput, R]]
+
+
+def now_ns() -> int:
+    """Monotonic nanoseconds, for a run's first token (one place, so a test can fix it)."""
+    return time.monotonic_ns()
 
 
 class Service:
@@ -113,18 +121,19 @@ class Service:
                  seen["thought_format"] or "none", ", ".join(seen["reads"]) or "none",
                  ", ".join(seen["drops"]) or "none")
         try:
-            self.prepare(lambda: ChatInput(
+            self.prepare(lambda: (ChatInput(
                 [{"role": "user", "content": "hi"}],
                 output=OutputFormat("json_schema", {"type": "object"}),
-            ))
+            ), None))
         except Exception:  # noqa: BLE001 - a template that fails here fails its requests clearly
             log.warning("warming the chat path failed", exc_info=True)
 
     # ---- preparing ------------------------------------------------------------------------
-    def plan(self, build: Build) -> Plan:
-        """Parse (``build``: an API's request parser) and plan. CPU-bound Python (validation,
-        the chat template, JSON Schema conversion, the grammar gate)."""
-        inp = build()
+    def plan(self, parse: Parse[R]) -> tuple[Plan, R]:
+        """Parse (an API's request parser) and plan; the parser's second value comes back
+        beside the plan. CPU-bound Python (validation, the chat template, JSON Schema
+        conversion, the grammar gate)."""
+        inp, extra = parse()
         model = self.model_name(inp.model)  # an unknown name fails before any work
         if isinstance(inp, TextInput):
             plan = plan_text(inp, self.options)
@@ -134,7 +143,7 @@ class Service:
         lora = self.lora_set(inp.model, inp.params.lora)
         if lora:
             plan.generation = replace(plan.generation, lora=lora)
-        return plan
+        return plan, extra
 
     def lora_set(self, model: str | None,
                  asked: tuple[tuple[int, float], ...] | None) -> tuple[tuple[int, float], ...]:
@@ -157,14 +166,14 @@ class Service:
             scales[idx] = scale
         return tuple((i, s) for i, s in sorted(scales.items()) if s != 0)
 
-    def prepare(self, build: Build) -> Plan:
+    def prepare(self, parse: Parse[R]) -> tuple[Plan, R]:
         """:meth:`plan` on a worker thread, so a costly request cannot stall the others'
         streams or the health route; past PREPARE_TIMEOUT it is refused."""
         self.info()  # 503 at once while loading
         embedder = getattr(self.engine, "embedder", None)
         if embedder is not None and embedder.info.only:
             raise EmbeddingOnly()  # before planning: such a GGUF often has no chat template
-        return bridge.offload(self.plan, build, timeout=self.prepare_timeout)
+        return bridge.offload(self.plan, parse, timeout=self.prepare_timeout)
 
     def offload(self, fn: Callable[[], T]) -> T:
         """``fn`` on a worker thread, within PREPARE_TIMEOUT (the introspection routes:
@@ -181,9 +190,9 @@ class Service:
             raise BadRequest(f"prompt token id {bad} is out of range", param="prompt")
         return b"".join(self.engine.pieces(list(tokens))).decode("utf-8", "replace")
 
-    def count_tokens(self, build: Build) -> int:
+    def count_tokens(self, parse: Parse[object]) -> int:
         """How many tokens the prompt of this request is, exactly as it would be tokenized."""
-        plan = self.prepare(build)
+        plan, _ = self.prepare(parse)
         return bridge.offload(self.engine.count_tokens, plan.generation,
                               timeout=self.prepare_timeout)
 
@@ -221,6 +230,9 @@ class Run:
         self.prompt_tokens = prompt_tokens
         self.n = plan.generation.n
         self.tokens = [0] * self.n  # completion tokens per choice, so far
+        # per choice, its completion tokens when its thought's last piece came (ChoiceEnd's)
+        self._thought = [0] * self.n
+        self.first_token_ns: int | None = None  # now_ns() at the first choice's first token
         self._svc = svc
         self._plan = plan
         self._handle = handle
@@ -301,7 +313,7 @@ class Run:
             scored: list[Event] = [Logprobs(ev.scores, ev.index)] if ev.scores else []
             if self._plan.reply is None:
                 return [*scored, Text(ev.text, ev.index)] if ev.text else scored
-            return [*scored, *self._decoder(ev.index).feed(ev.text)]
+            return [*scored, *self._thought_seen(ev, self._decoder(ev.index).feed(ev.text))]
         if isinstance(ev, Finished):
             if ev.index == 0 and ev.completion_tokens > self._seen:
                 self._token_seen(ev.completion_tokens)
@@ -311,14 +323,15 @@ class Run:
             reason, cut = ev.reason, frozenset[int]()
             if self._plan.reply is not None:
                 dec = self._decoder(ev.index)
-                out += dec.finish()
+                out += self._thought_seen(ev, dec.finish())
                 cut = dec.cut_calls()
                 if reason == "stop" and len(dec.result().calls) > len(cut):
                     reason = "tool_calls"
             stop = ev.stop_sequence if reason == "stop" else None
             if ev.index == 0:
                 self.finish_reason = reason
-            out.append(ChoiceEnd(reason, ev.completion_tokens, stop, cut, ev.index))  # type: ignore[arg-type]
+            out.append(ChoiceEnd(reason, ev.completion_tokens, stop, cut, ev.index,  # type: ignore[arg-type]
+                                 self._thought[ev.index]))
             if len(self._ended) == self.n:
                 self._over = True
                 first = self._ended[0]
@@ -339,11 +352,19 @@ class Run:
             return [Failure(ev.error)]
         return []
 
+    def _thought_seen(self, ev: TextPiece | Finished, out: list[Event]) -> list[Event]:
+        """``out``, the events a piece of choice ``ev.index`` made; a thought among them
+        moves the tokens its thought took to the piece's completion tokens."""
+        if any(isinstance(e, Thinking) for e in out):
+            self._thought[ev.index] = ev.completion_tokens
+        return out
+
     def _token_seen(self, count: int) -> None:
         """The first choice has ``count`` tokens now: its first token's time, or the time per
         token since the last (a piece can carry several)."""
         now = time.monotonic()
         if self._last_token is None:
+            self.first_token_ns = now_ns()
             self._m.ttft.observe(now - self._submitted)
         else:
             k = count - self._seen

@@ -7,15 +7,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import gevent
 from flask import Flask, Response, current_app, jsonify, request
 
-from app.api import base, gemini, introspect, streams
-from app.api.anthropic import models as anthropic_models
-from app.api.anthropic.stream import error_body as anthropic_error
+from app.api import base, introspect, speaker, streams
 from app.api.base import read_body
-from app.api.gemini.stream import error_body as gemini_error
 from app.base import bridge, reqctx
 from app.base.errors import BadRequest, Forbidden, ModelNotFound
 from app.base.state import LoadState
@@ -84,6 +82,16 @@ def context_warning(info) -> str:
             f"for ({info.n_ctx_train}): replies past that length may degrade")
 
 
+def model_status(snapshot: dict[str, Any], model: str | None) -> dict[str, Any]:
+    """The ``model_status`` event body for a load-state snapshot."""
+    stage = snapshot["stage"]
+    body = {"status": {"ready": "loaded", "failed": "failed"}.get(stage, "loading"), "stage": stage}
+    body.update({k: snapshot[k] for k in ("progress", "detail", "error", "elapsed_s") if k in snapshot})
+    if model is not None:
+        body["model"] = model
+    return body
+
+
 def load_events(state: LoadState, model: Callable[[], str | None], poll: float = 0.25,
                 heartbeat: float = 15.0) -> Iterator[bytes]:
     """``download_progress`` and ``model_status`` SSE events while the model loads; ends once
@@ -96,7 +104,7 @@ def load_events(state: LoadState, model: Callable[[], str | None], poll: float =
             snap = state.snapshot()
             if snap["stage"] == "downloading" and "download" in snap:
                 yield sse.event("download_progress", snap["download"])
-            body = sse.model_status(snap, model())
+            body = model_status(snap, model())
             yield sse.event("model_status", body)
             last_sent = time.monotonic()
             if body["status"] != "loading":
@@ -122,42 +130,36 @@ def _length() -> openai.Length:
     return max_tokens_bounds(current_app.extensions["vertex_gguf_settings"])
 
 
-def _anthropic() -> bool:
-    """Whether the caller speaks Anthropic's API (its SDKs send the version header)."""
-    return anthropic_models.VERSION_HEADER in request.headers
-
-
 def models() -> Response:
-    """OpenAI's list; Anthropic's to a caller that sends ``anthropic-version``, Gemini's to
-    Google's Gen AI SDK (which asks for ``/v1/models`` beside a custom base URL)."""
+    """The model list in the shapes of the API the caller speaks (api.speaker: Anthropic's to
+    a caller that sends ``anthropic-version``, Gemini's to Google's Gen AI SDK, which asks for
+    ``/v1/models`` beside a custom base URL), else OpenAI's."""
     info = _service().info()
-    if _anthropic():
-        return jsonify(anthropic_models.models_list(info))
-    if gemini.speaks_gemini(request.headers):
-        return jsonify(gemini.models_list(info))
+    api = speaker(request.headers)
+    if api is not None:
+        return jsonify(api.model_list(info))
     return jsonify(openai.models_list(info, _length()))
 
 
 def model(model_id: str) -> Response:
-    """The model's card under any of its aliases (OpenAI's card keeps the id as its id;
-    Anthropic's and Gemini's show the name asked for), in the caller's API's shape."""
+    """The model's card under any of its aliases, in the shapes of the API the caller speaks
+    (OpenAI's card keeps the id as its id, and has LoRA adapters' cards; the others show the
+    name asked for)."""
     info = _service().info()
-    google = gemini.speaks_gemini(request.headers)
-    name = gemini.model_of(model_id) if google else model_id
-    if not google and not _anthropic() and any(name == a for a, _ in info.adapters):
+    api = speaker(request.headers)
+    name = api.model_name(model_id) if api is not None else model_id
+    if api is None and any(name == a for a, _ in info.adapters):
         return jsonify(openai.adapter_card(info, name))
     if name not in info.names:
         err = ModelNotFound(f"The model {name[:100]!r} does not exist: this server serves "
                             f"{', '.join(repr(n) for n in info.names)}")
-        if _anthropic() or google:
-            resp = jsonify(anthropic_error(err) if _anthropic() else gemini_error(err))
-            resp.status_code = 404
-            return resp
-        raise err
-    if _anthropic():
-        return jsonify(anthropic_models.model_card(info, name))
-    if google:
-        return jsonify(gemini.card(info, name))
+        if api is None:
+            raise err
+        resp = jsonify(api.error_body(err))
+        resp.status_code = 404
+        return resp
+    if api is not None:
+        return jsonify(api.model_card(info, name))
     return jsonify(openai.model_card(info, _length()))
 
 

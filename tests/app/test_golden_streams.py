@@ -13,6 +13,7 @@ import pytest
 from app.api import gemini as gemini_api
 from app.api.gemini import stream as gemini_stream
 from app.api.ollama import stream as ollama_stream
+from app.core import service
 from app.engine.fake import FakeEngine
 from tests.support.app import make_client
 from tests.support.server import DATA
@@ -54,8 +55,9 @@ CASES = {
 
 @pytest.fixture
 def fixed(monkeypatch):
-    clock = itertools.count(1_000_000, 1_000)
+    clock = itertools.count(1_000_000, 1_000)  # the request, its first token, its end
     monkeypatch.setattr(ollama_stream, "now_ns", lambda: next(clock))
+    monkeypatch.setattr(service, "now_ns", lambda: next(clock))
     monkeypatch.setattr(ollama_stream, "timestamp", lambda: "2026-01-01T00:00:00.000000Z")
     monkeypatch.setattr(gemini_api.Gemini, "new_id", lambda self: "resp-1")
     call = gemini_stream.function_call

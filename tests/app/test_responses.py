@@ -185,9 +185,9 @@ def test_reasoning_is_an_item_before_the_message():
 @pytest.mark.parametrize("effort, budget", sorted(EFFORT_BUDGET.items()))
 def test_effort_is_a_reasoning_budget(effort, budget):
     api = api_of(make_client(FakeEngine()))
-    inp, _ = api.parse({"input": "x", "reasoning": {"effort": effort}})
+    inp, _ = api.parse({"input": "x", "reasoning": {"effort": effort}}, api.facts())
     assert inp.reasoning_budget == budget
-    assert api.parse({"input": "x"})[0].reasoning_budget is None
+    assert api.parse({"input": "x"}, api.facts())[0].reasoning_budget is None
 
 
 def test_effort_none_ends_the_thought_at_once():

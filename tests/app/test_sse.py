@@ -7,10 +7,11 @@ import time
 
 import pytest
 
+from app.api.openai.stream import ChunkWriter
 from app.base.errors import EngineFailure
 from app.core.events import ChoiceEnd, Text
 from app.engine.fake import FakeEngine
-from app.protocol.sse import PROFILES, ChunkWriter, StreamPolicy, policy_from
+from app.protocol.stream_policy import PROFILES, StreamPolicy, policy_from
 from tests.support.app import make_client
 from tests.support.server import DATA
 from tests.support.stream_rules import outcomes
@@ -31,7 +32,7 @@ def transcript(kind, policy, events, **kw) -> str:
             w.count(piece.index, tokens)
             out += w.text(piece.index, piece.text)
         elif isinstance(ev, ChoiceEnd):
-            out += w.finish(ev.index, ev.reason, ev.completion_tokens)
+            out += w.finish(ev)
         else:
             out += w.error(ev)
     return b"".join(out).decode()

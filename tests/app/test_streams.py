@@ -440,15 +440,15 @@ def test_a_stream_has_ended_before_its_last_event_goes_out(engine, monkeypatch, 
     it, whatever the run's teardown does after its last frame (here it yields to the hub, as
     any I/O there would). Five streams in a row at STREAM_MAX_LIVE_PER_KEY=1, each looked up
     and the next one started the moment its last event arrives, the rest unread."""
-    from app.api import base as api_base
+    from app.api import generation
 
-    note = api_base.note_run
+    note = generation.note_run
 
     def yielding(run):  # the run's teardown yields to the hub after its last frame
         note(run)
         gevent.sleep(0.01)
 
-    monkeypatch.setattr(api_base, "note_run", yielding)
+    monkeypatch.setattr(generation, "note_run", yielding)
     client = make_client(engine, stream_max_live_per_key=1, stream_unread_timeout=0)
     held = []
     for i in range(5):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.api.openai import chat_delta, chat_message
+from app.api.openai import chat_message
+from app.api.openai.stream import chat_delta
 from app.core.decode import ReplyStream
 from app.core.events import Answer, Call
 from app.formats.reply import Reply, parse_reply

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from app import formats, plan_options
-from app.api.openai import chat_delta, chat_message
+from app.api.openai import chat_message
+from app.api.openai.stream import chat_delta
 from app.core.decode import ReplyStream
 from app.core.events import Answer, Call
 from app.core.input import ChatInput, ToolChoice, effort_for

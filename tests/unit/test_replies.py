@@ -7,7 +7,8 @@ import json
 import pytest
 
 from app import formats
-from app.api.openai import chat_delta, chat_message
+from app.api.openai import chat_message
+from app.api.openai.stream import chat_delta
 from app.core.decode import ReplyStream
 from app.core.events import Answer, Call, ChoiceEnd, Usage, fold
 from app.formats.reply import Reply, parse_reply

@@ -14,37 +14,33 @@ is the prompt's length, which is what ``count_tokens`` answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from flask import Blueprint, jsonify
 
+from app.api.anthropic import models
 from app.api.anthropic.parsing import CountTokensRequest, MessagesRequest, chat_input, parse
 from app.api.anthropic.stream import (
     PING,
-    _Blocks,
+    MessageReq,
+    MessageStream,
     content,
     error_body,
     message_id,
     stop_reason,
     usage,
 )
-from app.api.base import Api, read_body
+from app.api.base import Facts, read_body
+from app.api.generation import GenerationApi
 from app.base.errors import ServiceError
-from app.core.events import ChoiceEnd, Failure, Result, Tick, Usage
+from app.core.events import Result
 from app.core.input import ChatInput
 from app.core.service import Run
-from app.protocol.sse import event
+from app.engine.types import ModelInfo
 
 
-@dataclass(frozen=True)
-class _Req:
-    model: str | None
-    omit_thinking: bool = False  # thinking.display omitted or updates
-
-
-class Messages(Api):
+class Messages(GenerationApi):
     name = "messages"
     paths = ("/v1/messages",)
     request_formats = ("messages", "anthropic", "/v1/messages")
@@ -81,16 +77,30 @@ class Messages(Api):
     def new_id(self) -> str:
         return message_id()
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
 
-    def parse(self, body: Any) -> tuple[ChatInput, _Req]:
+    @classmethod
+    def speaks(cls, headers: Mapping[str, str]) -> bool:
+        """Anthropic's SDKs (and Claude Code) send ``anthropic-version`` with every request."""
+        return models.VERSION_HEADER in headers
+
+    @classmethod
+    def model_list(cls, info: ModelInfo) -> dict[str, Any]:
+        return models.models_list(info)
+
+    @classmethod
+    def model_card(cls, info: ModelInfo, name: str) -> dict[str, Any]:
+        return models.model_card(info, name)
+
+    def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, MessageReq]:
         req = parse(MessagesRequest, body)
         display = req.thinking.display if req.thinking else None
         return (chat_input(req, self.settings.max_tools, self.settings.image_max_bytes),
-                _Req(req.model, display in ("omitted", "updates")))
+                MessageReq(req.model, display in ("omitted", "updates")))
 
-    def render(self, req: Any, run: Run, result: Result) -> dict[str, Any]:
+    def render(self, req: MessageReq, run: Run, result: Result) -> dict[str, Any]:
         a, u = result.answers[0], result.usage
         return {
             "id": run.id,
@@ -103,35 +113,8 @@ class Messages(Api):
             "usage": usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
         }
 
-    def render_stream(self, req: Any, run: Run, headers: Mapping[str, str]) -> Iterator[bytes]:
-        return self._frames(req, run)
-
-    def _frames(self, req: _Req, run: Run) -> Iterator[bytes]:
-        start = {"id": run.id, "type": "message", "role": "assistant", "content": [],
-                 "model": run.model, "stop_reason": None, "stop_sequence": None,
-                 "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
-        yield event("message_start", {"type": "message_start", "message": start})
-        yield PING  # as Anthropic does
-        blocks = _Blocks(req.omit_thinking)
-        end: ChoiceEnd | None = None
-        for ev in run.events(heartbeat=self.heartbeat):
-            if isinstance(ev, Tick):
-                yield PING
-            elif isinstance(ev, ChoiceEnd):
-                end = ev
-                yield from blocks.stop()
-            elif isinstance(ev, Usage):
-                assert end is not None
-                stop = end.stop_sequence if end.reason == "stop" else None
-                delta = {"stop_reason": stop_reason(end.reason, stop), "stop_sequence": stop}
-                yield event("message_delta", {"type": "message_delta", "delta": delta, "usage":
-                            usage(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)})
-                yield event("message_stop", {"type": "message_stop"})
-            elif isinstance(ev, Failure):
-                yield event("error", error_body(ev.error))
-                return
-            else:
-                yield from blocks.feed(ev)
+    def renderer(self, req: MessageReq, run: Run, facts: Facts) -> MessageStream:
+        return MessageStream(run, req.omit_thinking)
 
     # ---- count_tokens -----------------------------------------------------------------------
     def blueprint(self, bp: Blueprint) -> None:
@@ -140,9 +123,9 @@ class Messages(Api):
 
     def count_tokens(self, body: Any) -> dict[str, int]:
         """``{"input_tokens": N}``: the prompt this body would be, tokenized as it would be."""
-        def build() -> ChatInput:
+        def build() -> tuple[ChatInput, None]:
             return chat_input(parse(CountTokensRequest, body), self.settings.max_tools,
-                              self.settings.image_max_bytes)
+                              self.settings.image_max_bytes), None
 
         return {"input_tokens": self.service.count_tokens(build)}
 

@@ -3,7 +3,6 @@ core's terms (chat-template messages, tools, a ChatInput)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any, Literal
@@ -12,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.base.errors import BadRequest
 from app.core import media
-from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, ToolChoice
+from app.core.input import EFFORT_BUDGET, ChatInput, OutputFormat, ToolChoice, template_call
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import tools, validate
@@ -299,8 +298,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             args = b.get("input", {})
             if not isinstance(args, dict):
                 raise BadRequest(f"{at}.input: must be an object", param=f"{at}.input")
-            calls.append({"id": _string(b, "id", at), "type": "function", "function": {
-                "name": _string(b, "name", at), "arguments": json.dumps(args, ensure_ascii=False)}})
+            calls.append(template_call(_string(b, "id", at), _string(b, "name", at), args))
         # redacted_thinking: encrypted by another server; nothing a model here can read
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if thoughts:

@@ -3,22 +3,36 @@
 
 from __future__ import annotations
 
-import json
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
+from app.api.generation import Renderer
 from app.base.errors import ContextOverflow, ServiceError
 from app.core.events import (
     Answer,
     CallArgs,
     CallStarted,
+    ChoiceEnd,
+    Event,
     Text,
     Thinking,
+    Usage,
+    args_object,
 )
+from app.core.service import Run
 from app.protocol.http_status import status_of
 from app.protocol.sse import event
 
 # ---- responses --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MessageReq:
+    """What rendering needs of a Messages request."""
+
+    model: str | None
+    omit_thinking: bool = False  # thinking.display omitted or updates
 
 
 def message_id() -> str:
@@ -49,12 +63,8 @@ def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[st
 
 
 def tool_use_block(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    try:
-        args = json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
-        args = {}
     return {"type": "tool_use", "id": tool_id(call_id), "name": name,
-            "input": args if isinstance(args, dict) else {}}
+            "input": args_object(arguments)}
 
 
 def content(a: Answer, omit_thinking: bool = False) -> list[dict[str, Any]]:
@@ -159,3 +169,36 @@ class _Blocks:
                  else {"type": "text_delta", "text": ev.text})
         out.append(self._delta(delta))
         return out
+
+
+class MessageStream(Renderer):
+    """A Messages stream: ``message_start`` and a ping, content blocks as they come, then
+    ``message_delta`` (the stop reason, the usage) and ``message_stop``; a failure is an
+    ``error`` event."""
+
+    def __init__(self, run: Run, omit_thinking: bool = False):
+        self.run = run
+        self.blocks = _Blocks(omit_thinking)
+
+    def start(self) -> list[bytes]:
+        run = self.run
+        start = {"id": run.id, "type": "message", "role": "assistant", "content": [],
+                 "model": run.model, "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": run.prompt_tokens, "output_tokens": 0}}
+        return [event("message_start", {"type": "message_start", "message": start}),
+                PING]  # as Anthropic does
+
+    def piece(self, ev: Event) -> list[bytes]:
+        return self.blocks.feed(ev)  # type: ignore[arg-type]
+
+    def done(self, end: ChoiceEnd, use: Usage) -> list[bytes]:
+        stop = end.stop_sequence if end.reason == "stop" else None
+        delta = {"stop_reason": stop_reason(end.reason, stop), "stop_sequence": stop}
+        return [*self.blocks.stop(),
+                event("message_delta", {"type": "message_delta", "delta": delta, "usage":
+                                        usage(use.prompt_tokens, use.completion_tokens,
+                                              use.cached_tokens)}),
+                event("message_stop", {"type": "message_stop"})]
+
+    def failure(self, err: ServiceError) -> list[bytes]:
+        return [event("error", error_body(err))]

@@ -12,19 +12,20 @@ in ``x-goog-api-key`` as well (app.edge.auth), never in the query string.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.api.base import Api, json_off_hub, read_body
-from app.api.embeddings import OFFLOAD_FLOATS, EmbeddingApi
+from app.api.base import Facts, read_body
+from app.api.embeddings import EmbeddingApi
 from app.api.gemini import parsing
 from app.api.gemini.stream import Chunks, error_body, whole
+from app.api.generation import GenerationApi
 from app.base.errors import BadRequest, ModelNotFound, ServiceError
-from app.core.embed import EmbedInput, Vector
-from app.core.events import ChoiceEnd, Failure, Result, Thinking, Tick, Usage
+from app.core.embed import EmbedInput, EmbedResult, Vector
+from app.core.events import Result
 from app.core.input import ChatInput
 from app.core.service import Run
 from app.engine.types import ModelInfo
@@ -36,17 +37,10 @@ PREFIXES = ("/v1beta/models/<model>", "/v1/models/<model>",
             "<model>")
 JSON_STREAM = {"Content-Type": "application/json; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
-INTERNAL = ("_model", "_stream", "_sse")  # set by the routes from the path and query
 
 
 def model_of(name: str) -> str:
     return name.removeprefix("models/")
-
-
-def speaks_gemini(headers: Mapping[str, str]) -> bool:
-    """Whether a caller is Google's Gen AI SDK (on ``/v1/models``, which OpenAI's clients share):
-    it sends ``x-goog-api-client`` (and its key in ``x-goog-api-key``)."""
-    return "x-goog-api-client" in headers or "x-goog-api-key" in headers
 
 
 def card(info: ModelInfo, name: str) -> dict[str, Any]:
@@ -63,38 +57,68 @@ def models_list(info: ModelInfo) -> dict[str, Any]:
     return {"models": [card(info, n) for n in info.names]}
 
 
-@dataclass
+def _object(body: Any) -> dict[str, Any]:
+    """A generate route's body, which must be an object before anything else is asked of it
+    (a 400 even while the model loads)."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+@dataclass(frozen=True)
 class GeminiReq:
     model: str
     thoughts: bool  # includeThoughts
-    sse: bool
     n: int
-    thought_tokens: int = 0  # completion tokens when the thought's last piece came
 
 
-class Gemini(Api):
+class Gemini(GenerationApi):
+    """``generateContent`` and ``streamGenerateContent`` (the route says which, and the model
+    is in its path: Facts.params ``model``, ``stream``, ``sse``), ``countTokens``, the model
+    list (which Google's Gen AI SDK also asks for on ``/v1/models``, beside OpenAI's
+    clients)."""
+
     name = "gemini"
     paths = ()  # the routes carry the model in the path: see blueprint
     request_formats = ("gemini", "generate_content", "generatecontent")
     id_prefix = "gemini"
 
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
+        return error_body(err)
+
+    @classmethod
+    def speaks(cls, headers: Mapping[str, str]) -> bool:
+        """Google's Gen AI SDK sends ``x-goog-api-client`` (and its key in
+        ``x-goog-api-key``)."""
+        return "x-goog-api-client" in headers or "x-goog-api-key" in headers
+
+    @classmethod
+    def model_name(cls, model_id: str) -> str:
+        return model_of(model_id)
+
+    @classmethod
+    def model_list(cls, info: ModelInfo) -> dict[str, Any]:
+        return models_list(info)
+
+    @classmethod
+    def model_card(cls, info: ModelInfo, name: str) -> dict[str, Any]:
+        return card(info, name)
+
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "contents" in body
 
-    def wants_stream(self, body: Any) -> bool:
-        return isinstance(body, dict) and bool(body.get("_stream"))
-
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
-        return error_body(err)
+    def wants_stream(self, body: Any, facts: Facts) -> bool:
+        return bool(facts.params.get("stream"))
 
     def new_id(self) -> str:
         return super().new_id().replace("gemini_", "")
 
     # ---- parsing --------------------------------------------------------------------------
-    def parse(self, body: Any) -> tuple[ChatInput, GeminiReq]:
-        body = parsing.check_keys(body, "", parsing.REQUEST_FIELDS | frozenset(INTERNAL),
-                                  parsing.IGNORED, parsing.UNSUPPORTED)
-        model = model_of(str(body.get("_model") or parsing.get(body, "model") or ""))
+    def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, GeminiReq]:
+        body = parsing.check_keys(body, "", parsing.REQUEST_FIELDS, parsing.IGNORED,
+                                  parsing.UNSUPPORTED)
+        model = model_of(str(facts.params.get("model") or parsing.get(body, "model") or ""))
         params, output, n, thoughts, budget = parsing.generation(
             parsing.get(body, "generationConfig"), self.settings.grammar_max_properties)
         images = self.images()
@@ -109,47 +133,14 @@ class Gemini(Api):
                         output=output, reasoning_budget=budget, n=n,
                         thinking=False if budget == 0 else None,
                         model=model or None, media=tuple(images.items))
-        return inp, GeminiReq(model or self.service.info().name, thoughts,
-                              bool(body.get("_sse")), n)
+        return inp, GeminiReq(model or self.service.info().name, thoughts, n)
 
     # ---- answers --------------------------------------------------------------------------
-    def watch(self, events: Iterator[Any], run: Run, req: GeminiReq) -> Iterator[Any]:
-        """The tokens the thought took (the completion tokens when its last piece came)."""
-        for ev in events:
-            if isinstance(ev, Thinking) and ev.index == 0:
-                req.thought_tokens = run.tokens[0]
-            yield ev
-
     def render(self, req: GeminiReq, run: Run, result: Result) -> dict[str, Any]:
-        return whole(result.answers, result.usage, req.model, run.id, req.thoughts,
-                     req.thought_tokens)
+        return whole(result.answers, result.usage, req.model, run.id, req.thoughts)
 
-    def render_stream(self, req: GeminiReq, run: Run,
-                      headers: Mapping[str, str]) -> Iterator[bytes]:
-        return self._chunks(req, run)
-
-    def _chunks(self, req: GeminiReq, run: Run) -> Iterator[bytes]:
-        out = Chunks(req.model, run.id, req.thoughts, req.sse)
-        last: ChoiceEnd | None = None
-        ended = 0
-        for ev in self.watch(run.events(heartbeat=self.heartbeat if req.sse else None), run,
-                             req):
-            if isinstance(ev, Tick):
-                yield b": ping\n\n"
-            elif isinstance(ev, ChoiceEnd):
-                ended += 1
-                if ended < run.n:
-                    yield from out.finish(ev.index, ev.reason, ev.cut_calls)
-                else:
-                    last = ev  # the last candidate's end goes out with the usage
-            elif isinstance(ev, Usage) and last is not None:
-                yield from out.finish(last.index, last.reason, last.cut_calls, ev,
-                                      req.thought_tokens)
-            elif isinstance(ev, Failure):
-                yield from out.error(ev.error)
-                return
-            else:
-                yield from out.feed(ev)
+    def renderer(self, req: GeminiReq, run: Run, facts: Facts) -> Chunks:
+        return Chunks(req.model, run.id, req.thoughts, bool(facts.params.get("sse")))
 
     # ---- routes ---------------------------------------------------------------------------
     def blueprint(self, bp: Blueprint) -> None:
@@ -159,27 +150,22 @@ class Gemini(Api):
                                  ("countTokens", self.count)):
                 bp.add_url_rule(f"{prefix}:{method}", f"gemini:{prefix}:{method}", view,
                                 methods=["POST"])
-        bp.add_url_rule("/v1beta/models", "gemini:models", self.models, methods=["GET"])
-        bp.add_url_rule("/v1beta/models/<model>", "gemini:model", self.model_card,
+        bp.add_url_rule("/v1beta/models", "gemini:models", self.models_view, methods=["GET"])
+        bp.add_url_rule("/v1beta/models/<model>", "gemini:model", self.model_view,
                         methods=["GET"])
 
-    def _body(self, model: str, **internal: Any) -> dict[str, Any]:
-        body = read_body()
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
-        for key in INTERNAL:
-            body.pop(key, None)
-        return {**body, "_model": model, **internal}
-
     def generate(self, model: str, **_: str) -> Response:
-        return self.respond(self.serve(self._body(model), None, request.headers))
+        body = _object(read_body())
+        return self.respond(self.serve(body, self.facts(request.headers, model=model)))
 
     def stream_generate(self, model: str, **_: str) -> Response:
+        body = _object(read_body())
         sse = request.args.get("alt") == "sse"
-        frames = self.serve(self._body(model, _stream=True, _sse=sse), None, request.headers)
-        resp = Response(frames, headers=HEADERS if sse else JSON_STREAM,
+        facts = self.facts(request.headers, model=model, stream=True, sse=sse)
+        if not sse:  # a JSON array has no room for a keep-alive
+            facts = replace(facts, heartbeat=None)
+        return Response(self.serve(body, facts), headers=HEADERS if sse else JSON_STREAM,
                         direct_passthrough=True)
-        return resp
 
     def count(self, model: str, **_: str) -> Response:
         body = read_body()
@@ -191,18 +177,18 @@ class Gemini(Api):
             body = {k: v for k, v in inner.items() if k != "model"}
         elif isinstance(body, dict):
             body = {k: v for k, v in body.items() if k != "model"}
-        total = self.service.count_tokens(lambda: self.parse({**body, "_model": model})[0])
-        return jsonify({"totalTokens": total})
+        facts = self.facts(request.headers, model=model)
+        return jsonify({"totalTokens": self.service.count_tokens(lambda: self.parse(body, facts))})
 
-    def models(self) -> Response:
-        return jsonify(models_list(self.service.info()))
+    def models_view(self) -> Response:
+        return jsonify(self.model_list(self.service.info()))
 
-    def model_card(self, model: str) -> Response:
+    def model_view(self, model: str) -> Response:
         info = self.service.info()
-        name = model_of(model)
+        name = self.model_name(model)
         if name not in info.names:
             raise ModelNotFound(f"models/{name} is not found")
-        return jsonify(card(info, name))
+        return jsonify(self.model_card(info, name))
 
 
 # ---- embeddings ---------------------------------------------------------------------------------
@@ -211,8 +197,9 @@ class Gemini(Api):
 class GeminiEmbed(EmbeddingApi):
     """``embedContent`` (``{"content": {"parts": [{"text"}]}, "taskType", "title",
     "outputDimensionality"}`` -> ``{"embedding": {"values"}}``) and ``batchEmbedContents``
-    (``{"requests": [...]}`` -> ``{"embeddings": [...]}``), over the embedding core; a task
-    type's prefix (EMBEDDING_TASK_PREFIXES) as on Vertex's embedding instances."""
+    (``{"requests": [...]}`` -> ``{"embeddings": [...]}``: Facts.params ``batch``), over the
+    embedding core; a task type's prefix (EMBEDDING_TASK_PREFIXES) as on Vertex's embedding
+    instances."""
 
     name = "gemini_embed"
     paths = ()
@@ -222,7 +209,8 @@ class GeminiEmbed(EmbeddingApi):
         super().__init__(settings, service)
         self.prefixes = settings.embedding_task_prefixes
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
 
     def _one(self, req: Any, where: str) -> tuple[str, int | None]:
@@ -241,19 +229,14 @@ class GeminiEmbed(EmbeddingApi):
         dims = parsing.get(req, "outputDimensionality")
         return self.prefixes.get(task, "") + text, dims
 
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """An ``embedContent`` body (a Vertex predict instance, or a raw body)."""
-        return self.embedded(body, model_of(str(body.get("model") or ""))
-                             if isinstance(body, dict) else "", batch=False)
-
-    def embed(self, model: str, batch: bool) -> Response:
-        answer = self.embedded(read_body(), model_of(model), batch)
-        values = answer["embeddings"] if batch else [answer["embedding"]]
-        if sum(len(v["values"]) for v in values) > OFFLOAD_FLOATS:
-            return json_off_hub(answer)
-        return jsonify(answer)
-
-    def embedded(self, body: Any, model: str, batch: bool) -> dict[str, Any]:
+    def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, bool]:
+        """The input, and whether it is a batch. The model is the route's, else (a predict
+        instance) the body's."""
+        batch = bool(facts.params.get("batch"))
+        if "model" in facts.params:
+            model = model_of(facts.params["model"])
+        else:
+            model = model_of(str(body.get("model") or "")) if isinstance(body, dict) else ""
         if batch:
             body = parsing.check_keys(body, "", frozenset({"requests"}), {}, {})
             reqs = parsing.get(body, "requests")
@@ -266,14 +249,20 @@ class GeminiEmbed(EmbeddingApi):
         dims = {d for _, d in items}
         if len(dims) > 1:
             raise BadRequest("requests: one outputDimensionality for all", param="requests")
-        inp = EmbedInput(tuple(t for t, _ in items), model=model or None,
-                         dimensions=dims.pop(), truncate=True)
-        result = self.embeddings.run(inp, None, self.label)
-        err = result.first_error()
-        if err is not None:
-            raise err
+        return EmbedInput(tuple(t for t, _ in items), model=model or None,
+                          dimensions=dims.pop(), truncate=True), batch
+
+    def render(self, req: bool, result: EmbedResult) -> dict[str, Any]:
         vectors = [{"values": v.values.tolist()} for v in result.items if isinstance(v, Vector)]
-        return {"embeddings": vectors} if batch else {"embedding": vectors[0]}
+        return {"embeddings": vectors} if req else {"embedding": vectors[0]}
+
+    def floats(self, answer: dict[str, Any]) -> int:
+        values = answer["embeddings"] if "embeddings" in answer else [answer["embedding"]]
+        return sum(len(v["values"]) for v in values)
+
+    def embed(self, model: str, batch: bool) -> Response:
+        facts = self.facts(request.headers, model=model, batch=batch)
+        return self.respond(self.serve(read_body(), facts))
 
     def blueprint(self, bp: Blueprint) -> None:
         for prefix in PREFIXES:

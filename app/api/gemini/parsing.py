@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from app.base.errors import BadRequest
-from app.core.input import OutputFormat, ToolChoice
+from app.core.input import OutputFormat, ToolChoice, template_call
 from app.core.media import Collected
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
@@ -254,9 +254,7 @@ def messages(contents: Any, take: Collected | None = None) -> list[dict[str, Any
                                          param=f"{where}.parts.{j}.functionCall.name")
                     cid = get(call, "id") or f"call_{i}_{j}"
                     pending.append((cid, name))
-                    calls.append({"id": cid, "type": "function", "function": {
-                        "name": name,
-                        "arguments": json.dumps(get(call, "args") or {}, ensure_ascii=False)}})
+                    calls.append(template_call(cid, name, get(call, "args") or {}))
                 elif get(part, "thought"):
                     thoughts.append(str(get(part, "text") or ""))
                 else:

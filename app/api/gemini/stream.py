@@ -8,8 +8,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from app.api.generation import Renderer
 from app.base.errors import ServiceError
-from app.core.events import Answer, CallArgs, CallStarted, Event, Text, Thinking, Usage
+from app.core.events import (
+    Answer,
+    CallArgs,
+    CallStarted,
+    ChoiceEnd,
+    Event,
+    Text,
+    Thinking,
+    Usage,
+    args_object,
+)
 from app.protocol.http_status import status_of
 from app.protocol.sse import frame
 
@@ -32,14 +43,6 @@ def finish_reason(reason: str) -> str:
     return "MAX_TOKENS" if reason == "length" else "STOP"
 
 
-def arguments(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def usage(use: Usage, thoughts: int = 0) -> dict[str, Any]:
     out = {"promptTokenCount": use.prompt_tokens,
            "candidatesTokenCount": use.completion_tokens - thoughts,
@@ -52,7 +55,7 @@ def usage(use: Usage, thoughts: int = 0) -> dict[str, Any]:
 
 
 def function_call(call_id: str, name: str, args: str) -> dict[str, Any]:
-    return {"functionCall": {"id": call_id, "name": name, "args": arguments(args)}}
+    return {"functionCall": {"id": call_id, "name": name, "args": args_object(args)}}
 
 
 def candidate(index: int, parts: list[dict[str, Any]], reason: str | None) -> dict[str, Any]:
@@ -62,9 +65,10 @@ def candidate(index: int, parts: list[dict[str, Any]], reason: str | None) -> di
     return out
 
 
-def whole(answers: list[Answer], use: Usage, model: str, rid: str, thoughts: bool,
-          thought_tokens: int) -> dict[str, Any]:
-    """The non-streamed answer: each candidate's thought (when asked for), text and calls."""
+def whole(answers: list[Answer], use: Usage, model: str, rid: str,
+          thoughts: bool) -> dict[str, Any]:
+    """The non-streamed answer: each candidate's thought (when asked for), text and calls; the
+    thought's tokens in the usage are the first candidate's."""
     cands = []
     for a in answers:
         parts: list[dict[str, Any]] = []
@@ -74,11 +78,11 @@ def whole(answers: list[Answer], use: Usage, model: str, rid: str, thoughts: boo
             parts.append({"text": a.text})
         parts += [function_call(c.id, c.name, c.arguments) for c in a.calls]
         cands.append(candidate(a.index, parts, finish_reason(a.reason)))
-    return {"candidates": cands, "usageMetadata": usage(use, thought_tokens),
+    return {"candidates": cands, "usageMetadata": usage(use, answers[0].thought_tokens),
             "modelVersion": model, "responseId": rid}
 
 
-class Chunks:
+class Chunks(Renderer):
     """The chunks of a streamed answer. Text and thoughts go out as they come; a call goes out
     whole, in one part, once its arguments are complete (as Gemini sends calls)."""
 
@@ -86,6 +90,7 @@ class Chunks:
         self.model, self.rid, self.thoughts, self.sse = model, rid, thoughts, sse
         self.calls: dict[int, dict[int, list[str]]] = {}  # choice -> call -> [id, name, args]
         self.first = True
+        self.thought_tokens = 0  # the first candidate's (the usage shows those)
 
     def _out(self, obj: dict[str, Any]) -> bytes:
         obj = {**obj, "modelVersion": self.model, "responseId": self.rid}
@@ -94,7 +99,7 @@ class Chunks:
         head, self.first = (b"[" if self.first else b",\r\n"), False
         return head + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
-    def feed(self, ev: Event) -> list[bytes]:
+    def piece(self, ev: Event) -> list[bytes]:
         if isinstance(ev, Text) and ev.text:
             return [self._out({"candidates": [candidate(ev.index, [{"text": ev.text}], None)]})]
         if isinstance(ev, Thinking) and ev.text and self.thoughts:
@@ -108,21 +113,26 @@ class Chunks:
                 call[2] += ev.text
         return []
 
-    def finish(self, index: int, reason: str, cut: frozenset[int], use: Usage | None = None,
-               thought_tokens: int = 0) -> list[bytes]:
-        """A candidate's end: its calls, with its finish reason; the last candidate's carries
-        the usage (``use``), and ends the array when not SSE."""
-        calls = self.calls.pop(index, {})
-        parts = [function_call(*calls[k]) for k in sorted(calls) if k not in cut]
-        obj: dict[str, Any] = {"candidates": [candidate(index, parts, finish_reason(reason))]}
-        if use is None:
-            return [self._out(obj)]
-        out = [self._out({**obj, "usageMetadata": usage(use, thought_tokens)})]
+    def _end(self, end: ChoiceEnd) -> dict[str, Any]:
+        """A candidate's last chunk: its calls, with its finish reason."""
+        if end.index == 0:
+            self.thought_tokens = end.thought_tokens
+        calls = self.calls.pop(end.index, {})
+        parts = [function_call(*calls[k]) for k in sorted(calls) if k not in end.cut_calls]
+        return {"candidates": [candidate(end.index, parts, finish_reason(end.reason))]}
+
+    def choice_end(self, end: ChoiceEnd) -> list[bytes]:
+        return [self._out(self._end(end))]
+
+    def done(self, end: ChoiceEnd, use: Usage) -> list[bytes]:
+        """The last candidate's end carries the usage, and ends the array when not SSE."""
+        obj = self._end(end)
+        out = [self._out({**obj, "usageMetadata": usage(use, self.thought_tokens)})]
         if not self.sse:
             out.append(b"]")
         return out
 
-    def error(self, err: ServiceError) -> list[bytes]:
+    def failure(self, err: ServiceError) -> list[bytes]:
         body = error_body(err)
         if self.sse:
             return [frame(body)]

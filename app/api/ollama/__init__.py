@@ -12,14 +12,14 @@ it was started with.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint
 
-from app.api.base import Api, json_off_hub
-from app.api.embeddings import OFFLOAD_FLOATS, EmbeddingApi
+from app.api.base import Facts
+from app.api.embeddings import EmbeddingApi
+from app.api.generation import GenerationApi
 from app.api.ollama import models
 from app.api.ollama.parsing import (
     ChatRequest,
@@ -29,30 +29,15 @@ from app.api.ollama.parsing import (
     image_marks,
     parse,
 )
-from app.api.ollama.stream import NDJSON, Clock, Lines, line, whole
-from app.base.errors import BadRequest, ServiceError, as_service_error
+from app.api.ollama.stream import NDJSON, Clock, Lines, error_body, whole
+from app.base.errors import BadRequest, ServiceError
 from app.core.embed import EmbedInput, EmbedResult, Vector
-from app.core.events import (
-    CallStarted,
-    ChoiceEnd,
-    Event,
-    Failure,
-    Result,
-    Text,
-    Thinking,
-    Tick,
-    Usage,
-)
+from app.core.events import Result, Usage
 from app.core.input import ChatInput, TextInput
 from app.core.service import Run
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import tools
-
-
-def error_body(err: ServiceError) -> dict[str, Any]:
-    """Ollama's error: one message."""
-    return {"error": err.message}
 
 
 def model_of(name: str) -> str:
@@ -61,14 +46,14 @@ def model_of(name: str) -> str:
     return name.removesuffix(":latest")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OllamaReq:
     model: str  # the name the request gave: Ollama echoes it
     chat: bool
     clock: Clock
 
 
-class _Ollama(Api):
+class _Ollama(GenerationApi):
     """What chat and generate share: streaming by default, NDJSON, Ollama's error shape."""
 
     chat: ClassVar[bool]
@@ -76,7 +61,7 @@ class _Ollama(Api):
     stream_headers = NDJSON
     lenient_content_type = True  # Ollama's clients (LiteLLM, curl -d) send no JSON type
 
-    def wants_stream(self, body: Any) -> bool:
+    def wants_stream(self, body: Any, facts: Facts) -> bool:
         if not isinstance(body, dict):
             return False
         value = body.get("stream", True)
@@ -84,7 +69,8 @@ class _Ollama(Api):
             raise BadRequest("stream: must be true or false", param="stream")
         return value
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
 
     def _sampling(self, req: _Request) -> SamplingParams:
@@ -104,34 +90,12 @@ class _Ollama(Api):
             params = replace(params, penalty_last_n=context)
         return params
 
-    def watch(self, events: Iterator[Event], run: Run, req: OllamaReq) -> Iterator[Event]:
-        """The first token's time, for the counters."""
-        for ev in events:
-            if isinstance(ev, Thinking | Text | CallStarted):
-                req.clock.token()
-            yield ev
-
     def render(self, req: OllamaReq, run: Run, result: Result) -> dict[str, Any]:
-        return whole(req.model, req.clock, req.chat, result.answers[0], result.usage)
+        return whole(req.model, req.clock, run.first_token_ns, req.chat, result.answers[0],
+                     result.usage)
 
-    def render_stream(self, req: OllamaReq, run: Run,
-                      headers: Mapping[str, str]) -> Iterator[bytes]:
-        return self._lines(req, run)
-
-    def _lines(self, req: OllamaReq, run: Run) -> Iterator[bytes]:
-        out = Lines(req.model, req.clock, req.chat)
-        end: ChoiceEnd | None = None
-        for ev in run.events(heartbeat=None):
-            if isinstance(ev, ChoiceEnd):
-                end = ev
-            elif isinstance(ev, Usage):
-                assert end is not None
-                yield from out.end(end.reason, ev, end.cut_calls)
-            elif isinstance(ev, Failure):
-                yield line(error_body(as_service_error(ev.error)))
-                return
-            elif not isinstance(ev, Tick):
-                yield from out.feed(ev)
+    def renderer(self, req: OllamaReq, run: Run, facts: Facts) -> Lines:
+        return Lines(req.model, req.clock, req.chat, run)
 
 
 class OllamaChat(_Ollama):
@@ -147,7 +111,7 @@ class OllamaChat(_Ollama):
         return "messages" in body and any(k in body for k in ("options", "keep_alive", "think",
                                                                 "format"))
 
-    def parse(self, body: Any) -> tuple[ChatInput, OllamaReq]:
+    def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, OllamaReq]:
         req: ChatRequest = parse(ChatRequest, body)
         params = self._sampling(req)
         images = self.images()
@@ -177,7 +141,7 @@ class OllamaGenerate(_Ollama):
         return "prompt" in body and any(k in body for k in ("options", "keep_alive", "raw",
                                                               "system", "think", "context"))
 
-    def parse(self, body: Any) -> tuple[ChatInput | TextInput, OllamaReq]:
+    def parse(self, body: Any, facts: Facts) -> tuple[ChatInput | TextInput, OllamaReq]:
         req: GenerateRequest = parse(GenerateRequest, body)
         if req.context:
             raise BadRequest("context: the tokens of an earlier generation are not taken "
@@ -227,10 +191,11 @@ class OllamaEmbed(EmbeddingApi):
     lenient_content_type = True
     request_formats = ("ollama_embed", "/api/embed")
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
 
-    def parse(self, body: Any) -> tuple[EmbedInput, _EmbedReq]:
+    def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, _EmbedReq]:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         keys = {"model", "input", "prompt", "truncate", "options", "keep_alive", "dimensions"}
@@ -257,15 +222,7 @@ class OllamaEmbed(EmbeddingApi):
         inp = EmbedInput(tuple(items), model=model_of(model), dimensions=dims, truncate=truncate)
         return inp, _EmbedReq(model, legacy, Clock())
 
-    def answer(self, body: Any, gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-        inp, req = self.service.offload(lambda: self.parse(body))
-        result = self.embeddings.run(inp, gone, self.label)
-        err = result.first_error()
-        if err is not None:
-            raise err
-        return self.render(req, result)
-
-    def render(self, req: _EmbedReq, result: EmbedResult) -> dict[str, Any]:  # type: ignore[override]
+    def render(self, req: _EmbedReq, result: EmbedResult) -> dict[str, Any]:
         vectors = [v.values.tolist() for v in result.items if isinstance(v, Vector)]
         if req.legacy:
             return {"embedding": vectors[0]}
@@ -274,8 +231,6 @@ class OllamaEmbed(EmbeddingApi):
                 "total_duration": took["total_duration"], "load_duration": 0,
                 "prompt_eval_count": result.tokens}
 
-    def respond(self, result: Any) -> Response:
-        vectors = [result["embedding"]] if "embedding" in result else result["embeddings"]
-        if sum(len(v) for v in vectors) <= OFFLOAD_FLOATS:
-            return jsonify(result)
-        return json_off_hub(result)
+    def floats(self, answer: dict[str, Any]) -> int:
+        vectors = [answer["embedding"]] if "embedding" in answer else answer["embeddings"]
+        return sum(len(v) for v in vectors)

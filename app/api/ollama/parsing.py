@@ -9,14 +9,13 @@ change nothing: the server's settings decide those for every request alike.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.base.errors import BadRequest
-from app.core.input import EFFORT_BUDGET, OutputFormat
+from app.core.input import EFFORT_BUDGET, OutputFormat, template_call
 from app.engine.types import MEDIA, SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import validate
@@ -207,12 +206,10 @@ def chat_messages(raw: list[Any], take: Callable[[str, str], Any] | None = None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                     raise BadRequest(f"{where}.tool_calls.{n}: needs function.name",
                                      param=f"{where}.tool_calls.{n}")
-                args = fn.get("arguments", {})
-                text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
                 cid = f"call_{i}_{n}"
                 pending.append((cid, fn["name"]))
-                msg["tool_calls"].append({"id": cid, "type": "function",
-                                          "function": {"name": fn["name"], "arguments": text}})
+                msg["tool_calls"].append(template_call(cid, fn["name"],
+                                                       fn.get("arguments", {})))
         elif role == "tool":
             name = m.get("tool_name")
             match = next((p for p in pending if p[1] == name), pending[0] if pending else None)

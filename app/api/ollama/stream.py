@@ -16,7 +16,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from app.core.events import Answer, CallArgs, CallStarted, Event, Text, Thinking, Usage
+from app.api.generation import Renderer
+from app.base.errors import ServiceError
+from app.core.events import (
+    Answer,
+    CallArgs,
+    CallStarted,
+    ChoiceEnd,
+    Event,
+    Text,
+    Thinking,
+    Usage,
+    args_object,
+)
+from app.core.service import Run
 
 NDJSON = {"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache",
           "X-Accel-Buffering": "no"}
@@ -32,33 +45,25 @@ def timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def error_body(err: ServiceError) -> dict[str, Any]:
+    """Ollama's error: one message."""
+    return {"error": err.message}
+
+
 def line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-def arguments(text: str) -> dict[str, Any]:
-    """A call's arguments as the object Ollama sends (``{}`` when they are not an object)."""
-    try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-@dataclass
+@dataclass(frozen=True)
 class Clock:
-    """The request's times, in monotonic nanoseconds."""
+    """When the request came, in monotonic nanoseconds (its first token's time is the run's:
+    Run.first_token_ns, on the same clock)."""
 
     start: int = field(default_factory=lambda: now_ns())
-    first: int | None = None  # the first token's arrival
 
-    def token(self) -> None:
-        if self.first is None:
-            self.first = now_ns()
-
-    def counters(self, use: Usage, reason: str) -> dict[str, Any]:
+    def counters(self, use: Usage, reason: str, first: int | None = None) -> dict[str, Any]:
         end = now_ns()
-        first = self.first if self.first is not None else end
+        first = first if first is not None else end
         return {
             "done_reason": reason,
             "done": True,
@@ -76,13 +81,13 @@ def done_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-class Lines:
+class Lines(Renderer):
     """The NDJSON lines of one streamed answer (Ollama has one choice). ``chat``: the text is a
     ``message``'s (with ``thinking`` and ``tool_calls``); else ``response`` (generate).
     A call goes out whole, as Ollama sends it, once its arguments are complete."""
 
-    def __init__(self, model: str, clock: Clock, chat: bool):
-        self.model, self.clock, self.chat = model, clock, chat
+    def __init__(self, model: str, clock: Clock, chat: bool, run: Run):
+        self.model, self.clock, self.chat, self.run = model, clock, chat, run
         self.calls: list[tuple[str, str]] = []  # (name, arguments so far)
 
     def _obj(self, text: str = "", thinking: str | None = None,
@@ -101,35 +106,39 @@ class Lines:
                 obj["thinking"] = thinking
         return obj
 
-    def feed(self, ev: Event) -> list[bytes]:
+    def piece(self, ev: Event) -> list[bytes]:
         if isinstance(ev, Thinking | Text) and ev.text:
-            self.clock.token()
             obj = (self._obj(thinking=ev.text) if isinstance(ev, Thinking)
                    else self._obj(text=ev.text))
             return [line({**obj, "done": False})]
         if isinstance(ev, CallStarted):
-            self.clock.token()
             self.calls.append((ev.name, ""))
         elif isinstance(ev, CallArgs) and ev.call < len(self.calls):
             name, text = self.calls[ev.call]
             self.calls[ev.call] = (name, text + ev.text)
         return []
 
-    def end(self, reason: str, use: Usage, cut: frozenset[int]) -> list[bytes]:
+    def done(self, end: ChoiceEnd, use: Usage) -> list[bytes]:
         """The calls made (less any cut off by the limit), then the final object."""
         out: list[bytes] = []
-        calls = [call(name, text) for i, (name, text) in enumerate(self.calls) if i not in cut]
+        calls = [call(name, text) for i, (name, text) in enumerate(self.calls)
+                 if i not in end.cut_calls]
         if calls:
             out.append(line({**self._obj(calls=calls), "done": False}))
-        out.append(line({**self._obj(), **self.clock.counters(use, done_reason(reason))}))
+        counters = self.clock.counters(use, done_reason(end.reason), self.run.first_token_ns)
+        out.append(line({**self._obj(), **counters}))
         return out
+
+    def failure(self, err: ServiceError) -> list[bytes]:
+        return [line(error_body(err))]
 
 
 def call(name: str, text: str) -> dict[str, Any]:
-    return {"function": {"name": name, "arguments": arguments(text)}}
+    return {"function": {"name": name, "arguments": args_object(text)}}
 
 
-def whole(model: str, clock: Clock, chat: bool, a: Answer, use: Usage) -> dict[str, Any]:
+def whole(model: str, clock: Clock, first: int | None, chat: bool, a: Answer,
+          use: Usage) -> dict[str, Any]:
     """The non-streamed answer: the final object with the whole message (or response)."""
     obj: dict[str, Any] = {"model": model, "created_at": timestamp()}
     if chat:
@@ -143,4 +152,4 @@ def whole(model: str, clock: Clock, chat: bool, a: Answer, use: Usage) -> dict[s
         obj["response"] = a.text
         if a.reasoning is not None:
             obj["thinking"] = a.reasoning
-    return {**obj, **clock.counters(use, done_reason(a.reason))}
+    return {**obj, **clock.counters(use, done_reason(a.reason), first)}

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.api.base import Api, LargeAnswer, read_body
+from app.api.base import Facts, LargeAnswer, read_body
+from app.api.generation import GenerationApi
 from app.api.responses.parsing import (
     forget_images,
     input_messages,
@@ -46,17 +46,16 @@ from app.api.responses.stream import (
 from app.api.responses.tools import Wire
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError
-from app.core.events import Answer, ChoiceEnd, Event, Failure, Result, Thinking, Tick, Usage
+from app.core.events import Answer, Result
 from app.core.input import EFFORT_BUDGET, ChatInput
 from app.core.service import Run
 from app.protocol import openai
 from app.protocol.logprobs import chat_list
-from app.protocol.sse import comment
 
 # ---- the API ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResponsesReq:
     """What rendering needs of a request: the fields a response echoes, and the conversation
     it continues (without instructions) for the store."""
@@ -64,14 +63,13 @@ class ResponsesReq:
     echo: dict[str, Any]
     history: list[dict[str, Any]]
     store: bool
-    reasoning_tokens: int = 0  # completion tokens when the thought's last piece came
     scope: str = ""  # the API key's scope, taken at parsing: the store keeps it with the answer
     logprobs: bool = False  # the output text carries the tokens' logprobs
     # how calls to namespaced and custom tools go back (app.api.responses.tools), by flat name
     wires: dict[str, Wire] = field(default_factory=dict)
 
 
-class Responses(Api):
+class Responses(GenerationApi):
     name = "responses"
     paths = ("/v1/responses",)
     request_formats = ("responses", "/responses")
@@ -85,7 +83,8 @@ class Responses(Api):
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "input" in body and "messages" not in body and "prompt" not in body
 
-    def error_body(self, err: ServiceError) -> dict[str, Any]:
+    @staticmethod
+    def error_body(err: ServiceError) -> dict[str, Any]:
         body = openai.error_body(err)
         if isinstance(err, ResponseNotFound):
             body["error"]["type"] = "invalid_request_error"
@@ -103,7 +102,7 @@ class Responses(Api):
                         methods=["DELETE"])
 
     # ---- parsing --------------------------------------------------------------------------
-    def parse(self, body: Any) -> tuple[ChatInput, ResponsesReq]:
+    def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, ResponsesReq]:
         req = parse_request(body)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
@@ -192,14 +191,6 @@ class Responses(Api):
             self.store.put(req.scope, resp["id"], resp, [*req.history, turn])
 
     # ---- whole answers --------------------------------------------------------------------
-    def watch(self, events: Iterator[Event], run: Run, req: ResponsesReq) -> Iterator[Event]:
-        """The events, noting how many tokens the thought took (the completion tokens when its
-        last piece came)."""
-        for ev in events:
-            if isinstance(ev, Thinking):
-                req.reasoning_tokens = run.tokens[ev.index]
-            yield ev
-
     def render(self, req: ResponsesReq, run: Run, result: Result) -> dict[str, Any]:
         a: Answer = result.answers[0]
         length = a.reason == "length"
@@ -219,44 +210,23 @@ class Responses(Api):
         u = result.usage
         resp = self.response(
             req, run, "incomplete" if length else "completed", items,
-            usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, req.reasoning_tokens),
+            usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, a.thought_tokens),
         )
         calls = [(c.id, c.name, c.arguments) for c in a.calls]
         self.keep(req, resp, assistant_turn(a.reasoning, a.text, calls))
         return LargeAnswer(resp) if req.logprobs else resp
 
     # ---- streams --------------------------------------------------------------------------
-    def render_stream(self, req: ResponsesReq, run: Run,
-                      headers: Mapping[str, str]) -> Iterator[bytes]:
-        return self._frames(req, run)
-
-    def _frames(self, req: ResponsesReq, run: Run) -> Iterator[bytes]:
-        w = EventWriter(lambda status, output, use=None, error=None:
-                        self.response(req, run, status, output, use, error), req.wires)
-        yield from w.start()
-        end: ChoiceEnd | None = None
-        for ev in run.events(heartbeat=self.heartbeat):
-            if isinstance(ev, Tick):
-                yield comment()
-            elif isinstance(ev, ChoiceEnd):
-                end = ev
-                yield from w.end(ev)
-            elif isinstance(ev, Usage):
-                frames, resp = w.finish(end, ev, req.reasoning_tokens)
-                self.keep(req, resp, w.turn())
-                yield from frames
-            elif isinstance(ev, Failure):
-                yield from w.fail(ev.error)
-                return
-            else:
-                if isinstance(ev, Thinking):
-                    req.reasoning_tokens = run.tokens[ev.index]
-                yield from w.on(ev)
+    def renderer(self, req: ResponsesReq, run: Run, facts: Facts) -> EventWriter:
+        return EventWriter(lambda status, output, use=None, error=None:
+                           self.response(req, run, status, output, use, error), req.wires,
+                           keep=lambda resp, turn: self.keep(req, resp, turn))
 
     # ---- the other routes -----------------------------------------------------------------
     def input_tokens(self) -> Response:
         body = read_body()
-        count = self.service.count_tokens(lambda: self.parse(body)[0])
+        facts = self.facts(request.headers)
+        count = self.service.count_tokens(lambda: self.parse(body, facts))
         return jsonify({"object": "response.input_tokens", "input_tokens": count})
 
     def _stored(self, response_id: str) -> Stored:

@@ -3,7 +3,6 @@ in the core's terms (chat-template messages, tools, output format, reasoning bud
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -11,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.api.responses.tools import Wire, call_name, flatten
 from app.base.errors import BadRequest
-from app.core.input import OutputFormat, ToolChoice
+from app.core.input import OutputFormat, ToolChoice, template_call
 from app.engine.types import MEDIA, SamplingParams
 from app.formats.chat_template import clean
 from app.formats.spec import NAME_RE
@@ -274,16 +273,10 @@ def input_messages(items: str | list[Any],
             # custom tool's input as the one argument it was offered with
             name = call_name(item.get("namespace"), _text(item.get("name"), f"{where}.name"),
                              where)
-            if kind == "function_call":
-                arguments = _text(item.get("arguments"), f"{where}.arguments")
-            else:
-                arguments = json.dumps({"input": _text(item.get("input"), f"{where}.input")},
-                                       ensure_ascii=False)
-            call = {
-                "id": _text(item.get("call_id"), f"{where}.call_id"),
-                "type": "function",
-                "function": {"name": name, "arguments": arguments},
-            }
+            arguments: Any = (_text(item.get("arguments"), f"{where}.arguments")
+                              if kind == "function_call"
+                              else {"input": _text(item.get("input"), f"{where}.input")})
+            call = template_call(_text(item.get("call_id"), f"{where}.call_id"), name, arguments)
             assistant().setdefault("tool_calls", []).append(call)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _text(item.get("call_id"), f"{where}.call_id")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.api.generation import Renderer
 from app.api.responses.tools import Wire
 from app.base.errors import as_service_error
 from app.core.events import (
@@ -21,6 +22,7 @@ from app.core.events import (
     Thinking,
     Usage,
 )
+from app.core.input import template_call
 from app.protocol import openai
 from app.protocol.logprobs import chat_list
 from app.protocol.sse import event
@@ -90,9 +92,7 @@ def assistant_turn(reasoning: str | None, text: str,
     if reasoning:
         msg["reasoning_content"] = reasoning
     if calls:
-        msg["tool_calls"] = [{"id": cid, "type": "function",
-                              "function": {"name": name, "arguments": args}}
-                             for cid, name, args in calls]
+        msg["tool_calls"] = [template_call(cid, name, args) for cid, name, args in calls]
     return msg
 
 
@@ -143,22 +143,26 @@ class _Item:
 
 
 Build = Callable[..., dict[str, Any]]
+Keep = Callable[[dict[str, Any], dict[str, Any]], None]
 
 
-class EventWriter:
+class EventWriter(Renderer):
     """The SSE events of one streamed response, from the core's events of its one choice.
 
     Every event has the next ``sequence_number``; items open with ``output_item.added`` (and a
     ``content_part.added`` for text), take deltas, and close with their ``done`` events before
-    the next item opens. ``build(status, output, usage, error)`` makes the response object.
+    the next item opens. ``build(status, output, usage, error)`` makes the response object;
+    ``keep(response, turn)`` stores the finished one before its last event goes out.
 
     Logprobs (when asked): each text delta carries the tokens' scores that came since the last
     one (a thought's come with the first), and the text's ``done`` events all of them; scores
     that come once the message is closed (a call after it) are not sent.
     """
 
-    def __init__(self, build: Build, wires: dict[str, Wire] | None = None):
+    def __init__(self, build: Build, wires: dict[str, Wire] | None = None,
+                 keep: Keep | None = None):
         self.build = build
+        self.keep = keep
         self.wires = wires or {}  # how calls to namespaced and custom tools go back
         self.pending: list[dict[str, Any]] = []  # scores not sent yet
         self.seq = 0
@@ -229,7 +233,7 @@ class EventWriter:
                              item=item.whole()))
         return out
 
-    def on(self, ev: Event) -> list[bytes]:
+    def piece(self, ev: Event) -> list[bytes]:
         out: list[bytes] = []
         if isinstance(ev, Logprobs):
             self.pending += chat_list(ev.tokens)
@@ -294,15 +298,19 @@ class EventWriter:
                  if i.kind == "function_call" and i.call not in self.cut]
         return assistant_turn(reasoning or None, text, calls)
 
-    def finish(self, end: ChoiceEnd | None, use: Usage,
-               reasoning_tokens: int) -> tuple[list[bytes], dict[str, Any]]:
-        status = "incomplete" if end is not None and end.reason == "length" else "completed"
+    def done(self, end: ChoiceEnd, use: Usage) -> list[bytes]:
+        """The choice's end, then ``response.completed`` (or ``incomplete``), stored first."""
+        out = self.end(end)
+        status = "incomplete" if end.reason == "length" else "completed"
         resp = self.build(status, self.output(),
                           usage(use.prompt_tokens, use.completion_tokens, use.cached_tokens,
-                                reasoning_tokens))
-        return [self.send(f"response.{status}", response=resp)], resp
+                                end.thought_tokens))
+        if self.keep is not None:
+            self.keep(resp, self.turn())
+        out.append(self.send(f"response.{status}", response=resp))
+        return out
 
-    def fail(self, exc: BaseException) -> list[bytes]:
+    def failure(self, exc: BaseException) -> list[bytes]:
         """An error after the first byte: OpenAI's ``error`` event, then ``response.failed``
         with what was generated so far (an open item marked incomplete)."""
         err = as_service_error(exc)
