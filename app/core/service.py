@@ -330,8 +330,8 @@ class Run:
             stop = ev.stop_sequence if reason == "stop" else None
             if ev.index == 0:
                 self.finish_reason = reason
-            out.append(ChoiceEnd(reason, ev.completion_tokens, stop, cut, ev.index,  # type: ignore[arg-type]
-                                 self._thought[ev.index]))
+            out.append(ChoiceEnd(reason, ev.completion_tokens, stop, cut,  # type: ignore[arg-type]
+                                 ev.index, self._thought[ev.index]))
             if len(self._ended) == self.n:
                 self._over = True
                 first = self._ended[0]

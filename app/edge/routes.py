@@ -86,7 +86,8 @@ def model_status(snapshot: dict[str, Any], model: str | None) -> dict[str, Any]:
     """The ``model_status`` event body for a load-state snapshot."""
     stage = snapshot["stage"]
     body = {"status": {"ready": "loaded", "failed": "failed"}.get(stage, "loading"), "stage": stage}
-    body.update({k: snapshot[k] for k in ("progress", "detail", "error", "elapsed_s") if k in snapshot})
+    body.update({k: snapshot[k] for k in ("progress", "detail", "error", "elapsed_s")
+                 if k in snapshot})
     if model is not None:
         body["model"] = model
     return body

@@ -69,7 +69,6 @@ def _object(body: Any) -> dict[str, Any]:
 class GeminiReq:
     model: str
     thoughts: bool  # includeThoughts
-    n: int
 
 
 class Gemini(GenerationApi):
@@ -133,7 +132,7 @@ class Gemini(GenerationApi):
                         output=output, reasoning_budget=budget, n=n,
                         thinking=False if budget == 0 else None,
                         model=model or None, media=tuple(images.items))
-        return inp, GeminiReq(model or self.service.info().name, thoughts, n)
+        return inp, GeminiReq(model or self.service.info().name, thoughts)
 
     # ---- answers --------------------------------------------------------------------------
     def render(self, req: GeminiReq, run: Run, result: Result) -> dict[str, Any]:

@@ -104,7 +104,8 @@ class ChunkWriter:
     def start(self) -> list[bytes]:
         """The role chunk of every choice (chat only): role is sent once per choice, first."""
         if self.kind == "chat":
-            return [self._chunk(self._choice(None, None, role=True, index=i)) for i in range(self.n)]
+            return [self._chunk(self._choice(None, None, role=True, index=i))
+                    for i in range(self.n)]
         return []
 
     def count(self, index: int, completion_tokens: int) -> None:
