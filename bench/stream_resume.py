@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 import requests  # noqa: E402
 
-from app.protocol.sse import PROFILES, ChunkWriter  # noqa: E402
+from app.api.openai.stream import ChunkWriter  # noqa: E402
+from app.protocol.stream_policy import PROFILES  # noqa: E402
 from app.streams import Streams  # noqa: E402
 from app.streams.session import Session  # noqa: E402
 from bench.common import free_port, serve  # noqa: E402
