@@ -1,11 +1,16 @@
-"""The greenlet side of a submitted generation, shared by every engine."""
+"""The greenlet side of a submitted generation: reading its events (every engine), and for the
+llama.cpp engine, cancelling it or injecting text through each job's control."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from app.base.bridge import Channel
 from app.engine.types import Event, Failed, Finished
+
+if TYPE_CHECKING:
+    from app.engine.slots import Job
 
 
 class ChannelHandle:
@@ -34,3 +39,24 @@ class ChannelHandle:
     def __iter__(self) -> Iterator[Event]:
         while not self._over:
             yield self.next_event()
+
+
+class JobHandle(ChannelHandle):
+    """A submitted job (and its other choices) as seen by the request's greenlet: what it may do
+    to them goes through their ``JobControl``, then ``wake`` stirs the engine thread."""
+
+    def __init__(self, job: Job, channel: Channel, wake: Callable[[], None]):
+        super().__init__(channel, 1 + len(job.followers))
+        self._job = job
+        self._wake = wake
+
+    def cancel(self) -> None:
+        if not self._over:
+            for job in (self._job, *self._job.followers):
+                job.control.cancel()
+            self._wake()
+
+    def inject(self, text: str, unless: str = "") -> None:
+        if not self._over:
+            self._job.control.inject(text, unless.encode())
+            self._wake()

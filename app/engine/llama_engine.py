@@ -1,17 +1,14 @@
 """The llama.cpp engine: owns the model and context on one native OS thread.
 
-Driven through llama-cpp-python's low-level API: every step builds one ``llama_batch`` with the
-next token of each generating sequence plus prompt chunks of sequences being admitted, calls
-``llama_decode`` once, and samples each sequence with its own sampler (app.engine.sampling).
-Logits are requested only where a token is sampled. Nothing here runs on a greenlet: greenlets
-hand requests in through a lock-free deque and get events back through their sink (see
-app.base.bridge).
+Driven through llama-cpp-python's low-level API, a step at a time (app.engine.scheduler says
+what a step is). Nothing here runs on a greenlet: greenlets hand requests in through a
+lock-free deque and get events back through their sink (see app.base.bridge).
 
 A request is prepared before the engine thread sees it, on one of a few prep threads (native,
 with a large stack; app.engine.llama_prep): its prompt is tokenized (llama.cpp's tokenizer only
 reads the vocabulary, so it runs beside ``llama_decode``), checked against the context, and its
 grammar compiled and probed. The engine thread only admits, decodes and samples
-(app.engine.llama_batch), so a 4 MB prompt or a costly grammar never stalls the streams already
+(app.engine.scheduler), so a 4 MB prompt or a costly grammar never stalls the streams already
 running.
 
 This module is the engine's public surface, its admission queue, its threads, and the model's
@@ -47,51 +44,20 @@ from app.base.errors import (
 from app.base.state import LoadState
 from app.engine.admission import Admission
 from app.engine.config import EngineConfig
-from app.engine.handle import ChannelHandle
-from app.engine.llama_batch import Batch
+from app.engine.handle import JobHandle
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
-from app.engine.slots import PUBLIC, Job, drop
-from app.engine.speculative import SpecGate
-from app.engine.types import (
-    Accepted,
-    Event,
-    Failed,
-    Finished,
-    GenerationRequest,
-    ModelInfo,
-    SamplingParams,
-    outside_vocab,
-    slot_row,
-)
+from app.engine.scheduler import Scheduler, StepStats
+from app.engine.slots import Job, drop, slot_rows
+from app.engine.types import Accepted, GenerationRequest, ModelInfo, outside_vocab
+from app.engine.warm_up import prime, warm_up
 
 log = logging.getLogger(__name__)
 
 PREP_THREADS = 2
 PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
-
-
-class LlamaHandle(ChannelHandle):
-    """A submitted job (and its other choices) as seen by the request's greenlet."""
-
-    def __init__(self, engine: LlamaEngine, job: Job, channel: Channel):
-        super().__init__(channel, 1 + len(job.followers))
-        self._engine = engine
-        self._job = job
-
-    def cancel(self) -> None:
-        if not self._over:
-            for job in (self._job, *self._job.followers):
-                job.cancelled = True
-            self._engine._wake.set()
-
-    def inject(self, text: str, unless: str = "") -> None:
-        if not self._over:
-            self._job.inject += text
-            self._job.inject_unless = unless.encode()
-            self._engine._wake.set()
 
 
 class LlamaEngine:
@@ -134,7 +100,6 @@ class LlamaEngine:
         self._last_queue_log = 0.0
         self._stopping = False
         self._stopped = ThreadEvent()
-        self._ll = None  # the llama_cpp.llama_cpp module, imported on the engine thread
         self._m: LlamaModel | None = None  # the loaded model (None before the first load)
         self._prep_r: Preparer | None = None  # prepares jobs against it
         self._abort: ServiceError | None = None  # set by abort(), acted on by the engine thread
@@ -150,7 +115,7 @@ class LlamaEngine:
 
     # ---- what the loaded model holds (None / True before the first load) --------------------
     @property
-    def _sched(self) -> Batch | None:
+    def _sched(self) -> Scheduler | None:
         """The slots and the step, once a generation context is open."""
         return self._m.sched if self._m is not None else None
 
@@ -180,8 +145,7 @@ class LlamaEngine:
         return len(self.prompt_tokens(request))
 
     def prompt_tokens(self, request: GenerationRequest) -> list[int]:
-        if self.info is None:
-            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        self._check_loaded()
         self._check_generates()
         self.acquire_model()
         try:
@@ -228,6 +192,10 @@ class LlamaEngine:
             self._users -= 1
             self._last_activity = time.monotonic()
 
+    def _check_loaded(self) -> None:
+        if self.info is None:
+            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+
     def _check_generates(self) -> None:
         if not self._generates:
             raise EmbeddingOnly()
@@ -243,22 +211,9 @@ class LlamaEngine:
             "running": sum(1 for s in slots if s.job is not None),
             "waiting": (len(sched.waiting) if sched is not None else 0) + len(self._inbox)
             + len(self._prep),
-            "steps": sched.steps if sched is not None else 0,
-            "batch_widths": ({str(k): v for k, v in sorted(sched.widths.items())}
-                             if sched is not None else {}),
-            "decode_seconds": round(sched.decode_seconds, 6) if sched is not None else 0.0,
-            "step_seconds": round(sched.step_seconds, 6) if sched is not None else 0.0,
+            **(sched.stats if sched is not None else StepStats()).as_dict(),
             **self._image_stats(),
-            # drafts: the server's own (SPEC_NGRAM, DRAFT_MODEL), or requests' predictions
-            **({"draft_tokens": sched.drafted, "draft_tokens_accepted": sched.accepted}
-               if sched is not None and sched.spec is not None
-               and (sched.spec.server or sched.drafted) else {}),
-            # tokens per second of generation steps, by batch width, drafting or not: the
-            # server's own drafts, and (apart) steps where a request's prediction drafted
-            **({"spec_rates": sched.gate.as_dict()}
-               if sched is not None and sched.spec is not None and sched.spec.server else {}),
-            **({"prediction_rates": sched.pred_gate.as_dict()}
-               if sched is not None and sched.pred_gate.rate else {}),
+            **(sched.draft_report() if sched is not None else {}),
         }
 
     def _image_stats(self) -> dict[str, int]:
@@ -278,7 +233,7 @@ class LlamaEngine:
                 return f"preparing one request has taken {now - started:.0f} s"
         return self._embedder.stalled(limit) if self._embedder else None
 
-    def submit(self, request: GenerationRequest) -> LlamaHandle:
+    def submit(self, request: GenerationRequest) -> JobHandle:
         if self._stopping:
             raise ShuttingDown("server is shutting down")
         if not self.state.ready:
@@ -298,7 +253,7 @@ class LlamaEngine:
             for i in range(1, request.n)
         ]
         self._enqueue(job)
-        return LlamaHandle(self, job, channel)
+        return JobHandle(job, channel, self._wake.set)
 
     def _enqueue(self, job: Job) -> None:
         n = 1 + len(job.followers)
@@ -423,7 +378,6 @@ class LlamaEngine:
         cxx_runtime.pin()  # done when app was imported; a process that loads llama.cpp needs it
         from llama_cpp import llama_cpp as ll  # imported here: loading it takes time
 
-        self._ll = ll
         m = LlamaModel(ll, self.config, self._stage)
         self._m = m
         try:
@@ -437,84 +391,25 @@ class LlamaEngine:
         self._info = m.card(path)
 
     def _warm_up(self) -> None:
-        """Before declaring the model ready, run what the first burst of requests will: a full
-        prefill chunk, then every slot generating in one batch (llama.cpp sizes its buffers and
-        the OS maps the KV cache's pages on first use, which the first burst paid for before)."""
+        """Before declaring the model ready: the first burst's work done once, then the chat
+        template's opening left in the KV cache (app.engine.warm_up); the counters forgotten."""
         self._stage("warming_up", progress=None)
-        sched = self._sched
-        assert sched is not None  # a generative model has a context
-        events: list[Event] = []
-        # a prompt must leave room in its slot's context for the 4 tokens it generates: a
-        # PREFILL_CHUNK larger than CTX_SIZE is a valid setting (the chunk is a step's budget
-        # across slots), and once made the warm-up itself overflow and the load fail
-        room = max(1, sched.n_ctx - 8)
-        size = min(self.config.prefill_chunk, room)
-        text = "The quick brown fox jumps over the lazy dog. " * (size // 4 + 1)
-        tok = self._m.tok
-        long = tok.tokens(text, add_bos=tok.add_bos)[:size]
-        jobs = []
-        for i in range(self.config.parallel):
-            prompt = tuple(long) if i == 0 else tuple(long[: min(8 + i, room)])
-            # the last slot samples under a grammar, through its slow path: the first grammar
-            # request after ready then pays no first-use cost (imports, buffers) of its own
-            grammar = '"zq" [a-z]*' if i == self.config.parallel - 1 else None
-            params = SamplingParams(max_tokens=4, temperature=0.0,
-                                    grammar=f"root ::= {grammar}" if grammar else None)
-            job = Job(
-                request=GenerationRequest(prompt, params, cache_prompt=False),
-                sink=events.append,
-            )
-            self._prep_r.prepare(job, warming=True)
-            with self._count_lock:  # a reload's warm-up runs beside submissions
-                self._admission.count(job.request.cache_scope)
-            sched.waiting.append(job)
-            jobs.append(job)
-        for _ in range(100 + 4 * len(jobs)):
-            self._step_once()
-            if all(j.done for j in jobs):
-                break
-        failed = [e for e in events if isinstance(e, Failed)]
-        if failed:
-            raise ModelLoadError(f"warm-up generation failed: {failed[0].error.message}")
-        if sum(isinstance(e, Finished) for e in events) != len(jobs):
-            raise ModelLoadError("warm-up generation did not finish")
-        for slot in sched.slots:  # the warm-up text is no prefix anyone will reuse
-            self._ll.llama_memory_seq_rm(self._m.mem, slot.seq_id, -1, -1)
-            slot.keep(0)
-        self._prime()
-        sched.steps = 0
-        sched.widths.clear()
-        sched.decode_seconds = sched.step_seconds = 0.0
-        sched.drafted = sched.accepted = 0
-        sched.gate = SpecGate()  # the warm-up's steps measured nothing a request will see
-
-    def _prime(self) -> None:
-        """Decode the text every chat starts with (``config.opening``) into one slot and leave
-        it there: later requests reuse the chat template's opening from the KV cache, and
-        without this the first burst after ready decoded it once per request (2-3x its TTFT).
-        Best effort: a template that cannot say its opening, or a failure, primes nothing."""
         sched, info = self._sched, self._info
-        if self.config.opening is None or sched is None or info is None:
-            return
-        try:
-            text = self.config.opening(info)
-            if not text:
-                return
-            events: list[Event] = []
-            job = Job(request=GenerationRequest(text, SamplingParams(max_tokens=0),
-                                                cache_scope=PUBLIC), sink=events.append)
-            self._prep_r.prepare(job, warming=True)
-            with self._count_lock:
-                self._admission.count(job.request.cache_scope)
-            sched.waiting.append(job)
-            for _ in range(100 + len(job.tokens)):  # bounded: chunks of PREFILL_CHUNK
-                self._step_once()
-                if job.done:
-                    break
-            if not any(isinstance(e, Finished) for e in events):
-                log.warning("could not decode the chat template's opening at load: %s", events)
-        except Exception:  # noqa: BLE001 - an optimisation: the model serves without it
-            log.exception("could not decode the chat template's opening at load")
+        assert sched is not None  # a generative model has a context
+        warm_up(sched, self._m.tok, self.config.parallel, self.config.prefill_chunk,
+                self._enter, self._step_once)
+        opening = self.config.opening
+        if opening is not None and info is not None:
+            prime(lambda: opening(info), self._enter, self._step_once)
+        sched.reset_stats()  # the warm-up's steps measured nothing a request will see
+
+    def _enter(self, job: Job) -> None:
+        """A load's own job, prepared here and queued (counted: a reload's warm-up runs beside
+        submissions)."""
+        self._prep_r.prepare(job, warming=True)
+        with self._count_lock:
+            self._admission.count(job.request.cache_scope)
+        self._sched.waiting.append(job)
 
     def _stage(self, stage: str, **kw: object) -> None:
         """The load stage health reports; a reload after sleep reports none (health stays 200)."""
@@ -609,15 +504,13 @@ class LlamaEngine:
                 return False
             with self._turns.host():
                 self._step_since = time.monotonic()
-                t0 = time.perf_counter()
                 try:
-                    sched.decode_step()
+                    sched.step()
                 finally:
                     self._step_since = None
-                    sched.step_seconds += time.perf_counter() - t0
         return True
 
-    def _take_inbox(self, sched: Batch) -> None:
+    def _take_inbox(self, sched: Scheduler) -> None:
         """Prepared jobs join the admission queue, in the order they were prepared."""
         while self._inbox:
             job = self._inbox.popleft()
@@ -644,7 +537,7 @@ class LlamaEngine:
                 self._last_activity = time.monotonic()  # idle counts from a request's end
 
     def _drop(self, job: Job, err: ServiceError | None = None) -> None:
-        drop(job, self._job_over, err)
+        drop(job, err, self._job_over)
 
     def _fail_everything(self, err: ServiceError) -> None:
         """Every request: those in slots, admitted and waiting, prepared, and to be prepared."""
@@ -668,8 +561,7 @@ class LlamaEngine:
     # ---- introspection (/tokenize, /detokenize, /slots): any thread but the engine's ---------
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         """/tokenize: exactly what llama.cpp says (Tokenizer.exact), the model held meanwhile."""
-        if self.info is None:
-            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        self._check_loaded()
         self.acquire_model()  # asleep: woken; and it cannot fall asleep meanwhile
         try:
             return self._m.tok.exact(text, add_special, parse_special)
@@ -678,8 +570,7 @@ class LlamaEngine:
 
     def pieces(self, tokens: list[int]) -> list[bytes]:
         """Each token's text as bytes, control tokens included (llama-server's pieces)."""
-        if self.info is None:
-            raise ModelNotReady(f"model is {self.state.stage.replace('_', ' ')}")
+        self._check_loaded()
         # llama.cpp does not check: an id past the vocabulary would crash it (ints of any size)
         n_vocab = self._info.n_vocab
         bad = outside_vocab(tokens, n_vocab)
@@ -695,20 +586,6 @@ class LlamaEngine:
             self.release_model()
 
     def slots(self) -> list[dict[str, object]]:
-        """Each slot as the engine thread left it: the job is read once, so a row is never
-        half of one request and half of the next."""
-        rows: list[dict[str, object]] = []
-        for slot in list(self._sched.slots if self._sched is not None else []):  # once loaded
-            job = slot.job
-            kv = len(slot.cached)
-            if job is None:
-                rows.append(slot_row(slot.seq_id, self._m.n_ctx, kv))
-                continue
-            decoded = job.n_generated  # read once: the engine thread moves it on
-            rows.append(slot_row(
-                slot.seq_id, self._m.n_ctx, kv, job=True, prompt=len(job.tokens),
-                processed=slot.n_prompt_done, cached=job.cached_tokens, decoded=decoded,
-                remain=max(0, job.max_new - decoded), choice=job.index,
-            ))
-        return rows
-
+        """Each slot as the engine thread left it (/slots)."""
+        sched = self._sched
+        return slot_rows(sched.slots, sched.n_ctx) if sched is not None else []

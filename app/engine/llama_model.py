@@ -19,7 +19,6 @@ from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, cuda_check, llama_log, placement
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
-from app.engine.llama_batch import Batch
 from app.engine.llama_embed import (
     DEFAULT_MAX_CTX,
     GENERATIVE_MAX_CTX,
@@ -32,6 +31,7 @@ from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.lora import AdapterFile, Adapters
 from app.engine.sampling import Vocab
+from app.engine.scheduler import Features, Scheduler
 from app.engine.slots import Job
 from app.engine.speculative import DraftModel, SpecConfig
 from app.engine.types import ModelInfo
@@ -54,7 +54,7 @@ class LlamaModel:
         self.ctx = None
         self.mem = None
         self.batch = None
-        self.sched: Batch | None = None
+        self.sched: Scheduler | None = None
         self.embedder: LlamaEmbedder | None = None
         self.generates = True
         self.n_ctx = 0  # tokens one sequence may hold
@@ -131,13 +131,17 @@ class LlamaModel:
         mode = self._embedding_mode()
         self.generates = mode != "only"
         if self.generates:
-            self._open_generation(path, job_over)
+            n_batch = self._open_generation(path)
             if mmproj:
                 self._open_projector(mmproj)
-            self._open_speculation(draft)
+            spec = self._open_speculation(draft, n_batch)
             if adapters:
                 self.adapters = Adapters(ll, model, adapters)
-                self.sched.adapters = self.adapters
+            self.sched = Scheduler(
+                ll, self.ctx, self.mem, self.batch, self.vocab, self.tok, self.vocab_tables,
+                n_ctx=self.n_ctx, n_batch=n_batch, prefill_chunk=cfg.prefill_chunk,
+                parallel=cfg.parallel, on_job_end=job_over,
+                features=Features(self.projector, self.draft_model, spec, self.adapters))
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -224,8 +228,9 @@ class LlamaModel:
             self._tensor_split = (ctypes.c_float * n_max)(*shares)  # alive while loading
             mparams.tensor_split = self._tensor_split
 
-    def _open_generation(self, path: str, job_over: Callable[[Job], None]) -> None:
-        """The generation context: PARALLEL slots of CTX_SIZE tokens each, and its scheduler."""
+    def _open_generation(self, path: str) -> int:
+        """The generation context: PARALLEL slots of CTX_SIZE tokens each, and its batch; the
+        batch's capacity."""
         ll, cfg = self.ll, self.cfg
         # ctx_size is per slot: the KV cache holds parallel x ctx_size cells.
         n_ctx_slot = cfg.ctx_size or self.n_ctx_train
@@ -250,18 +255,14 @@ class LlamaModel:
         self.n_ctx = min(n_ctx_slot, ll.llama_n_ctx_seq(self.ctx))
         self._kv_mib = llama_log.seen.kv_cache_mib  # this context's (an embedding one may follow)
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
-        self.sched = Batch(ll, self.ctx, self.mem, self.batch, self.vocab, self.tok,
-                           self.n_ctx, cfg.prefill_chunk, cfg.parallel, job_over,
-                           tables=self.vocab_tables)
-        self.sched.n_batch = n_batch
+        return n_batch
 
-    def _open_speculation(self, draft: str | None) -> None:
+    def _open_speculation(self, draft: str | None, n_batch: int) -> SpecConfig | None:
         """Speculative decoding: the draft model, when DRAFT_MODEL names one, opened beside the
-        model (its layers where the model's are, one sequence per slot), and the limits. The
-        server drafts on its own with DRAFT_MODEL or SPEC_NGRAM; without either, only
-        requests that bring a prediction (Predicted Outputs) are drafted for."""
+        model (its layers where the model's are, one sequence per slot), and the limits (None:
+        off). The server drafts on its own with DRAFT_MODEL or SPEC_NGRAM; without either,
+        only requests that bring a prediction (Predicted Outputs) are drafted for."""
         cfg = self.cfg
-        assert self.sched is not None
         ll = self.ll
         server = draft is not None or cfg.spec_ngram
         if ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model):
@@ -269,21 +270,20 @@ class LlamaModel:
             if server:
                 log.warning("speculative decoding is off: this model's recurrent memory cannot "
                             "drop a rejected draft")
-            return
+            return None
         if draft is not None:
             self._stage("loading", detail=os.path.basename(draft))
             self.draft_model = DraftModel(
                 self.ll, draft, self.vocab, n_ctx=self.n_ctx, n_seq=cfg.parallel,
-                n_batch=self.sched.n_batch, gpu_layers=self.gpu_layers, threads=self.n_threads,
+                n_batch=n_batch, gpu_layers=self.gpu_layers, threads=self.n_threads,
                 flash_attn=FLASH[cfg.flash_attn])
-            self.sched.draft_model = self.draft_model
-        self.sched.spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
-                                     cfg.spec_ngram, cfg.spec_adaptive, server)
-        if not server:
-            return
-        log.info("speculative decoding: %s, up to %d tokens drafted per step",
-                 f"draft model {draft}" + (" and n-gram lookup" if cfg.spec_ngram else "")
-                 if draft else "n-gram lookup", cfg.spec_draft_max)
+        spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
+                          cfg.spec_ngram, cfg.spec_adaptive, server)
+        if server:
+            log.info("speculative decoding: %s, up to %d tokens drafted per step",
+                     f"draft model {draft}" + (" and n-gram lookup" if cfg.spec_ngram else "")
+                     if draft else "n-gram lookup", cfg.spec_draft_max)
+        return spec
 
     def _report_placement(self, chosen: list[placement.Rule]) -> None:
         """What /props shows of the placement settings as loaded, and the log line that says
@@ -312,8 +312,6 @@ class LlamaModel:
         self.projector = Projector(self.ll, self.model, path, use_gpu=on_gpu,
                                    n_threads=self.n_threads,
                                    cache_bytes=self.cfg.image_cache_mb << 20)
-        assert self.sched is not None
-        self.sched.projector = self.projector
         log.info("projector %s loaded (on the %s): reads %s", path, "GPU" if on_gpu else "CPU",
                  " and ".join(k for k, on in (("images", self.projector.vision),
                                               ("audio", self.projector.audio_rate)) if on))
@@ -396,7 +394,7 @@ class LlamaModel:
             self.adapters.free()
             self.adapters = None
         for slot in self.sched.slots if self.sched is not None else []:
-            slot.cached.clear()
+            slot.kv.freed()  # with the context below
         if self.ctx:
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)

@@ -3,7 +3,7 @@
 llama.cpp applies adapters to a whole context, not to one sequence, so sequences with
 different adapter sets cannot share a decode. A request's set is a tuple of (adapter index,
 scale) pairs with nonzero scales, in index order; () is the base model. The scheduler
-(app.engine.llama_batch) serves one set per step, taking the sets in turn, and sets the
+(app.engine.scheduler) serves one set per step, taking the sets in turn, and sets the
 context's adapters here only when the set changes.
 """
 

@@ -1,6 +1,7 @@
-"""The scheduler's records and the rules that need no context: a job (one choice of a request),
-a slot (one sequence of the context and the tokens its KV holds), where a new prompt goes among
-the slots, and how a job that holds no slot, or loses one, ends.
+"""The scheduler's records and the rules that need no context: a job (one choice of a request)
+and what other threads may do to it, a slot (one sequence of the context: its phase, and its
+KV), where a new prompt goes among the slots, and how a job that holds no slot, or loses one,
+ends.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING
 
+from app.base.bridge import allocate_lock
 from app.base.errors import GenerationTimeout, ServiceError
+from app.engine.kv import KvSeq
 from app.engine.llama_media import ImageSpan
 from app.engine.sampling import Sampler
 from app.engine.text import TextAssembler
-from app.engine.tokens import Mark
-from app.engine.types import Failed, GenerationRequest, Sink, TokenScore
+from app.engine.types import Failed, GenerationRequest, Sink, TokenScore, slot_row
 
 if TYPE_CHECKING:
     from app.engine.prediction import Place
@@ -30,6 +33,48 @@ PUBLIC = "\0public"
 RELOCATE_MIN_TOKENS = 16
 
 
+class JobControl:
+    """What another thread may do to a job: cancel it (the request's greenlet, when its client
+    goes away), or inject text into its sequence (a reasoning budget's closing tag). The only
+    part of a job that crosses threads: the rest belongs to one thread at a time (the request's,
+    a prep thread, then the engine's)."""
+
+    def __init__(self) -> None:
+        self._lock = allocate_lock()
+        self._cancelled = False
+        self._text = ""  # injected and not yet taken by the engine thread
+        self._unless = b""  # ... dropped if the generated text already has this
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def cancel(self) -> None:
+        """End the job at the engine's next step (its KV is kept for the next turn)."""
+        self._cancelled = True
+
+    def inject(self, text: str, unless: bytes = b"") -> None:
+        """Insert ``text`` into the sequence at a next step (unless the reply has ``unless``)."""
+        with self._lock:
+            self._text += text
+            self._unless = unless
+
+    @property
+    def injecting(self) -> bool:
+        """Text is waiting to be injected."""
+        return bool(self._text)
+
+    def pending(self) -> tuple[str, bytes]:
+        """The text waiting to be injected, and what drops it (engine thread)."""
+        with self._lock:
+            return self._text, self._unless
+
+    def take(self, text: str) -> None:
+        """``text``, as ``pending`` gave it, is injected (or dropped): what came since stays."""
+        with self._lock:
+            self._text = self._text[len(text):]
+
+
 @dataclass(eq=False)
 class Job:
     """One choice of a request, from its prompt's tokens to its end (n choices: n jobs, the
@@ -38,16 +83,14 @@ class Job:
     request: GenerationRequest
     sink: Sink
     tokens: list[int] = field(default_factory=list)
-    cancelled: bool = False
+    control: JobControl = field(default_factory=JobControl)  # cancel and inject, any thread
     done: bool = False
     deadline: float | None = None
     cached_tokens: int = 0  # prompt tokens whose KV was reused from the slot's last request
     index: int = 0  # the choice (n > 1)
     followers: list[Job] = field(default_factory=list)  # the other choices, led by this job
     leader: Job | None = None  # for a follower, the job that leads it
-    inject: str = ""  # text to insert into the sequence at the next step (reasoning control)
-    inject_unless: bytes = b""  # ... dropped if the generated text already has this
-    generated: bytearray = field(default_factory=bytearray)  # the raw text, for inject_unless
+    generated: bytearray = field(default_factory=bytearray)  # the raw text (injection's unless)
     max_new: int = 0
     n_generated: int = 0
     assembler: TextAssembler | None = None
@@ -67,43 +110,70 @@ class Job:
     draft_len: int = 0
     prediction: Place | None = None  # Predicted Outputs: where the reply stands in it
 
+    @property
+    def cancelled(self) -> bool:
+        return self.control.cancelled
+
     def pos_at(self, i: int) -> int:
         """The position of prompt token ``i``: its index, less what images before it saved
         (an M-RoPE image of n tokens moves the position by n_pos, its grid's longer side)."""
         return i + sum(s.n_pos - s.n for s in self.images if s.start + s.n <= i)
 
 
+class Phase(Enum):
+    """Where a slot stands, as llama.cpp's ``slot_state``: what a step does with it."""
+
+    IDLE = "idle"  # no job (its KV may still serve a later prompt's prefix)
+    WAITING = "waiting"  # another choice of a request, waiting for its leader's prompt KV
+    PREFILLING = "prefilling"  # prompt tokens left to decode
+    GENERATING = "generating"  # sampling a token per step (with drafts, when speculating)
+
+
 @dataclass(eq=False)
 class Slot:
-    """One sequence of the context: the job it serves, if any, and the tokens its KV holds."""
+    """One sequence of the context: the job it serves, if any, and its KV (``kv``)."""
 
-    seq_id: int
+    kv: KvSeq
     job: Job | None = None
-    cached: list[int] = field(default_factory=list)  # exactly the tokens in this seq's KV
-    marks: list[Mark] = field(default_factory=list)  # the images among them, by full digest
     last_used: float = 0.0
     follows: Slot | None = None  # a choice waiting for its leader's prompt KV
-    # the position the sequence's next token takes: its token count, except after an image of
-    # a projector that places image tokens in 2-D (M-RoPE), which moves it by fewer
-    n_past: int = 0
     n_prompt_done: int = 0  # prompt tokens decoded so far
-    last_token: int = -1
-    i_batch: int = -1  # index in the current batch whose logits this slot samples
+    last_token: int = -1  # sampled, decoded at the next step
     scope: str = ""  # cache_scope of the request whose KV the slot holds (an API key's digest)
-    # this step's drafted tokens, in the batch after last_token at positions n_past.. but not
-    # in ``cached`` until the target samples the same token; the rest are dropped by _settle
-    draft: list[int] = field(default_factory=list)
-    speculating: bool = False
 
-    def keep(self, n: int) -> None:
-        """The KV now holds only the first ``n`` cached tokens (never the inside of an
-        image: ``before_image`` cuts there)."""
-        del self.cached[n:]
-        self.marks = [m for m in self.marks if m.start + m.n <= n]
+    @property
+    def seq_id(self) -> int:
+        return self.kv.seq_id
 
-    def copy_of(self, other: Slot) -> None:
-        """The KV now holds a copy of ``other``'s."""
-        self.cached, self.marks = list(other.cached), list(other.marks)
+    @property
+    def phase(self) -> Phase:
+        """Worked out from the slot's facts, so it cannot disagree with them."""
+        if self.job is None:
+            return Phase.IDLE
+        if self.follows is not None:
+            return Phase.WAITING
+        if self.n_prompt_done < len(self.job.tokens):
+            return Phase.PREFILLING
+        return Phase.GENERATING
+
+
+def slot_rows(slots: list[Slot], n_ctx: int) -> list[dict[str, object]]:
+    """Each slot as /slots shows it, from any thread: a slot's job is read once, so a row is
+    never half of one request and half of the next."""
+    rows: list[dict[str, object]] = []
+    for slot in list(slots):
+        job = slot.job
+        kv = len(slot.kv)
+        if job is None:
+            rows.append(slot_row(slot.seq_id, n_ctx, kv))
+            continue
+        decoded = job.n_generated  # read once: the engine thread moves it on
+        rows.append(slot_row(
+            slot.seq_id, n_ctx, kv, job=True, prompt=len(job.tokens),
+            processed=slot.n_prompt_done, cached=job.cached_tokens, decoded=decoded,
+            remain=max(0, job.max_new - decoded), choice=job.index,
+        ))
+    return rows
 
 
 def place(slots: list[Slot], free: list[Slot], shared: dict[int, int]) -> tuple[Slot, Slot]:
@@ -123,7 +193,7 @@ def place(slots: list[Slot], free: list[Slot], shared: dict[int, int]) -> tuple[
     span = spread(slots)
     narrowest = min(span(s) for s in free)
     slot = min((s for s in free if span(s) == narrowest),
-               key=lambda s: (len(s.cached) - shared[id(s)], -shared[id(s)], s.last_used))
+               key=lambda s: (len(s.kv) - shared[id(s)], -shared[id(s)], s.last_used))
     if shared[id(source)] - shared[id(slot)] >= RELOCATE_MIN_TOKENS:
         return slot, source
     return slot, slot
@@ -175,7 +245,7 @@ def spread(slots: list[Slot]) -> Callable[[Slot], int]:
     return lambda slot: max(hi, slot.seq_id) - min(lo, slot.seq_id)
 
 
-def taken(job: Job) -> tuple[TokenScore, ...]:
+def pop_scores(job: Job) -> tuple[TokenScore, ...]:
     """The job's scores not sent yet, now to be sent."""
     if not job.scores:
         return ()
@@ -184,19 +254,19 @@ def taken(job: Job) -> tuple[TokenScore, ...]:
     return out
 
 
-def fail(job: Job, err: ServiceError, over: Callable[[Job], None]) -> None:
+def fail(job: Job, err: ServiceError, on_end: Callable[[Job], None]) -> None:
     """End one choice with an error event (unless it already ended)."""
     if not job.done:
         job.sink(Failed(err))
-    over(job)
+    on_end(job)
 
 
-def drop(job: Job, over: Callable[[Job], None], err: ServiceError | None = None) -> None:
+def drop(job: Job, err: ServiceError | None, on_end: Callable[[Job], None]) -> None:
     """End a request that holds no slot yet, with all its choices (one Failed if ``err``)."""
     if err is not None:
-        fail(job, err, over)
+        fail(job, err, on_end)
     for j in (job, *job.followers):
-        over(j)
+        on_end(j)
 
 
 def before_image(job: Job, n_common: int) -> int:

@@ -215,7 +215,7 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
     least: dict[int, int] = {}  # seq id -> the shortest draft worth checking
     for slot in generating:
         job = slot.job
-        if job.inject:
+        if job.control.injecting:
             continue
         want = job.request.params.speculative
         n_max = spec.draft_max if want.n_max is None else min(want.n_max, spec.draft_max)
@@ -223,7 +223,7 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
             n_max = min(n_max, job.draft_len)
         # room: the reply's length, and the context (the last token and a bonus one)
         n_max = min(n_max, job.max_new - job.n_generated - 1,
-                    n_ctx - len(slot.cached) - 2)
+                    n_ctx - len(slot.kv) - 2)
         least[slot.seq_id] = max(1, spec.draft_min if want.n_min is None else want.n_min)
         if n_max >= least[slot.seq_id]:
             asks.append((slot, n_max, spec.p_min if want.p_min is None else want.p_min))
@@ -232,16 +232,16 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
         job = slot.job
         if job.prediction is not None:
             out[slot.seq_id] = job.prediction.draft(
-                [*slot.cached[len(job.tokens):], slot.last_token], n_max)
+                [*slot.kv.tokens[len(job.tokens):], slot.last_token], n_max)
     by_model = [a for a in asks if draft_model is not None and not a[0].job.images
                 and a[0].job.prediction is None]
     if by_model:
         out.update(draft_model.draft(
-            [(s.seq_id, [*s.cached, s.last_token], n, p) for s, n, p in by_model]))
+            [(s.seq_id, [*s.kv.tokens, s.last_token], n, p) for s, n, p in by_model]))
     if spec.ngram:  # n-gram lookup for the rest (all of them without a draft model)
         for slot, n_max, _ in asks:
             if slot.seq_id not in out:
-                out[slot.seq_id] = ngram_draft([*slot.cached, slot.last_token], n_max)
+                out[slot.seq_id] = ngram_draft([*slot.kv.tokens, slot.last_token], n_max)
     return {seq: d for seq, d in out.items() if len(d) >= least[seq]}
 
 

@@ -1,4 +1,4 @@
-"""Token lists and llama_batch rows, for the model's scheduler (app.engine.llama_batch) and the
+"""Token lists and llama_batch rows, for the model's scheduler (app.engine.scheduler) and the
 draft model (app.engine.speculative) alike: the one prefix rule, and how a token goes into a
 batch."""
 
@@ -41,7 +41,7 @@ def common_prefix(cached: list[int], prompt: np.ndarray | list[int],
 
 def put(batch, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
     """Row ``i`` of ``batch``: ``token`` at position ``pos`` of sequence ``seq_id``, with its
-    logits computed when ``logits``."""
+    logits computed when ``logits`` (llama.cpp's ``common_batch_add``, at a given row)."""
     batch.token[i] = token
     batch.pos[i] = pos
     batch.n_seq_id[i] = 1

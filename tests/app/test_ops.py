@@ -178,56 +178,6 @@ def test_each_key_has_its_own_cache_scope(keyed, engine):
     assert engine.requests[-1].cache_scope == two
 
 
-def test_the_engine_reuses_kv_only_within_a_scope():
-    """The scheduler's admission on a stand-in for the model: a slot holding another scope's
-    KV counts as sharing nothing."""
-    from app.engine.llama_batch import Batch
-    from app.engine.slots import Job, Slot
-    from app.engine.types import GenerationRequest
-
-    class Memory:
-        def llama_memory_seq_rm(self, *args):
-            return True
-
-        def llama_memory_seq_cp(self, *args):
-            pass
-
-    sched = Batch(Memory(), ctx=None, mem=None, batch=None, vocab=None, tok=None, n_ctx=64,
-                  prefill_chunk=8, parallel=2, over=lambda job: None)
-    cached = list(range(1, 30))  # a prefix long enough to be worth copying to an empty slot
-    sched.slots[0].cached, sched.slots[0].scope = list(cached), "a"
-    assert isinstance(sched.slots[1], Slot)
-
-    def admit(scope: str) -> Job:
-        job = Job(GenerationRequest("x", cache_scope=scope), sink=lambda ev: None,
-                  tokens=[*cached[:24], 99])
-        sched.waiting.append(job)
-        sched.admit()
-        return job
-
-    other = admit("b")
-    assert other.cached_tokens == 0
-    for slot in sched.slots:
-        slot.job = None
-    sched.slots[0].cached, sched.slots[0].scope = list(cached), "a"
-    sched.slots[1].cached = []
-    same = admit("a")
-    assert same.cached_tokens == 24
-
-    # the end of the graceful timeout: every running job gets its error, every slot is free
-    from app.base.errors import ShuttingDown
-    from app.engine.types import Failed
-
-    got: list = []
-    over: list = []
-    sched.over = over.append
-    running = Job(GenerationRequest("x"), sink=got.append, tokens=[1])
-    sched.slots[1].job = running
-    sched.fail_active(ShuttingDown("server is shutting down"))
-    assert [type(e) for e in got] == [Failed] and running in over
-    assert not sched.busy()
-
-
 # ---- request ids -----------------------------------------------------------------------------
 
 

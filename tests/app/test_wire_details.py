@@ -1,7 +1,8 @@
 """Small wire details (fast tier): a sampled end-of-generation token counts as a completion token
 (a reply that ends at once has 1, as OpenAI, vLLM and llama-server count it; a stop string or
-max_tokens ends a reply with none), the same in every usage the server writes; and OpenAI-shaped
-error bodies carry ``code`` as a string or null, never a number."""
+max_tokens ends a reply with none), the same in every usage the server writes (the scheduler's
+own count: tests/unit/test_scheduler.py); and OpenAI-shaped error bodies carry ``code`` as a
+string or null, never a number."""
 
 from __future__ import annotations
 
@@ -12,10 +13,6 @@ import pytest
 
 from app.base.errors import BadRequest, Internal, NotSupported, QueueFull, ServiceError
 from app.engine.fake import FakeEngine
-from app.engine.llama_batch import Batch
-from app.engine.slots import Job
-from app.engine.text import TextAssembler
-from app.engine.types import Finished, GenerationRequest, TextPiece
 from app.process.worker import error_response
 from app.protocol import openai
 from app.protocol.http_status import HttpStatusError
@@ -108,58 +105,6 @@ def test_metrics_count_what_usage_says():
     client = make_client(FakeEngine(reply=""))
     client.post("/v1/chat/completions", json={"messages": MSGS})
     assert generation_tokens(client) == 1
-
-
-class _Ll:
-    """llama.cpp's vocabulary as the scheduler asks it: token 2 is end-of-generation."""
-
-    def llama_vocab_is_eog(self, vocab, tok: int) -> bool:
-        return tok == 2
-
-    def llama_memory_seq_rm(self, *args) -> bool:
-        return True
-
-
-class _Tok:
-    def piece(self, tok: int) -> bytes:
-        return b"ab"[tok % 2:tok % 2 + 1]
-
-
-class _Sampler:
-    def observe(self, data: bytes) -> None:
-        pass
-
-    def free(self) -> None:
-        pass
-
-
-def _run(tokens: list[int], stop: tuple[str, ...] = (), max_new: int = 8) -> Finished:
-    """The scheduler's own count, on a stand-in for the model: ``tokens`` sampled in turn."""
-    sched = Batch(_Ll(), ctx=None, mem=None, batch=None, vocab=None, tok=_Tok(), n_ctx=64,
-                  prefill_chunk=8, parallel=1, over=lambda job: None)
-    got: list[Any] = []
-    job = Job(GenerationRequest("x"), sink=got.append, tokens=[1], max_new=max_new,
-              assembler=TextAssembler(stop), sampler=_Sampler())  # type: ignore[arg-type]
-    slot = sched.slots[0]
-    slot.job = job
-    for tok in tokens:
-        if slot.job is None:
-            break
-        sched._on_token(slot, tok)
-    end = got[-1]
-    assert isinstance(end, Finished)
-    assert all(isinstance(ev, TextPiece) for ev in got[:-1])
-    return end
-
-
-def test_the_engine_counts_a_sampled_end_token():
-    assert (_run([2]).reason, _run([2]).completion_tokens) == ("stop", 1)
-    end = _run([0, 1, 0, 2])
-    assert (end.reason, end.completion_tokens) == ("stop", 4)
-    cut = _run([0, 1, 0, 2], max_new=3)
-    assert (cut.reason, cut.completion_tokens) == ("length", 3)
-    stopped = _run([0, 1, 0, 2], stop=("b",))
-    assert (stopped.reason, stopped.completion_tokens, stopped.stop_sequence) == ("stop", 2, "b")
 
 
 # ---- error codes: a string or null -------------------------------------------------------------

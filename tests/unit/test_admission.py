@@ -1,4 +1,4 @@
-"""Which free slot a new prompt takes (app.engine.llama_batch.Batch.admit), on the stand-in
+"""Which free slot a new prompt takes (app.engine.scheduler.Scheduler.admit), on the stand-in
 for llama.cpp: a slot's cached KV is another conversation's next turn, so a few shared tokens
 (a chat template's opening) must not evict it while an empty slot is free; a long shared prefix
 (a system prompt) is copied to where the prompt goes; a request that reuses nothing takes what
@@ -13,7 +13,7 @@ from __future__ import annotations
 from app.engine.slots import Job
 from app.engine.text import TextAssembler
 from app.engine.types import GenerationRequest, SamplingParams
-from tests.support.fake_llama import Sampler, run, scheduler
+from tests.support.fake_llama import Sampler, run, scheduler, step
 
 TEMPLATE = [1, 2]  # the opening every rendered chat shares
 SYSTEM = list(range(3, 23))  # a long system prompt: 20 tokens
@@ -33,14 +33,14 @@ def served(sched, j: Job) -> Job:
 
 def holding(sched, prefix: list[int]) -> list[int]:
     """Indexes of the slots whose cache starts with ``prefix``."""
-    return [i for i, s in enumerate(sched.slots) if s.cached[:len(prefix)] == prefix]
+    return [i for i, s in enumerate(sched.slots) if list(s.kv.tokens[:len(prefix)]) == prefix]
 
 
 def test_a_template_prefix_does_not_evict_a_conversation_while_a_slot_is_empty():
     sched, ll = scheduler(parallel=2)
     first = TEMPLATE + [24, 25, 26, 27, 28, 29]
     served(sched, job(first, ll))
-    turn_one = list(sched.slots[holding(sched, first)[0]].cached)  # its prompt and reply
+    turn_one = list(sched.slots[holding(sched, first)[0]].kv.tokens)  # its prompt and reply
     assert len(turn_one) > len(first)
     other = served(sched, job(TEMPLATE + [9, 9, 9, 9], ll))
     assert other.cached_tokens == 0  # it took the empty slot ...
@@ -53,7 +53,7 @@ def test_a_long_shared_system_prompt_is_copied_and_the_conversation_kept():
     sched, ll = scheduler(parallel=2)
     first = TEMPLATE + SYSTEM + [24, 25]
     served(sched, job(first, ll))
-    turn_one = list(sched.slots[holding(sched, first)[0]].cached)
+    turn_one = list(sched.slots[holding(sched, first)[0]].kv.tokens)
     second = served(sched, job(TEMPLATE + SYSTEM + [26, 27], ll))
     assert second.cached_tokens == len(TEMPLATE + SYSTEM)
     assert ll.copies  # the prefix came over to the empty slot ...
@@ -95,8 +95,7 @@ def running(sched) -> list[int]:
 def start(sched, j: Job) -> int:
     """Admit ``j`` beside whatever runs; the seq id it got."""
     sched.waiting.append(j)
-    sched.admit()
-    sched.decode_step()
+    step(sched)
     return next(s.seq_id for s in sched.slots if s.job is j)
 
 
@@ -111,7 +110,7 @@ def test_running_sequences_stay_side_by_side_as_requests_come_and_go():
     assert ids[-1] - ids[0] == len(ids) - 1  # side by side, not one slot in two
     # one in the middle ends: the next request fills its place
     middle = sched.slots[ids[1]]
-    middle.job.cancelled = True
+    middle.job.control.cancel()
     sched.reap()
     assert start(sched, job([9, 9, 9], ll, length=40)) == middle.seq_id
     assert running(sched) == ids
@@ -122,7 +121,7 @@ def test_a_prefix_cached_away_from_the_running_slots_is_copied_next_to_them():
     conversation = TEMPLATE + SYSTEM + [24, 25]
     served(sched, job(conversation, ll))
     far = holding(sched, conversation)[0]
-    turn_one = list(sched.slots[far].cached)
+    turn_one = list(sched.slots[far].kv.tokens)
     # sequences now run at the other end
     for s in sched.slots:
         s.last_used = 0.0 if abs(s.seq_id - far) > 3 else 1.0
@@ -153,10 +152,10 @@ def test_a_cancelled_reply_leaves_its_kv_for_the_next_turn():
     prompt = TEMPLATE + SYSTEM + [24]
     stopped = job(prompt, ll, length=40)
     start(sched, stopped)
-    sched.decode_step()
-    stopped.cancelled = True
+    step(sched)
+    stopped.control.cancel()
     sched.reap()
-    kept = list(next(s.cached for s in sched.slots if s.cached))
+    kept = list(next(s.kv.tokens for s in sched.slots if s.kv.tokens))
     assert kept[:len(prompt)] == prompt and len(kept) > len(prompt)
     nxt = served(sched, job(kept + [27, 28], ll))
     assert nxt.cached_tokens == len(kept)
@@ -194,7 +193,7 @@ def test_a_freed_slot_goes_to_another_key_before_this_keys_queued_requests():
     sched.waiting.extend(queued)
     a = keyed([15, 16, 17], ll, "key-a")
     sched.waiting.append(a)  # last in, behind key B's two
-    b1.cancelled = True
+    b1.control.cancel()
     sched.reap()
     sched.admit()
     assert [s.job for s in sched.slots if s.job is not None] == [a, b2]
@@ -211,14 +210,12 @@ def test_a_short_prompt_beside_a_long_one_gets_its_first_token_before_the_long_o
     seen: list = []
     long = fake_job(list(range(1, 29)) * 5, ll, seen)  # 140 tokens: 9 steps of 16
     sched.waiting.append(long)
-    sched.admit()
-    sched.decode_step()
+    step(sched)
     short = fake_job([3, 4, 5], ll, seen)
     sched.waiting.append(short)
     held = next(s for s in sched.slots if s.job is long)
     for _ in range(20):
-        sched.admit()
-        sched.decode_step()
+        step(sched)
         if short.n_generated:
             break
     assert short.n_generated == 1

@@ -171,7 +171,7 @@ def test_no_scores_unless_asked():
 
 def test_a_prompt_to_score_reuses_no_cached_prefix():
     sched, ll = scheduler(parallel=1)
-    sched.slots[0].cached = [3, 1, 4, 1]
+    ll.hold(sched.slots[0], [3, 1, 4, 1])
     got: list = []
     scoring = job([3, 1, 4, 1, 5], ll, got, max_new=0, prompt_logprobs=0)
     sched.waiting.append(scoring)

@@ -11,6 +11,7 @@ import pytest
 
 from app.base.errors import QueueFull
 from app.engine.admission import Admission
+from app.engine.kv import KvSeq
 from app.engine.lora import next_set
 from app.engine.prediction import Place, Prediction
 from app.engine.slots import Job, Slot, next_waiting, place, shares
@@ -37,12 +38,21 @@ def test_next_draft_len_halves_follows_or_doubles():
     assert next_draft_len(100, 100) == 128  # within the limit
 
 
+def _slot(seq_id: int, cached: list[int] = ()) -> Slot:
+    """A slot whose KV holds ``cached`` (no llama: the rules read the mirror alone)."""
+    slot = Slot(KvSeq(None, None, seq_id))
+    slot.kv.decoded(cached)
+    return slot
+
+
 def _generating(seq_id: int, cached: list[int], spec: Speculation | None = None,
                 max_new: int = 100) -> Slot:
     params = SamplingParams(speculative=spec or Speculation())
     job = Job(GenerationRequest("x", params), sink=lambda e: None)
     job.max_new = max_new
-    return Slot(seq_id=seq_id, job=job, cached=cached[:-1], last_token=cached[-1])
+    slot = _slot(seq_id, cached[:-1])
+    slot.job, slot.last_token = job, cached[-1]
+    return slot
 
 
 def test_propose_keeps_each_requests_limits_and_the_room_left():
@@ -87,14 +97,14 @@ def test_lora_sets_take_turns_in_a_fixed_order():
 
 
 def test_a_prompt_goes_beside_the_running_sequences():
-    slots = [Slot(seq_id=i) for i in range(6)]
+    slots = [_slot(i) for i in range(6)]
     slots[2].job = slots[3].job = Job(GenerationRequest("x"), sink=lambda e: None)
     free = [s for s in slots if s.job is None]
     none = {id(s): 0 for s in slots}
     slot, source = place(slots, free, none)
     assert slot.seq_id in (1, 4) and source is slot
     # a long cached prefix far away is copied over, not decoded again
-    slots[0].cached = list(range(40))
+    slots[0].kv.decoded(list(range(40)))
     shared = {**none, id(slots[0]): 40}
     slot, source = place(slots, free, shared)
     assert slot.seq_id in (1, 4) and source is slots[0]
@@ -170,7 +180,7 @@ def _keyed(scope: str) -> Job:
 
 
 def test_a_freed_slot_goes_to_the_key_holding_the_fewest_then_the_oldest():
-    slots = [Slot(seq_id=i) for i in range(3)]
+    slots = [_slot(i) for i in range(3)]
     slots[0].job, slots[1].job = _keyed("b"), _keyed("b")
     waiting = [_keyed("b"), _keyed("b"), _keyed("a"), _keyed("c")]
     assert next_waiting(waiting, slots) == 2  # a holds none; b's queued ones wait

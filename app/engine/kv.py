@@ -1,0 +1,110 @@
+"""One sequence's KV cache and the mirror of what it holds, changed together in one place.
+
+The scheduler reuses a slot's KV for the next prompt that shares its prefix, so it must know
+exactly which tokens (and which images, by digest) each sequence's cells hold. llama.cpp's own
+server keeps that list private to its ``server_tokens`` for the same reason: "disallow accessing
+these members directly, risking out-of-sync". Every change to a sequence's cells goes through a
+``KvSeq`` method that changes the mirror with it, so between steps ``tokens`` is exactly what
+the cells hold (tests/support/fake_llama.py checks it after every step). Within a step, a
+draft being checked has cells past the mirror (``drafted``) until it is settled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from app.engine.tokens import Mark
+
+if TYPE_CHECKING:
+    from app.engine.llama_media import ImageSpan
+
+
+class KvSeq:
+    """Sequence ``seq_id`` of a context's memory: its cells, the tokens they hold, the images
+    among them, and the position its next token takes."""
+
+    __slots__ = ("_ll", "_mem", "seq_id", "_tokens", "_marks", "n_pos", "_drafted")
+
+    def __init__(self, ll: Any, mem: Any, seq_id: int):
+        self._ll, self._mem, self.seq_id = ll, mem, seq_id
+        self._tokens: list[int] = []
+        self._marks: list[Mark] = []  # the images among the tokens, by full digest
+        # the position the next token takes: the token count, except after an image of a
+        # projector that places image tokens in 2-D (M-RoPE), which moves it by fewer
+        self.n_pos = 0
+        self._drafted = 0  # cells past the mirror: a draft decoded and not yet settled
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The tokens the cells hold, in order (an image as its placeholder ids). Read only."""
+        return self._tokens
+
+    @property
+    def marks(self) -> Sequence[Mark]:
+        return self._marks
+
+    @property
+    def drafted(self) -> int:
+        """Drafted cells past the mirror (0 between steps)."""
+        return self._drafted
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def decoded(self, tokens: Sequence[int], drafted: int = 0) -> None:
+        """``tokens`` were just decoded into the cells, from position ``n_pos`` on, and after
+        them ``drafted`` tokens of a draft, which join the mirror only as they are kept."""
+        self._tokens.extend(tokens)
+        self.n_pos += len(tokens)
+        self._drafted = drafted
+
+    def draft_kept(self, token: int) -> None:
+        """The next drafted cell is kept: the model sampled its token too."""
+        assert self._drafted > 0
+        self._tokens.append(token)
+        self.n_pos += 1
+        self._drafted -= 1
+
+    def decoded_image(self, span: ImageSpan, after: int) -> None:
+        """An image was just decoded into the cells; ``after``: the position after it."""
+        self._tokens.extend([span.placeholder] * span.n)
+        self._marks.append(span.mark)
+        self.n_pos = after
+
+    def keep_first(self, n: int, pos: int) -> int:
+        """Keep the first ``n`` tokens (never the inside of an image: ``slots.before_image``
+        cuts there), the next one at ``pos``; how many are kept: 0 when this model's memory
+        cannot drop a suffix (a recurrent one), which then starts afresh."""
+        if n < len(self._tokens) and not self._ll.llama_memory_seq_rm(
+                self._mem, self.seq_id, pos, -1):
+            self.clear()
+            return 0
+        del self._tokens[n:]
+        self._marks = [m for m in self._marks if m.start + m.n <= n]
+        self.n_pos = pos
+        return n
+
+    def clear(self) -> None:
+        """Drop every cell."""
+        self._ll.llama_memory_seq_rm(self._mem, self.seq_id, -1, -1)
+        self.freed()
+
+    def copy_from(self, other: KvSeq) -> None:
+        """The cells become a copy of ``other``'s (a whole stream: a memory copy)."""
+        self._ll.llama_memory_seq_cp(self._mem, other.seq_id, self.seq_id, -1, -1)
+        self._tokens, self._marks = list(other._tokens), list(other._marks)
+        self.n_pos = other.n_pos
+
+    def drop_draft(self) -> None:
+        """Drop the cells past the mirror, if any: the drafted tail the model did not keep."""
+        if self._drafted:
+            self._ll.llama_memory_seq_rm(self._mem, self.seq_id, self.n_pos, -1)
+            self._drafted = 0
+
+    def freed(self) -> None:
+        """The cells are gone (cleared, or the context freed): the mirror is empty."""
+        self._tokens.clear()
+        self._marks = []
+        self.n_pos = 0
+        self._drafted = 0
