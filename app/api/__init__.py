@@ -1,7 +1,7 @@
 """The wire APIs, each one module over the neutral core (app.core).
 
-An API is a subclass of a seam (app.api.generation.GenerationApi, or
-app.api.embeddings.EmbeddingApi) in its own module, listed once in ``APIS``: that mounts its
+An API is a subclass of a seam (app.api.generation.GenerationApi,
+app.api.embeddings.EmbeddingApi or app.api.rerank.RerankApi) in its own module, listed once in ``APIS``: that mounts its
 routes with its own error shape, makes it reachable through the Vertex predict route (by
 ``@requestFormat`` or, for a raw body, by its fields: the APIs are asked in this order, so the
 one with the most distinctive fields comes first), and lets it claim the shared model routes
@@ -20,14 +20,16 @@ from app.api.embeddings import OpenAIEmbeddings, VertexEmbeddings
 from app.api.gemini import Gemini, GeminiEmbed
 from app.api.ollama import OllamaChat, OllamaEmbed, OllamaGenerate
 from app.api.openai import ChatCompletions, Completions
+from app.api.rerank import CohereV1, CohereV2, Rerank, Score
 from app.api.responses import Responses
 from app.api.vertex import Predict
 from app.core.service import Service
 from app.settings import Settings, slots_per_request
 
 APIS: list[type[Api]] = [
-    Messages, OpenAIEmbeddings, Gemini, OllamaChat, OllamaGenerate, Responses, ChatCompletions,
-    Completions, VertexEmbeddings, OllamaEmbed, GeminiEmbed,
+    Messages, OpenAIEmbeddings, CohereV1, Rerank, CohereV2, Score, Gemini, OllamaChat,
+    OllamaGenerate, Responses, ChatCompletions, Completions, VertexEmbeddings, OllamaEmbed,
+    GeminiEmbed,
 ]
 # The APIS setting's names for them (an API's embedding route goes with its family, so
 # APIS=ollama serves /api/embed too; "embeddings" is OpenAI's and Vertex's).
@@ -35,7 +37,8 @@ FAMILIES: dict[type[Api], str] = {
     Messages: "anthropic", OpenAIEmbeddings: "embeddings", Gemini: "gemini",
     OllamaChat: "ollama", OllamaGenerate: "ollama", Responses: "responses",
     ChatCompletions: "openai", Completions: "openai", VertexEmbeddings: "embeddings",
-    OllamaEmbed: "ollama", GeminiEmbed: "gemini",
+    OllamaEmbed: "ollama", GeminiEmbed: "gemini", CohereV1: "rerank", Rerank: "rerank",
+    CohereV2: "rerank", Score: "rerank",
 }
 
 

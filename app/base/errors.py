@@ -82,13 +82,16 @@ class ModelNotFound(NotFound):
 
 
 class EmbeddingOnly(BadRequest):
-    """A generation asked of a model that only embeds (an embedding GGUF, EMBEDDINGS=only)."""
+    """A generation asked of a model that only embeds (an embedding GGUF, EMBEDDINGS=only) or
+    only reranks (a reranker GGUF)."""
 
     code = "model_not_supported"
 
-    def __init__(self) -> None:
-        super().__init__("this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use "
-                         "/v1/embeddings")
+    def __init__(self, reranks: bool = False) -> None:
+        super().__init__(
+            "this model only reranks (a reranker GGUF, pooling type rank): use /v1/rerank, "
+            "/v2/rerank or /score" if reranks else
+            "this model only embeds (an embedding GGUF, or EMBEDDINGS=only): use /v1/embeddings")
 
 
 class NotSupported(ServiceError):

@@ -13,7 +13,7 @@ Where each figure is taken, at the narrowest point that knows it:
   is written on the engine thread or the hub for them.
 
 ``api`` is the route the request came through: chat, completions, messages, responses,
-embeddings, predict (every Vertex AI predict call, whatever its instances are).
+embeddings, rerank, score, predict (every Vertex AI predict call, whatever its instances are).
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ API_LABELS = {
     "ollama_embed": "embeddings",
     "gemini": "gemini",
     "gemini_embed": "embeddings",
+    "rerank": "rerank",
+    "rerank_cohere_v1": "rerank",
+    "rerank_cohere_v2": "rerank",
+    "score": "score",
 }
 PREDICT = "predict"
 

@@ -7,9 +7,11 @@ instances) answers the same numbers for the same text.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +47,24 @@ class EmbedResult:
 
     def first_error(self) -> ServiceError | None:
         return next((v for v in self.items if isinstance(v, ServiceError)), None)
+
+
+@contextlib.contextmanager
+def holding(engine: Any) -> Iterator[None]:
+    """The model kept loaded while the block runs (woken first, off the hub, when an engine
+    that sleeps when idle is asleep)."""
+    hold = getattr(engine, "acquire_model", None)
+    if hold is not None and not hold(wait=False):
+        try:
+            bridge.offload(engine.wait_awake)
+        except BaseException:
+            engine.release_model()
+            raise
+    try:
+        yield
+    finally:
+        if hold is not None:
+            engine.release_model()
 
 
 class Embeddings:
@@ -93,23 +113,12 @@ class Embeddings:
             api: str = "embeddings") -> EmbedResult:
         """Every input's vector or error; request-wide errors (bad dimensions, queue full,
         model loading, the client gone) are raised. ``api``: the metrics' label."""
-        engine = self.service.engine
-        hold = getattr(engine, "acquire_model", None)  # an engine that sleeps when idle
-        if hold is not None and not hold(wait=False):
-            try:
-                bridge.offload(engine.wait_awake)  # asleep: woken; wait off the hub
-            except BaseException:
-                engine.release_model()
-                raise
-        try:
+        with holding(self.service.engine):
             model, emb = self.check(inp)
             # the embedder asks ``gone`` itself at every decode: a hang-up stops the batch at
             # the next one, not at this greenlet's next poll
             handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout, gone))
-            outcomes = self._wait(handle, gone, api)
-        finally:
-            if hold is not None:
-                engine.release_model()
+            outcomes = self.wait(handle, gone, api)
         result = EmbedResult(model, [self._finish(o, inp.dimensions) for o in outcomes])
         m = self.service.metrics.api(api)
         m.prompt_tokens.inc(result.tokens)
@@ -117,8 +126,8 @@ class Embeddings:
             m.timeouts.inc()
         return result
 
-    def _wait(self, handle: EmbedHandle, gone: Callable[[], bool] | None,
-              api: str = "embeddings") -> list:
+    def wait(self, handle: EmbedHandle, gone: Callable[[], bool] | None,
+             api: str = "embeddings") -> list:
         """The outcomes; polls ``gone`` while waiting (then the rest is skipped)."""
         limit = (self.timeout or 3600.0) + 60.0  # the engine answers by its own deadline
         deadline = time.monotonic() + limit

@@ -125,6 +125,8 @@ class Service:
                 [{"role": "user", "content": "hi"}],
                 output=OutputFormat("json_schema", {"type": "object"}),
             ), None))
+        except EmbeddingOnly:
+            pass  # an embedding model or a reranker: no chat path to warm
         except Exception:  # noqa: BLE001 - a template that fails here fails its requests clearly
             log.warning("warming the chat path failed", exc_info=True)
 
@@ -172,7 +174,8 @@ class Service:
         self.info()  # 503 at once while loading
         embedder = getattr(self.engine, "embedder", None)
         if embedder is not None and embedder.info.only:
-            raise EmbeddingOnly()  # before planning: such a GGUF often has no chat template
+            # before planning: such a GGUF often has no chat template
+            raise EmbeddingOnly(reranks=embedder.info.rank is not None)
         return bridge.offload(self.plan, parse, timeout=self.prepare_timeout)
 
     def offload(self, fn: Callable[[], T]) -> T:

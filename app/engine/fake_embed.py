@@ -2,6 +2,8 @@
 
 A text's vector is a fixed function of its words (so equal texts embed equally and the tests
 can check values), one token per word; an input containing ``FAIL_EMBED`` fails on its own.
+With pooling ``rank`` it is a reranker: each input is a pair's tokens, and its one output is
+``fake_rank_logit`` of them.
 Requests are answered on a native thread through the same channel as the real embedder's.
 """
 
@@ -11,9 +13,20 @@ import zlib
 
 import numpy as np
 
-from app.base.bridge import Channel, start_native_thread
+from app.base.bridge import Channel, original_sleep, start_native_thread
 from app.base.errors import BadRequest, ContextOverflow, EngineFailure, QueueFull
-from app.engine.embed import Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
+from app.engine.embed import (
+    Embedding,
+    EmbedHandle,
+    EmbedInfo,
+    EmbedRequest,
+    Outcome,
+    RankInfo,
+    refusal,
+)
+
+# a fake reranker's framing: BOS query SEP document SEP, as a BERT-style cross-encoder's
+FAKE_RANK = RankInfo(template=None, prefix=(1,), middle=(2,), suffix=(2,), n_out=1)
 
 
 def fake_vector(text: str, n_embd: int) -> np.ndarray:
@@ -22,11 +35,20 @@ def fake_vector(text: str, n_embd: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(n_embd).astype(np.float32) * 3
 
 
+def fake_rank_logit(tokens: tuple[int, ...]) -> float:
+    """The fake reranker's raw output for a pair's tokens (its score before any activation)."""
+    seed = zlib.crc32(np.asarray(tokens, dtype=np.int64).tobytes())
+    return float(np.float32(np.random.default_rng(seed).standard_normal() * 4))
+
+
 class FakeEmbedder:
     def __init__(self, n_embd: int = 16, n_ctx: int = 32, pooling: str = "mean",
-                 only: bool = False, capacity: int = 64):
+                 only: bool = False, capacity: int = 64, rank: RankInfo | None = None):
+        if pooling == "rank" and rank is None:
+            rank = FAKE_RANK
         self._info = EmbedInfo(n_embd=n_embd, pooling=pooling, n_ctx=n_ctx,  # type: ignore[arg-type]
-                               only=only)
+                               only=only, rank=rank, max_bytes=n_ctx * 8)
+        self.hold = False  # requests wait (unanswered) until this is False again
         self.capacity = capacity
         self.requests: list[EmbedRequest] = []
         self.running = 0
@@ -40,9 +62,9 @@ class FakeEmbedder:
         return {"waiting": 0, "decodes": len(self.requests), "batch_widths": {}}
 
     def submit(self, request: EmbedRequest) -> EmbedHandle:
-        if self._info.pooling not in ("mean", "cls", "last"):
-            raise BadRequest(f"pooling {self._info.pooling!r} gives no embedding per input",
-                             code="pooling_not_supported")
+        refused = refusal(self._info.pooling, request.rank)
+        if refused is not None:
+            raise refused
         if self.running >= self.capacity:
             raise QueueFull("server is busy")
         self.requests.append(request)
@@ -53,6 +75,13 @@ class FakeEmbedder:
 
         def run() -> None:
             try:
+                for _ in range(3000):  # bounded: at most 30 s held
+                    if not self.hold or cancel[0]:
+                        break
+                    original_sleep(0.01)
+                if request.rank:
+                    channel.put([self._rank(x) for x in request.inputs])
+                    return
                 channel.put([self._one(x, request.truncate) for x in request.inputs])
             finally:
                 self.running -= 1
@@ -72,3 +101,9 @@ class FakeEmbedder:
                                    param="input")
         words = words[: self._info.n_ctx]
         return Embedding(fake_vector(" ".join(words), self._info.n_embd), len(words), cut)
+
+    def _rank(self, item: str | tuple[int, ...]) -> Outcome:
+        if not isinstance(item, tuple) or len(item) > self._info.n_ctx:
+            return ContextOverflow(f"a pair of {len(item)} tokens, at most {self._info.n_ctx}",
+                                   param="documents")
+        return Embedding(np.array([fake_rank_logit(item)], dtype=np.float32), len(item))

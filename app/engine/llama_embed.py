@@ -38,8 +38,18 @@ from app.base.errors import (
     ServiceError,
     ShuttingDown,
 )
-from app.engine.embed import POOLING_IDS, Embedding, EmbedHandle, EmbedInfo, EmbedRequest, Outcome
+from app.engine.embed import (
+    POOLING_IDS,
+    VECTOR_POOLING,
+    Embedding,
+    EmbedHandle,
+    EmbedInfo,
+    EmbedRequest,
+    Outcome,
+    refusal,
+)
 from app.engine.embed_jobs import Input, Job, pick
+from app.engine.llama_rank import meta, rank_info
 from app.engine.types import outside_vocab
 
 log = logging.getLogger(__name__)
@@ -60,6 +70,8 @@ def open_context(ll, model, what: str, hint: str, **params: object) -> tuple[obj
         raise ModelLoadError(
             f"could not create {what} of {cparams.n_ctx} tokens (not enough memory? {hint})")
     return ctx, ll.llama_get_memory(ctx)
+
+CAUSAL_RANK_UBATCH = 512  # a decoder reranker's micro-batch (see LlamaEmbedder._ubatch)
 DEFAULT_MAX_CTX = 8192  # EMBEDDING_CTX=0: the training context, at most this
 # ... on a generative model, whose logits llama.cpp computes for every token of a decode too:
 # 2048 tokens x a 49k vocabulary is a 400 MB compute buffer (8192 made it 1.7 GB)
@@ -172,8 +184,13 @@ class LlamaEmbedder:
         self._turns = turns or DecodeTurns()
         n_out = getattr(ll, "llama_model_n_embd_out", None)
         n_embd = n_out(model) if n_out else ll.llama_model_n_embd(model)
+        rank = rank_info(ll, model, vocab) if config.pooling == "rank" else None
+        self._n_out = rank.n_out if rank is not None else n_embd  # floats per input
+        self._causal = meta(ll, model, f"{meta(ll, model, 'general.architecture')}"
+                                        ".attention.causal") != "false"
         self._info = EmbedInfo(n_embd=n_embd, pooling=config.pooling,  # type: ignore[arg-type]
-                               n_ctx=config.n_ctx, only=config.only)
+                               n_ctx=config.n_ctx, only=config.only, rank=rank,
+                               max_bytes=max_input_bytes)
         # a truncated input keeps the special token the tokenizer puts last (SEP, EOS)
         self._keep_last = bool(ll.llama_vocab_get_add_eos(vocab) or ll.llama_vocab_get_add_sep(vocab))
         self._ctx = None
@@ -198,8 +215,8 @@ class LlamaEmbedder:
 
     @property
     def usable(self) -> bool:
-        """Whether this pooling gives one vector per input."""
-        return self.config.pooling in ("mean", "cls", "last")
+        """Whether this pooling gives one output per input: a vector, or a reranker's scores."""
+        return self.config.pooling in (*VECTOR_POOLING, "rank")
 
     # ---- engine thread, at load ------------------------------------------------------------
     def open(self) -> None:
@@ -216,7 +233,7 @@ class LlamaEmbedder:
             n_ctx=cfg.n_ctx,
             # a sequence, and a pooled one, must sit in one micro-batch: the whole batch
             n_batch=cfg.n_ctx,
-            n_ubatch=cfg.n_ctx,
+            n_ubatch=self._ubatch(),
             n_seq_max=cfg.n_seq,
             kv_unified=True,  # inputs of any length share the cells; cleared every decode
             n_threads=cfg.threads,
@@ -232,8 +249,26 @@ class LlamaEmbedder:
             raise ModelLoadError(f"embedding warm-up failed: {out.message}")
         self._decodes = self._inputs = 0
         self._widths.clear()
+        rank = self._info.rank
+        if rank is not None:
+            log.info("reranking: %s, %d output(s)%s, %d tokens per pair and batch, %d pairs "
+                     "per decode", "a rerank prompt template" if rank.template else
+                     "query and document joined by the vocabulary's special tokens",
+                     rank.n_out, f" ({', '.join(rank.labels)})" if rank.labels else "",
+                     cfg.n_ctx, cfg.n_seq)
+            return
         log.info("embeddings: %s pooling, %d dimensions, %d tokens per input and batch, "
                  "%d inputs per decode", cfg.pooling, self._info.n_embd, cfg.n_ctx, cfg.n_seq)
+
+    def _ubatch(self) -> int:
+        """The micro-batch: the whole context, so that a non-causal model sees each input in
+        one piece (llama.cpp aborts otherwise) and pooling sees it whole. A causal reranker
+        reads each pair's last token and has a KV cache, so its pairs may be split (as
+        llama-server does): a smaller micro-batch keeps the output layer llama.cpp runs for
+        every token (vocabulary x micro-batch floats: 5 GB for Qwen3-Reranker at 8192) small."""
+        if self.config.pooling == "rank" and self._causal:
+            return min(self.config.n_ctx, CAUSAL_RANK_UBATCH)
+        return self.config.n_ctx
 
     def start(self) -> None:
         self._running = True
@@ -243,15 +278,9 @@ class LlamaEmbedder:
     def submit(self, request: EmbedRequest) -> EmbedHandle:
         if self._stopping or not self._running:
             raise ShuttingDown("server is shutting down")
-        if not self.usable:
-            raise BadRequest(
-                f"this model's pooling type is {self.config.pooling!r}, which gives "
-                + ("a score per input (a reranker)" if self.config.pooling == "rank"
-                   else "one vector per token")
-                + ", not one embedding per input; start the server with EMBEDDING_POOLING="
-                "mean, cls or last",
-                code="pooling_not_supported",
-            )
+        refused = refusal(self.config.pooling, request.rank)
+        if refused is not None:
+            raise refused
         with self._count_lock:
             if self._in_flight >= self.config.n_seq + self.config.max_queue:
                 raise QueueFull(
@@ -456,7 +485,7 @@ class LlamaEmbedder:
                 self._decode_since = None
             if rc != 0:
                 return EngineFailure(f"embedding decode failed (code {rc})")
-            dim = self._info.n_embd
+            dim = self._n_out
             vectors = []
             for seq_id in range(len(seqs)):
                 ptr = ll.llama_get_embeddings_seq(self._ctx, seq_id)

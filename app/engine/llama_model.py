@@ -201,6 +201,7 @@ class LlamaModel:
             placement=self.placement,
             adapters=tuple((f.name, f.scale) for f in self.adapters.files)
             if self.adapters is not None else (),
+            reranks=self.embedder is not None and self.embedder.info.rank is not None,
         )
 
     def _special_texts(self, template: str | None) -> tuple[str, ...]:

@@ -233,6 +233,7 @@ class ModelInfo:
     placement: dict | None = None
     # LORA_ADAPTERS: (name, scale when chosen) by adapter index
     adapters: tuple[tuple[str, float], ...] = ()
+    reranks: bool = False  # a reranker (pooling rank): /v1/rerank, /v2/rerank and /score
 
     @property
     def modalities(self) -> dict[str, bool]:

@@ -494,6 +494,7 @@ def model_meta(info: ModelInfo, length: Length | None = None) -> dict[str, Any]:
         "max_tokens_default": default,
         "max_tokens_limit": limit,
         "modalities": info.modalities,  # as /props says
+        "reranks": info.reranks,  # serves /v1/rerank, /v2/rerank and /score
     }
 
 

@@ -142,11 +142,13 @@ class InputSettings(BaseModel):
         "EMBEDDING_CTX). on: both. off: none. only: embeddings, no generation context.",
         **env("EMBEDDINGS"),
     )
-    embedding_pooling: Literal["auto", "mean", "cls", "last", "none"] = Field(
+    embedding_pooling: Literal["auto", "mean", "cls", "last", "none", "rank"] = Field(
         "auto",
         description="How a text's token vectors become one: auto (the GGUF's pooling type, else "
         "mean), mean, cls (first token) or last (last token: decoder embedding models). none "
-        "gives one vector per token, which /v1/embeddings refuses with a 400.",
+        "gives one vector per token, which /v1/embeddings refuses with a 400. rank: the model "
+        "is a reranker (its classification head scores pairs: /v1/rerank), for a reranker "
+        "GGUF whose metadata lacks the pooling type.",
         **env("EMBEDDING_POOLING"),
     )
     embedding_ctx: int = Field(
@@ -179,6 +181,24 @@ class InputSettings(BaseModel):
         ge=1,
         le=100_000,
         **env("EMBEDDING_MAX_INPUTS"),
+    )
+    # --- reranking ---------------------------------------------------------------------------
+    rerank_max_documents: int = Field(
+        1000,
+        description="Most documents in one rerank request (or pairs in one /score request); "
+        "more is a 400. Each is a sequence the reranker decodes.",
+        ge=1,
+        le=100_000,
+        **env("RERANK_MAX_DOCUMENTS"),
+    )
+    rerank_max_bytes: int = Field(
+        8 * 1024 * 1024,
+        description="Most bytes of text in one rerank or score request (its documents and each "
+        "distinct query, in UTF-8); more is a 413. Bounds the tokenizing a request costs "
+        "before its first pair is decoded; MAX_BODY_BYTES bounds the body first.",
+        ge=1024,
+        le=1 << 30,
+        **env("RERANK_MAX_BYTES"),
     )
     embedding_task_prefixes: dict[str, str] = Field(
         default_factory=dict,

@@ -44,7 +44,7 @@ class ServingSettings(BaseModel):
         "all",
         description="The wire APIs served: all, or a comma-separated list of openai (Chat "
         "Completions, Completions), responses, anthropic, gemini, ollama, embeddings (OpenAI's "
-        "and Vertex's). An API left out has no routes (a 404), and the predict route does not "
+        "and Vertex's), rerank (the rerank and score routes). An API left out has no routes (a 404), and the predict route does not "
         "dispatch to it.",
         **env("APIS"),
     )
@@ -290,7 +290,8 @@ class ServingSettings(BaseModel):
     @classmethod
     def _known_apis(cls, value: str) -> str:
         names = [p.strip() for p in value.split(",")]
-        known = {"all", "openai", "responses", "anthropic", "gemini", "ollama", "embeddings"}
+        known = {"all", "openai", "responses", "anthropic", "gemini", "ollama", "embeddings",
+                 "rerank"}
         unknown = [n for n in names if n not in known]
         if unknown or not names:
             raise ValueError(f"{unknown or value!r}: APIS takes all, or some of "

@@ -274,7 +274,7 @@ def test_envelope_request_format_selects_explicitly(client, fake_engine):
     body = {"instances": [{"@requestFormat": "completions", "prompt": "p", "messages": [{"role": "user", "content": "x"}]}]}
     pred = client.post("/predict", json=body).get_json()["predictions"][0]
     assert pred["error"]["param"] == "messages"
-    pred = client.post("/predict", json={"instances": [{"@requestFormat": "rerank", "input": "x"}]}).get_json()["predictions"][0]
+    pred = client.post("/predict", json={"instances": [{"@requestFormat": "classify", "input": "x"}]}).get_json()["predictions"][0]
     assert "@requestFormat" in pred["error"]["message"]
 
 

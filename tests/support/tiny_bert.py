@@ -29,6 +29,9 @@ def vocabulary() -> list[str]:
 
 
 def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
+    """``pooling`` rank makes it a cross-encoder (bge / jina reranker class): the pooler's dense
+    layer and tanh (``cls``) and a one-logit head (``cls.output``), as convert_hf_to_gguf.py
+    writes a BertForSequenceClassification; it then scores [CLS] query [SEP] document."""
     rng = np.random.default_rng(seed)
     vocab = vocabulary()
     w = GGUFWriter(str(path), "bert")
@@ -40,7 +43,8 @@ def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
     w.add_block_count(N_LAYER)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
-    w.add_pooling_type({"mean": PoolingType.MEAN, "cls": PoolingType.CLS}[pooling])
+    w.add_pooling_type({"mean": PoolingType.MEAN, "cls": PoolingType.CLS,
+                        "rank": PoolingType.RANK}[pooling])
     w.add_token_type_count(2)
     w.add_tokenizer_model("bert")
     w.add_token_list(vocab)
@@ -60,6 +64,11 @@ def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
+    if pooling == "rank":
+        t("cls.weight", N_EMBD, N_EMBD)
+        t("cls.bias", N_EMBD)
+        t("cls.output.weight", N_EMBD, 1, scale=0.3)
+        t("cls.output.bias", 1)
     t("token_embd.weight", N_EMBD, len(vocab))
     t("token_types.weight", N_EMBD, 2)
     t("position_embd.weight", N_EMBD, N_CTX)
