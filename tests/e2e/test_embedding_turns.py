@@ -8,7 +8,6 @@ Structure only: which decodes ran, what each answered, in which order; never how
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 from collections.abc import Iterator
@@ -18,7 +17,6 @@ import pytest
 import requests
 
 from app import engine_config
-from app.base.bridge import ThreadEvent, allocate_lock
 from app.base.errors import ClientGone
 from app.base.state import LoadState
 from app.engine.embed import EmbedRequest
@@ -27,43 +25,11 @@ from app.settings import Settings
 from tests.support.metrics import scrape
 from tests.support.server import running_server, wait_for
 from tests.support.tiny_bert import N_CTX, build_tiny_bert
+from tests.support.turn_gate import Gate
 
 BATCH = 4  # EMBEDDING_BATCH: inputs per decode
 BIG = tuple(f"the cat sat on the mat {i}" for i in range(6 * BATCH))  # six decodes' worth
 LONG = tuple((7 + i,) * N_CTX for i in range(6))  # token ids filling a decode each
-
-
-class Gate:
-    """Stands in for the decode turns: each embedding decode waits for the test to let it go,
-    so the test knows exactly which decode is in progress when it submits."""
-
-    def __init__(self) -> None:
-        self.started = 0  # decodes that reached the gate
-        self.open = False  # let every decode through
-        self._go = ThreadEvent()
-        self._lock = allocate_lock()
-
-    @contextlib.contextmanager
-    def guest(self) -> Iterator[None]:
-        with self._lock:
-            self.started += 1
-        if not self.open:
-            assert self._go.wait(60), "the test never let this decode go"
-        yield
-
-    def host_busy(self) -> bool:
-        return False
-
-    def release(self) -> None:
-        """Let the decode waiting at the gate run."""
-        self._go.set()
-
-    def until_started(self, n: int) -> None:
-        wait_for(lambda: self.started >= n, 30, f"decode {n} to reach the gate")
-
-    def let_all_go(self) -> None:
-        self.open = True
-        self._go.set()
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,11 @@ from app.core.rerank_pairs import Fit, PairMaker
 from app.engine.embed import EmbedRequest
 from app.engine.llama_engine import LlamaEngine
 from app.settings import Settings
-from tests.e2e.test_embedding_turns import Gate
 from tests.support.rerank_reference import Reference
 from tests.support.server import ServerProcess, running_server, wait_for
 from tests.support.tiny_bert import N_CTX, build_tiny_bert
 from tests.support.tiny_reranker import build_tiny_reranker
+from tests.support.turn_gate import Gate
 
 QUERY = "where is the cat"
 DOCS = ["the cat sat on the mat", "a dog is here", "hello world", "it is the mat",
