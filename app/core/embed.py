@@ -117,7 +117,8 @@ class Embeddings:
             model, emb = self.check(inp)
             # the embedder asks ``gone`` itself at every decode: a hang-up stops the batch at
             # the next one, not at this greenlet's next poll
-            handle = emb.submit(EmbedRequest(inp.inputs, inp.truncate, self.timeout, gone))
+            handle = emb.submit(EmbedRequest(inp.inputs, truncate=inp.truncate, timeout=self.timeout,
+                                             gone=gone))
             outcomes = self.wait(handle, gone, api)
         result = EmbedResult(model, [self._finish(o, inp.dimensions) for o in outcomes])
         m = self.service.metrics.api(api)

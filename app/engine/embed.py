@@ -9,7 +9,7 @@ to a requested size and normalizing is the core's (app.core.embed), the wire for
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
@@ -30,6 +30,7 @@ class EmbedRequest:
     refused."""
 
     inputs: tuple[str | tuple[int, ...], ...]
+    _: KW_ONLY  # options by name: a field added among them cannot shift callers' arguments
     truncate: bool = False
     rank: bool = False
     timeout: float | None = None  # seconds from submission; past it the request fails
