@@ -164,6 +164,12 @@ class Api:
         """Whether a raw Vertex body (no @requestFormat) is this API's request."""
         return False
 
+    def variant(self, body: Any, headers: Mapping[str, str]) -> str:
+        """The name of the API that answers this body: another API sharing this one's path
+        (told apart by the body or the client's headers) is named here, so the predict route
+        answers it as the path does, whatever @requestFormat named."""
+        return self.name
+
     def wants_stream(self, body: Any, facts: Facts) -> bool:
         return False
 

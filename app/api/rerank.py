@@ -10,6 +10,7 @@ the others), answered in its API's shape; a failing instance fills its own slot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from flask import Response, request
@@ -23,6 +24,7 @@ from app.protocol import openai, validate
 from app.protocol import rerank as wire
 from app.settings import Settings
 
+HINT = "see docs/rerank.md, Fields"
 OFFLOAD_RESULTS = 256  # answers with more results than this are encoded off the hub
 
 
@@ -92,6 +94,11 @@ class Rerank(RerankApi):
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "query" in body and "documents" in body
 
+    def variant(self, body: Any, headers: Mapping[str, str]) -> str:
+        if isinstance(body, dict) and wire.speaks_cohere_v1(body, headers):
+            return self.cohere_v1.name
+        return self.name
+
     @staticmethod
     def error_body(err: ServiceError) -> dict[str, Any]:
         return openai.error_body(err)
@@ -100,7 +107,7 @@ class Rerank(RerankApi):
         """The body says which API it speaks (content negotiation on the shared path)."""
         body = read_body()
         api: RerankApi = self
-        if isinstance(body, dict) and wire.speaks_cohere_v1(body, request.headers):
+        if self.variant(body, request.headers) != self.name:
             api = self.cohere_v1
         try:
             return api.respond(api.serve(body, api.facts(request.headers, gone_probe())))
@@ -108,7 +115,7 @@ class Rerank(RerankApi):
             return api.error_response(exc)
 
     def parse(self, body: Any, facts: Facts) -> tuple[RerankInput, _Asked]:
-        req: wire.JinaRerank = validate.parse(wire.JinaRerank, body, wire.UNSUPPORTED)
+        req: wire.JinaRerank = validate.parse(wire.JinaRerank, body, wire.UNSUPPORTED, HINT)
         texts = [wire.document_text(d, i) for i, d in enumerate(req.documents)]
         overflow, pair_max = wire.pair_limit(req.truncate_prompt_tokens)
         if req.max_tokens_per_doc is not None and overflow == "error":
@@ -137,7 +144,6 @@ class _Cohere(RerankApi):
                                   result.model)
 
 
-
 class CohereV1(_Cohere):
     """Cohere's v1 rerank: served on /v1/rerank through :class:`Rerank` (the path is Jina's
     too), and through Vertex for a body only Cohere v1 sends, or ``@requestFormat``
@@ -151,7 +157,7 @@ class CohereV1(_Cohere):
         return "query" in body and "documents" in body and wire.speaks_cohere_v1(body)
 
     def parse(self, body: Any, facts: Facts) -> tuple[RerankInput, _Asked]:
-        req: wire.CohereV1Rerank = validate.parse(wire.CohereV1Rerank, body, wire.UNSUPPORTED)
+        req: wire.CohereV1Rerank = validate.parse(wire.CohereV1Rerank, body, wire.UNSUPPORTED, HINT)
         texts = [wire.document_text(d, i, req.rank_fields) for i, d in enumerate(req.documents)]
         chunks = req.max_chunks_per_doc or 10  # Cohere's default
         fit = Fit("chunk", chunks=chunks, max_doc_tokens=req.max_tokens_per_doc)
@@ -171,7 +177,7 @@ class CohereV2(_Cohere):
     version = "2"
 
     def parse(self, body: Any, facts: Facts) -> tuple[RerankInput, _Asked]:
-        req: wire.CohereV2Rerank = validate.parse(wire.CohereV2Rerank, body, wire.UNSUPPORTED)
+        req: wire.CohereV2Rerank = validate.parse(wire.CohereV2Rerank, body, wire.UNSUPPORTED, HINT)
         if req.relevant_spans is not None and req.relevant_spans.mode != "disabled":
             raise BadRequest("relevant_spans: this server does not find spans (Rerank v5 "
                                   "models only): leave it out", param="relevant_spans")
@@ -198,7 +204,7 @@ class Score(RerankApi):
         return openai.error_body(err)
 
     def parse(self, body: Any, facts: Facts) -> tuple[RerankInput, None]:
-        req: wire.Score = validate.parse(wire.Score, body, wire.UNSUPPORTED)
+        req: wire.Score = validate.parse(wire.Score, body, wire.UNSUPPORTED, HINT)
         pairs, first, second, indexed = wire.score_pairs(req)
         overflow, pair_max = wire.pair_limit(req.truncate_prompt_tokens)
         fit = Fit(overflow, max_pair_tokens=pair_max, first=first, second=second,  # type: ignore[arg-type]

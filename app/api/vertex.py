@@ -72,6 +72,7 @@ class Predict:
                 if resumed is not None:
                     return resumed
                 api = self.apis[vertex.api_of(body, self.formats)]
+                api = self.apis[api.variant(vertex.strip_format(body), request.headers)]
                 facts = self.facts(api, request.headers, gone_probe())
                 result: Answer = api.serve(vertex.strip_format(body), facts)
                 return api.respond(result)
@@ -82,7 +83,9 @@ class Predict:
             return error_response(exc, openai.error_body)  # the envelope itself: OpenAI's shape
 
     def _envelope(self, body: dict[str, Any], headers: Mapping[str, str]) -> Response:
-        items = vertex.parse_envelope(body, self.max_instances, self.formats)
+        items = [vertex.Instance(self.apis[item.api].variant(item.body, headers), item.body)
+                 if isinstance(item, vertex.Instance) else item
+                 for item in vertex.parse_envelope(body, self.max_instances, self.formats)]
         streams: list[vertex.Instance] = []
         for i, item in enumerate(items):
             if isinstance(item, vertex.Instance):

@@ -139,6 +139,9 @@ class Embeddings:
                 except ClientGone:  # the embedder saw it first
                     self.service.metrics.api(api).gone()
                     raise
+                except GenerationTimeout:  # the whole request ran past its deadline
+                    self.service.metrics.api(api).timeouts.inc()
+                    raise
                 except TimeoutError:
                     if gone is not None and gone():
                         self.service.metrics.api(api).gone()

@@ -8,7 +8,8 @@ tokens here, on a worker thread, before they are submitted: the embedding thread
 How a pair becomes tokens follows llama-server (app.core.rerank_pairs); what the outputs mean
 follows vLLM: a one-logit cross-encoder's score is its sigmoid unless the request turns the
 activation off (llama-server's raw logit), a model whose graph ends in a softmax (Qwen3
-rerankers) gives its probability of "yes" as it is.
+rerankers) gives its probability of "yes" as it is, or with the activation off the yes logit
+less the no logit (vLLM's raw score for them).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class RerankResult:
 def score_of(out: np.ndarray, rank: RankInfo, activation: bool) -> float:
     """A pair's score from its classifier outputs (see the module's docstring)."""
     first = float(out[0])
+    if rank.normalized and not activation and len(out) == 2:
+        # the softmax undone: log P(yes) - log P(no) is the yes logit minus the no logit,
+        # vLLM's raw score for a Qwen3 reranker (its sigmoid is P(yes) again)
+        yes, no = (min(max(float(x), 1e-30), 1.0) for x in out)
+        return math.log(yes) - math.log(no)
     if rank.normalized or not activation:
         return first
     if len(out) == 1:

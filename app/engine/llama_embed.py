@@ -431,7 +431,8 @@ class LlamaEmbedder:
             return False
         if job.deadline is not None and time.monotonic() > job.deadline:
             self._answer(job, GenerationTimeout(
-                f"embedding exceeded the request timeout of {job.request.timeout:g} s"))
+                f"{'reranking' if job.request.rank else 'embedding'} exceeded the request "
+                f"timeout of {job.request.timeout:g} s"))
             return False
         if self._stopping and self._ctx is None:
             self._answer(job, ShuttingDown("server is shutting down"))

@@ -47,8 +47,9 @@ def api_of(body: dict[str, Any], formats: Formats, where: str = "body") -> str:
     if name is None:
         raise BadRequest(
             f"{where}: expected a chat request ('messages'), a completion request ('prompt'), "
-            "a Responses request ('input') or an embedding instance ('content'); or name the "
-            "API with @requestFormat",
+            "a Responses request ('input'), an embedding instance ('content'), a rerank "
+            "request ('query' and 'documents') or a score request ('text_1' and 'text_2'); or "
+            "name the API with @requestFormat",
         )
     return name
 

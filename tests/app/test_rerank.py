@@ -242,6 +242,32 @@ def test_vertex_envelope_instances_and_raw_bodies(rr):
     assert r.status_code == 400 and "message" in r.json  # in Cohere's shape
 
 
+
+def test_vertex_answers_cohere_v1_as_its_path_does_whatever_format_was_named(rr):
+    """@requestFormat "rerank" names the /v1/rerank path, which Cohere v1 shares: a Cohere v1
+    body (its fields, or its SDK's header on a raw body) is answered as Cohere v1 there too."""
+    client, _ = rr
+    docs = [{"title": "Cats", "text": DOCS[0]}, {"title": "Dogs", "text": DOCS[1]}]
+    cohere_v1 = {"query": QUERY, "documents": docs, "rank_fields": ["title"]}
+    want = sigmoid(logit(QUERY, "title: Cats"))
+    preds = client.post("/predict", json={"instances": [
+        {"@requestFormat": "rerank", **cohere_v1},
+        {"@requestFormat": "/v1/rerank", "query": QUERY, "documents": DOCS[:1]},
+    ]}).json["predictions"]
+    assert preds[0]["meta"]["api_version"]["version"] == "1"
+    assert {x["index"]: x["relevance_score"] for x in preds[0]["results"]}[0] == pytest.approx(
+        want, abs=1e-6)
+    assert "usage" in preds[1]  # a Jina body stays Jina's
+    raw = client.post("/predict", json={"@requestFormat": "rerank", **cohere_v1}).json
+    assert raw["meta"]["api_version"]["version"] == "1"
+    raw = client.post("/predict", json={"query": QUERY, "documents": DOCS[:1]},
+                      headers={"X-Fern-SDK-Name": "cohere"}).json
+    assert raw["meta"]["api_version"]["version"] == "1"  # Cohere's SDK, by its header
+    r = client.post("/predict", json={"foo": "bar"})
+    assert r.status_code == 400 and "'query' and 'documents'" in r.json["error"]["message"]
+    r = client.post("/rerank", json={"query": QUERY, "documents": DOCS, "nope": 1})
+    assert r.status_code == 400 and "docs/rerank.md" in r.json["error"]["message"]
+
 # ---- bounds, and who reranks ----------------------------------------------------------------
 
 

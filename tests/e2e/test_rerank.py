@@ -71,9 +71,12 @@ def ref(models, kind) -> Iterator[Reference]:
 
 def want(ref: Reference, kind: str, query: str, docs: list[str], activation: bool = True):
     """The score the server should give each pair: llama.cpp's first output, through the
-    sigmoid for the one-logit cross-encoder (the Qwen3 reranker's is a softmax already)."""
-    raw = [float(ref.score(query, d)[0]) for d in docs]
-    return [sigmoid(x) if kind == "ce" and activation else x for x in raw]
+    sigmoid for the one-logit cross-encoder (the Qwen3 reranker's is a softmax already: as it
+    is, or without the activation the log odds of yes against no)."""
+    outs = [ref.score(query, d) for d in docs]
+    if kind == "ce":
+        return [sigmoid(float(o[0])) if activation else float(o[0]) for o in outs]
+    return [float(o[0]) if activation else math.log(float(o[0]) / float(o[1])) for o in outs]
 
 
 def post(srv: ServerProcess, path: str, body: dict) -> requests.Response:

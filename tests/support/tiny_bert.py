@@ -28,19 +28,24 @@ def vocabulary() -> list[str]:
     return list(dict.fromkeys(toks))  # one id per text (llama.cpp asserts it)
 
 
-def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
+def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0, n_embd: int = N_EMBD,
+                    n_layer: int = N_LAYER, n_ff: int = N_FF, n_head: int = N_HEAD,
+                    n_ctx: int = N_CTX, f16: bool = False) -> Path:
     """``pooling`` rank makes it a cross-encoder (bge / jina reranker class): the pooler's dense
     layer and tanh (``cls``) and a one-logit head (``cls.output``), as convert_hf_to_gguf.py
-    writes a BertForSequenceClassification; it then scores [CLS] query [SEP] document."""
+    writes a BertForSequenceClassification; it then scores [CLS] query [SEP] document. The
+    sizes make a larger one for benchmarks (bench/rerank.py: bge-reranker-base's 12 x 768),
+    its matrices in f16 with ``f16``."""
     rng = np.random.default_rng(seed)
+    fan = (N_EMBD / n_embd) ** 0.5  # wider layers, smaller weights: a well-conditioned net
     vocab = vocabulary()
     w = GGUFWriter(str(path), "bert")
     w.add_name("tiny-bert")
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_block_count(N_LAYER)
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_block_count(n_layer)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
     w.add_pooling_type({"mean": PoolingType.MEAN, "cls": PoolingType.CLS,
@@ -59,33 +64,35 @@ def build_tiny_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
 
     def t(name: str, *shape: int, scale: float = 0.2) -> None:
         # numpy shape is reversed from ggml's {ne0, ne1}
-        w.add_tensor(name, (rng.standard_normal(shape[::-1]) * scale).astype(np.float32))
+        value = rng.standard_normal(shape[::-1]) * scale * fan  # fan: 1 at the tiny size
+        big = f16 and name.startswith(("blk.", "token_embd.weight"))  # others are added as is
+        w.add_tensor(name, value.astype(np.float16 if big and len(shape) == 2 else np.float32))
 
     def ones(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
     if pooling == "rank":
-        t("cls.weight", N_EMBD, N_EMBD)
-        t("cls.bias", N_EMBD)
-        t("cls.output.weight", N_EMBD, 1, scale=0.3)
+        t("cls.weight", n_embd, n_embd)
+        t("cls.bias", n_embd)
+        t("cls.output.weight", n_embd, 1, scale=0.3)
         t("cls.output.bias", 1)
-    t("token_embd.weight", N_EMBD, len(vocab))
-    t("token_types.weight", N_EMBD, 2)
-    t("position_embd.weight", N_EMBD, N_CTX)
-    ones("token_embd_norm.weight", N_EMBD)
-    t("token_embd_norm.bias", N_EMBD, scale=0.0)
-    for i in range(N_LAYER):
+    t("token_embd.weight", n_embd, len(vocab))
+    t("token_types.weight", n_embd, 2)
+    t("position_embd.weight", n_embd, n_ctx)
+    ones("token_embd_norm.weight", n_embd)
+    t("token_embd_norm.bias", n_embd, scale=0.0)
+    for i in range(n_layer):
         for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            t(f"blk.{i}.{part}.weight", N_EMBD, N_EMBD)
-            t(f"blk.{i}.{part}.bias", N_EMBD)
-        ones(f"blk.{i}.attn_output_norm.weight", N_EMBD)
-        t(f"blk.{i}.attn_output_norm.bias", N_EMBD, scale=0.0)
-        t(f"blk.{i}.ffn_up.weight", N_EMBD, N_FF)
-        t(f"blk.{i}.ffn_up.bias", N_FF)
-        t(f"blk.{i}.ffn_down.weight", N_FF, N_EMBD)
-        t(f"blk.{i}.ffn_down.bias", N_EMBD)
-        ones(f"blk.{i}.layer_output_norm.weight", N_EMBD)
-        t(f"blk.{i}.layer_output_norm.bias", N_EMBD, scale=0.0)
+            t(f"blk.{i}.{part}.weight", n_embd, n_embd)
+            t(f"blk.{i}.{part}.bias", n_embd)
+        ones(f"blk.{i}.attn_output_norm.weight", n_embd)
+        t(f"blk.{i}.attn_output_norm.bias", n_embd, scale=0.0)
+        t(f"blk.{i}.ffn_up.weight", n_embd, n_ff)
+        t(f"blk.{i}.ffn_up.bias", n_ff)
+        t(f"blk.{i}.ffn_down.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_down.bias", n_embd)
+        ones(f"blk.{i}.layer_output_norm.weight", n_embd)
+        t(f"blk.{i}.layer_output_norm.bias", n_embd, scale=0.0)
     return finish(w, path)
 
 

@@ -4,6 +4,8 @@ each fitting policy, and the activations. A byte tokenizer stands in for llama.c
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -99,6 +101,11 @@ def test_scores_follow_vllm_and_llama_server():
     assert score_of(np.array([-800.0], np.float32), FRAMED, True) == pytest.approx(0.0)
     # a softmax in the graph (Qwen3): P(yes) as it is
     assert score_of(np.array([0.3, 0.7], np.float32), TEMPLATED, True) == pytest.approx(0.3)
+    # ... and without the activation, the logits' difference (vLLM's), whose sigmoid is P(yes)
+    raw = score_of(np.array([0.3, 0.7], np.float32), TEMPLATED, False)
+    assert raw == pytest.approx(math.log(0.3 / 0.7), abs=1e-6)
+    assert 1 / (1 + math.exp(-raw)) == pytest.approx(0.3, abs=1e-6)
+    assert math.isfinite(score_of(np.array([1.0, 0.0], np.float32), TEMPLATED, False))
     several = RankInfo(None, (), (), (), n_out=2)
     assert score_of(np.array([1.0, 1.0], np.float32), several, True) == pytest.approx(0.5)
 
