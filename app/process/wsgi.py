@@ -5,8 +5,11 @@ from app import create_app
 from app.process.crash_guard import apply_safe_mode
 from app.process.gunicorn_conf import exit_worker_on_load_failure, shared_guard
 from app.settings import Settings
+from app.settings.models import not_served_yet
 
 _settings = Settings()
+if not_served_yet(_settings):  # MODELS and the rest: stop rather than ignore them
+    raise SystemExit(f"vertex-gguf: {not_served_yet(_settings)}")
 _boot = shared_guard(_settings).start_worker()
 app = create_app(apply_safe_mode(_settings, _boot), on_fatal=exit_worker_on_load_failure,
                  boot=_boot)

@@ -20,6 +20,7 @@ from app.settings.inputs import InputSettings
 from app.settings.limits import LimitSettings
 from app.settings.llama import LlamaSettings
 from app.settings.model import ModelSettings, lora_entries
+from app.settings.models import CatalogSettings
 from app.settings.serving import ServingSettings
 
 __all__ = ["DEFAULT_CACHE_DIR", "UNQUANTIZED_KV", "KvCacheType", "Settings", "ToolFormatName",
@@ -29,9 +30,10 @@ C = TypeVar("C")
 
 
 # Each part is one consumer's settings (its own file); pydantic takes the fields of the bases
-# last to first, so the parts stand here in reverse: the model's come first in help and docs.
-class Settings(LimitSettings, ServingSettings, InputSettings, LlamaSettings, ModelSettings,
-               BaseSettings):
+# last to first, so the parts stand here in reverse: the model's come first in help and docs,
+# then the several models' (MODELS, MODELS_DIR, ...: docs/models.md).
+class Settings(LimitSettings, ServingSettings, InputSettings, LlamaSettings, CatalogSettings,
+               ModelSettings, BaseSettings):
     """Server configuration: model, llama.cpp, HTTP and Vertex AI contract."""
 
     model_config = SettingsConfigDict(

@@ -37,6 +37,7 @@ if [ -z "${BACKEND:-}" ]; then
 fi
 JOBS="${JOBS:-$(nproc)}"
 MODELS="${MODELS:-nearfree,small,8b}"
+export -n MODELS  # the kit's shapes, not the server's MODELS (docs/models.md): keep it from children
 LEVELS="${LEVELS:-1,8,32,64,128}"
 PARALLEL="${PARALLEL:-$(tr ',' '\n' <<<"$LEVELS" | sort -n | tail -1)}"
 CTX="${CTX:-512}"

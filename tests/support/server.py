@@ -15,6 +15,8 @@ from pathlib import Path
 
 import requests
 
+from app.settings.models import CATALOG_FIELDS
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DATA = ROOT / "tests" / "data"  # golden transcripts, chat templates
 
@@ -56,7 +58,10 @@ class ServerProcess:
         self.port = free_port()
         fd, self.log_path = tempfile.mkstemp(prefix="vertex-gguf-", suffix=".log")
         self.log_file = os.fdopen(fd, "wb")
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_")}
+        # the platform's variables, and the several-models settings (a shell's MODELS, as
+        # bench/gpu/run.sh's list of shapes, would stop the server): a test sets its own
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith("AIP_") and k.lower() not in CATALOG_FIELDS}
         full_env.update({"HOST": "127.0.0.1", "PORT": str(self.port), "THREADS": "2"})
         full_env.update(env or {})
         if "AIP_HTTP_PORT" in full_env:

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.process.server", "app.process.wsgi"),  # the process under gunicorn
     ("app",),  # the composition root (app/__init__.py: create_app)
     ("app.edge.routes", "app.edge.auth", "app.process.gunicorn_conf",
-     "app.model.source"),  # the HTTP edge; where the model comes from
+     "app.model.source", "app.model.catalog"),  # the HTTP edge; where the models come from
     ("app.api",),  # one module per wire API
     ("app.core", "app.edge.logs", "app.model.gcs_download", "app.model.gcs", "app.model.remote",
      "app.model.http_get"),  # the protocol-neutral middle; logs; download; images named by URL
