@@ -1,7 +1,7 @@
 """MODELS_PRESET: per-model settings in an INI file, in llama-server's --models-preset format
 (common/preset.cpp): a ``[section]`` per model, a ``[*]`` section whose keys every model takes
-first, ``key = value`` lines, ``;`` or ``#`` comments (after a space when they end a line), an
-optional ``version = 1`` before the first section.
+first, ``key = value`` lines, ``;`` and ``#`` comments (anywhere: a value cannot hold them),
+``version = 1`` read and ignored.
 
 A key is one of this server's settings, spelled as its env var, its flag or its field
 (``CTX_SIZE``, ``ctx-size``, ``ctx_size``: any case), a bool one also as ``no-<flag>``; or one
@@ -115,7 +115,7 @@ class Preset:
 
 _HEADER = re.compile(r"[ \t]*\[[ \t]*([^\]]*?)[ \t]*\][ \t]*(?:[;#].*)?")
 _KEY_LINE = re.compile(r"[ \t]*([A-Za-z_][A-Za-z0-9_.-]*)[ \t]*=[ \t]*(.*)")
-_VALUE = re.compile(r"(?:(?![ \t]*(?:[;#]|$)).)*")  # up to a comment after blanks, or the end
+_VALUE = re.compile(r"(?:(?![ \t]*(?:[;#]|$)).)*")  # up to a comment or the end, blanks dropped
 _SKIP = re.compile(r"[ \t]*(?:[;#].*)?")
 
 
