@@ -99,7 +99,7 @@ def test_models_own_files_are_not_inherited(tmp_path):
     assert cat.get("a").settings.draft_model == str(tmp_path / "draft.gguf")
     assert cat.get("b").settings.draft_model is None  # one vocabulary's draft
     assert cat.get("b").settings.ctx_size == 2048  # the rest is every model's default
-    with pytest.raises(CatalogError, match="DRAFT_MODEL describe MODEL's model"):
+    with pytest.raises(CatalogError, match="DRAFT_MODEL describes MODEL's model"):
         catalog(draft_model=str(tmp_path / "draft.gguf"), models=f"b={tmp_path / 'b.gguf'}")
 
 

@@ -54,7 +54,11 @@ class _Clients:
 
     def __call__(self):
         if self.client is None:
-            self.client = gcs.make_client(self.host)
+            try:
+                self.client = gcs.make_client(self.host)
+            except Exception as exc:  # noqa: BLE001 - no credentials, most often: say so
+                raise CatalogError(f"Cloud Storage: no client: {type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
         return self.client
 
 
@@ -72,7 +76,8 @@ def build(settings: Settings, flags: Collection[str] = ()) -> Catalog:
                            "MODELS_PRESET, or MODEL")
     own_set = [f.upper() for f in MODEL_OWN if getattr(settings, f) is not None]
     if own_set and not any(e.is_model for e in entries):
-        raise CatalogError(f"{', '.join(own_set)} describe MODEL's model, and MODEL is not set: "
+        verb = "describes" if len(own_set) == 1 else "describe"
+        raise CatalogError(f"{', '.join(own_set)} {verb} MODEL's model, and MODEL is not set: "
                            "give each model its own in a MODELS_PRESET section")
     specs = [_spec(e, settings, preset, flags, clients) for e in entries]
     return _checked(settings, specs)

@@ -11,8 +11,10 @@ MODELS_DIR follows llama-server's --models-dir (common/preset.cpp, load_from_mod
 Where llama-server guesses, this says so instead: a split model's shards at the top are one
 model named by their common stem (llama-server lists each shard as a model that cannot load); a
 projector at the top pairs with nothing, a sub-folder with two models or two projectors, a
-shard missing, are errors (llama-server keeps whichever it lists last); names starting with
-``.`` are skipped (editors', downloads' and volume mounts' scratch: ``..data``, ``.x.part``).
+shard missing, are errors (llama-server keeps whichever it lists last). Files and sub-folders
+at the top whose names start with ``.`` are skipped (editors', downloads' and volume mounts'
+scratch: ``..data``, ``.x.part``); inside a sub-folder the files are listed as a MODEL folder's
+are, since the sub-folder is the model's source.
 """
 
 from __future__ import annotations
