@@ -3,6 +3,9 @@ and KEEP_ALIVE read as Ollama reads OLLAMA_KEEP_ALIVE; and the server refusing t
 serving several models lands."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -112,3 +115,12 @@ def test_the_catalog_settings_are_flags_too():
     _, s, _ = load_settings(["models", "--models", "a=/x.gguf", "--keep-alive", "-1",
                              "--models-max", "0"])
     assert (s.models, s.keep_alive, s.models_max) == ("a=/x.gguf", "-1", 0)
+
+
+def test_a_gunicorn_of_ones_own_refuses_them_too(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "MODELS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", "import app.process.wsgi"], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "vertex-gguf: MODELS_DIR set: serving several models" in (
+        done.stderr), done.stderr
