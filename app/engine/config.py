@@ -51,6 +51,9 @@ class EngineConfig:
     cpu_moe: bool
     n_cpu_moe: int
     override_tensor: str | None
+    memory_check: Literal["warn", "error", "off"]
+    memory_margin_gb: float
+    memory_budget_gb: str | None
     spec_ngram: bool
     spec_adaptive: bool
     spec_draft_max: int

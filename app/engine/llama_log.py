@@ -22,12 +22,18 @@ PLACEMENT = re.compile(
 # tensor an override moved (a debug line, read whatever the log level)
 _KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB")
 _OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to (\S+)")
+# each buffer llama.cpp allocates: "CPU_Mapped model buffer size = 92.10 MiB", "CUDA0 KV buffer
+# size", "CPU compute buffer size", "CUDA_Host output buffer size", a recurrent "RS buffer size"
+_BUFFER = re.compile(r"^\S+:\s+(\S+)\s+(model|KV|RS|output|compute) buffer size =\s*([\d.]+) MiB")
+_KINDS = {"model": "weights", "KV": "kv_cache", "RS": "kv_cache", "output": "output",
+          "compute": "compute"}
 _callback = None  # the ctypes callback, kept alive for as long as llama.cpp may call it
 
 
 class Seen:
-    """What the log said during one load: the KV cache's MiB (of the last context made) and
-    the tensors moved by overrides, by buffer type."""
+    """What the log said during one load: the KV cache's MiB (of the last context made), the
+    tensors moved by overrides, by buffer type, and the bytes of every buffer llama.cpp
+    allocated (all contexts), by buffer type and kind (/props "memory": "reported")."""
 
     def __init__(self) -> None:
         self.reset()
@@ -35,12 +41,17 @@ class Seen:
     def reset(self) -> None:
         self.kv_cache_mib = 0.0
         self.overridden: dict[str, list[str]] = {}
+        self.buffers: dict[str, dict[str, int]] = {}
 
     def read(self, line: str) -> None:
         if m := _KV_SIZE.search(line):
             self.kv_cache_mib = float(m.group(1))
         elif m := _OVERRIDDEN.search(line):
             self.overridden.setdefault(m.group(2), []).append(m.group(1))
+        if (m := _BUFFER.search(line)) and not line.startswith("~"):
+            by = self.buffers.setdefault(m.group(1), {})
+            kind = _KINDS[m.group(2)]
+            by[kind] = by.get(kind, 0) + round(float(m.group(3)) * 2**20)
 
 
 seen = Seen()

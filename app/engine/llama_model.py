@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from app.base import cxx_runtime
 from app.base.errors import ModelLoadError
-from app.engine import cpu_buffers, cuda_check, llama_log, placement
+from app.engine import cpu_buffers, cuda_check, llama_log, memory_check, placement
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
 from app.engine.llama_embed import (
@@ -70,6 +70,8 @@ class LlamaModel:
         # KV_CACHE_TYPE_*, N_UBATCH and the tensor overrides as loaded: /props "placement"
         self.placement: dict = {}
         self._kv_mib = 0.0  # the generation context's KV cache, as llama.cpp's log gave it
+        self.memory: dict | None = None  # the memory check's verdict and what was allocated
+        self._verdict: memory_check.Verdict | None = None
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
@@ -107,6 +109,9 @@ class LlamaModel:
             for problem in report.problems():
                 log.warning("%s", problem)
             self.cuda = report.as_dict()
+
+        # before llama.cpp allocates anything: will it fit? (MEMORY_CHECK=error refuses here)
+        self._verdict = memory_check.run(ll, cfg, path, mmproj, draft, adapters or [], gpu)
 
         def on_progress(progress: float, _user: ctypes.c_void_p) -> bool:
             self._stage("loading", progress=float(progress))
@@ -148,6 +153,9 @@ class LlamaModel:
                 self.n_ctx = self.embedder.info.n_ctx
         self.n_vocab = self.vocab_tables.n
         self._report_placement(chosen)
+        if self._verdict is not None:
+            self.memory = {"check": cfg.memory_check, **self._verdict.as_dict(),
+                           "reported": llama_log.seen.buffers}
         if self.n_ctx > self.n_ctx_train > 0:
             log.warning("CTX_SIZE gives each slot %d tokens of context, past the %d the model was "
                         "trained for: replies past that length may degrade", self.n_ctx,
@@ -199,6 +207,7 @@ class LlamaModel:
             vision=self.projector is not None and self.projector.vision,
             audio_rate=self.projector.audio_rate if self.projector is not None else 0,
             placement=self.placement,
+            memory=self.memory,
             adapters=tuple((f.name, f.scale) for f in self.adapters.files)
             if self.adapters is not None else (),
             reranks=self.embedder is not None and self.embedder.info.rank is not None,

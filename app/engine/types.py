@@ -231,6 +231,9 @@ class ModelInfo:
     audio_rate: int = 0  # ... that hears: the sample rate it takes (0: it reads no audio)
     # KV cache types and size, micro-batch, tensor overrides and what they moved (llama_model)
     placement: dict | None = None
+    # the memory estimate before the load, the budget, and what llama.cpp then allocated
+    # (app.engine.memory_check): /props "memory"; None with MEMORY_CHECK=off
+    memory: dict | None = None
     # LORA_ADAPTERS: (name, scale when chosen) by adapter index
     adapters: tuple[tuple[str, float], ...] = ()
     reranks: bool = False  # a reranker (pooling rank): /v1/rerank, /v2/rerank and /score

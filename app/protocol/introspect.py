@@ -277,6 +277,7 @@ def props(info: ModelInfo, meta: dict[str, Any], total_slots: int,
         "cuda": info.cuda,
         "cxx_runtime": info.cxx_runtime,
         "placement": info.placement,
+        "memory": info.memory,
         "settings": public_settings(settings),
         **(boot or {}),
     }

@@ -133,6 +133,31 @@ class LlamaSettings(BaseModel):
         max_length=4096,
         **env("OVERRIDE_TENSOR"),
     )
+    memory_check: Literal["warn", "error", "off"] = Field(
+        "warn",
+        description="Before loading, estimate what the model takes per device (weights, KV "
+        "cache, compute and output buffers, from its GGUF) and compare it with what is free: "
+        "warn (one log line; a model that cannot fit is named in a warning and loaded anyway), "
+        "error (a model that cannot fit fails its load, naming what it needs, what is free and "
+        "the settings that would make it fit), off.",
+        **env("MEMORY_CHECK"),
+    )
+    memory_margin_gb: float = Field(
+        0.5,
+        description="GiB kept free on each device beyond the estimate (the CUDA runtime's "
+        "pools, requests' buffers): a device's budget is what is free at load less this.",
+        ge=0,
+        le=1024,
+        **env("MEMORY_MARGIN_GB"),
+    )
+    memory_budget_gb: str | None = Field(
+        None,
+        description="The most the model may take per device in GiB, as device=GiB pairs "
+        "(CPU=6,CUDA0=20): a device's budget is this when it is below what is free less the "
+        "margin (room left for another process). Unnamed devices: what is free.",
+        max_length=512,
+        **env("MEMORY_BUDGET_GB"),
+    )
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         "auto",
         description="llama.cpp's extra CPU buffer types for the weights (repacked layouts, "
@@ -231,6 +256,20 @@ class LlamaSettings(BaseModel):
                 re.compile(pattern)
             except re.error as exc:
                 raise ValueError(f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return value
+
+    @field_validator("memory_budget_gb")
+    @classmethod
+    def _budget_pairs(cls, value: str | None) -> str | None:
+        """device=GiB pairs: a device name (CPU, CUDA0, ...) and a number of GiB."""
+        if value is None:
+            return None
+        import re
+
+        for pair in value.split(","):
+            if not re.fullmatch(r"\s*[A-Za-z][A-Za-z0-9_]*\s*=\s*\d+(\.\d+)?\s*", pair):
+                raise ValueError(f"{pair!r}: MEMORY_BUDGET_GB takes device=GiB pairs, as "
+                                 "CPU=6,CUDA0=20")
         return value
 
     @model_validator(mode="after")

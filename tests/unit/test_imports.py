@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.grammar", "app.engine"),  # the grammar gate and converter; llama.cpp behind the engine
     ("app.base.metrics", "app.streams", "app.base.bridge"),  # shared services
     ("app.process.crash_guard", "app.base.reqctx", "app.base.errors", "app.process.worker",
-     "app.base.state", "app.base.boot", "app.model.default",
+     "app.base.state", "app.base.boot", "app.model.default", "app.model.gguf_header",
      "app.base.cxx_runtime"),  # the base: imports nothing above
     # the folders' own __init__ modules: a docstring, no imports
     ("app.process", "app.edge", "app.model", "app.base"),
