@@ -20,7 +20,7 @@ the figures in docs/placement.md, "How much memory a model needs"):
   which llama.cpp reserves up front: the logits (n_ubatch x the vocabulary, float32), the
   attention mask (f16 with flash attention, f32 without) and, without flash attention, the
   attention scores (n_ubatch x the cells x the heads, float32), or the feed-forward layer's;
-  plus 5% and 16 values per token of the width for what ggml's allocator cannot reuse.
+  plus 3% for what ggml's allocator cannot reuse.
 - **Output**: the logits (and embeddings) of the most rows one decode returns, in host memory.
 """
 
@@ -36,7 +36,7 @@ from app.engine.placement import Rule
 from app.model.gguf_header import GGML_TYPES, TYPE_IDS, GgufHeader, row_bytes
 
 CTX_PAD = 256  # llama.cpp pads the context, and each sequence's share, to this many cells
-SLACK = 1.05  # the compute buffer's allowance for what ggml's allocator cannot reuse
+SLACK = 1.03  # the compute buffer's allowance for what ggml's allocator cannot reuse
 PIPELINE_COPIES = 4  # llama.cpp's compute buffer copies with pipeline parallelism
 # encoder architectures llama.cpp opens without a KV cache (their attention is over the input)
 NO_CACHE = {"bert", "jina-bert-v2", "jina-bert-v3", "nomic-bert", "nomic-bert-moe",
@@ -249,7 +249,7 @@ def _phases(shape: ModelShape, ctx: Context) -> tuple[int, int, int]:
         ff = shape.n_expert_used * shape.n_ff_expert + shape.n_ff_shared + shape.n_expert
     attn += 4 * b * (4 * e + 2 * width)
     ffn = mask + 4 * b * (2 * e + 3 * ff)  # the mask lives until the last layer's attention
-    out = 4 * b * ((shape.n_vocab if shape.logits else 0) + 2 * e)
+    out = 4 * b * ((shape.n_vocab if shape.logits else 0) + 4 * e)
     if ctx.embeddings:  # pooling keeps the mask alive up to the output
         out += mask
     return attn, ffn, out
@@ -259,7 +259,6 @@ def compute(shape: ModelShape, layout: Layout, ctx: Context) -> Footprint:
     fp = Footprint()
     devices = layout.devices(shape.n_layer)
     attn, ffn, out = _phases(shape, ctx)
-    extra = 4 * ctx.n_ubatch * 4 * shape.n_embd
     layer_devices = set(devices[:-1])
     copies = 1
     gpus = layout.used_gpus()
@@ -268,7 +267,7 @@ def compute(shape: ModelShape, layout: Layout, ctx: Context) -> Footprint:
     for dev in layer_devices | {devices[-1]}:
         phases = ([attn, ffn] if dev in layer_devices else []) + ([out] if dev == devices[-1]
                                                                    else [])
-        need = int(SLACK * max(phases)) + extra
+        need = int(SLACK * max(phases))
         fp.at(dev).compute += need * (copies if dev != "CPU" else 1)
     if "CPU" not in fp.devices:  # every layer on GPUs: the inputs in host memory
         mask = (2 if ctx.flash_attn else 4) * ctx.n_ubatch * ctx.cells()[0]

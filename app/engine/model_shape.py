@@ -20,6 +20,8 @@ from app.model.gguf_header import GgufHeader
 # (``attention.sliding_window_pattern``: a number, or one bool per layer)
 SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3n": 5, "cohere2": 4, "gpt-oss": 2,
                 "exaone4": 4, "llama4": 4}
+# architectures whose every layer is recurrent (no KV cache at all)
+RECURRENT = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
 # the tensors llama.cpp puts in its input layer (always in host memory); every tensor outside
 # the blocks and not here is the output layer's
 INPUT_TENSORS = ("token_embd.", "token_embd_norm.", "position_embd.", "token_types.",
@@ -147,10 +149,11 @@ def _recurrent(h: GgufHeader, n_layer: int, kv_heads: tuple[int, ...],
     elif l_cache:  # LFM2's short convolutions
         floats = n_embd * max(l_cache - 1, 0)
     else:
-        if h.architecture in ("mamba", "mamba2", "rwkv6", "rwkv7", "arwkv7"):
+        if h.architecture in RECURRENT:
             notes.append(f"{h.architecture}'s recurrent state could not be sized from its "
                          "metadata")
         return (False,) * n_layer, 0
-    if any(k > 0 for k in kv_heads):  # a hybrid: the layers without KV heads are recurrent
+    if h.architecture not in RECURRENT and any(k > 0 for k in kv_heads):
+        # a hybrid: the layers without KV heads are recurrent
         return tuple(k == 0 for k in kv_heads), floats
     return (True,) * n_layer, floats

@@ -1,7 +1,8 @@
 """End to end: the memory estimate (app.engine.footprint) against what llama.cpp itself
 allocates on this CPU, read from its own log lines (tests/support/llama_buffers.py runs the real
 llama-cpp-python in a child process), for the default model and tiny shapes built with gguf-py:
-grouped-query attention, a mixture of experts, Gemma 3's sliding-window layers, q8_0 matrices;
+grouped-query attention, a mixture of experts, Gemma 3's sliding-window layers, q8_0 matrices,
+Mamba's recurrent state;
 at two contexts and slot counts, a quantized KV cache, flash attention off, an embedding
 context. Then the pre-load check on real servers: /props shows the estimate beside llama.cpp's
 figures, and a server whose budget (MEMORY_BUDGET_GB) is too small refuses the model with the
@@ -33,6 +34,7 @@ SHAPES = {
     "moe": Shape(n_expert=4, n_expert_used=2),
     "gemma3": Shape(arch="gemma3", n_layer=6, n_head=4, n_head_kv=1, head_dim=64, tied=True),
     "q8_0": Shape(matrix="Q8_0", n_embd=256, n_ff=512),
+    "mamba": Shape(arch="mamba", n_layer=3),  # a recurrent state per sequence, no KV cache
 }
 # (role, cells per slot, slots, micro-batch, flash attention, K and V type, sliding window full)
 CONTEXTS = [

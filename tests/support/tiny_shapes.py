@@ -21,7 +21,7 @@ from tests.support.tiny_qwen2vl import copy_tokenizer
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str = "llama"  # llama, or gemma3 (sliding-window layers, 5 in 6)
+    arch: str = "llama"  # llama, gemma3 (sliding-window layers, 5 in 6), mamba (recurrent)
     n_layer: int = 4
     n_embd: int = 128
     n_head: int = 8
@@ -34,6 +34,8 @@ class Shape:
     tied: bool = False  # no output.weight: llama.cpp uses the token embeddings
     matrix: str = "F16"  # the matrices' type: F16, F32, Q8_0, Q4_0
     context: int = 8192
+    d_state: int = 16  # mamba: the scan's state per channel
+    d_conv: int = 4  # mamba: the convolution's kernel
 
 
 def _weights(rng: np.random.Generator, qtype: GGMLQuantizationType, *dims: int) -> np.ndarray:
@@ -56,11 +58,13 @@ def build_shape(path: Path, vocab_src: Path, shape: Shape = Shape(), seed: int =
     w.add_context_length(s.context)
     w.add_embedding_length(s.n_embd)
     w.add_block_count(s.n_layer)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
+    recurrent = s.arch == "mamba"
+    w.add_feed_forward_length(0 if recurrent else s.n_ff)
+    w.add_head_count(0 if recurrent else s.n_head)
+    w.add_head_count_kv(0 if recurrent else s.n_head_kv)
+    if not recurrent:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     if s.arch == "llama":
@@ -68,6 +72,8 @@ def build_shape(path: Path, vocab_src: Path, shape: Shape = Shape(), seed: int =
         w.add_vocab_size(n_vocab)
     if s.arch == "gemma3":
         w.add_sliding_window(s.sliding_window)
+    if s.arch == "mamba":
+        return _mamba(w, rng, s, n_vocab, mat, path)
     if s.n_expert:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
@@ -106,6 +112,37 @@ def build_shape(path: Path, vocab_src: Path, shape: Shape = Shape(), seed: int =
             t(b + "ffn_gate.weight", s.n_embd, s.n_ff)
             t(b + "ffn_up.weight", s.n_embd, s.n_ff)
             t(b + "ffn_down.weight", s.n_ff, s.n_embd)
+    return finish(w, path)
+
+
+def _mamba(w: GGUFWriter, rng: np.random.Generator, s: Shape, n_vocab: int,
+           mat: GGMLQuantizationType, path: Path) -> Path:
+    """Mamba's layers: no attention, a recurrent state (a convolution and a selective scan)
+    per sequence; d_inner is twice the width, the time-step rank a sixteenth of it."""
+    inner, rank = 2 * s.n_embd, max(s.n_embd // 16, 1)
+    w.add_ssm_conv_kernel(s.d_conv)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(s.d_state)
+    w.add_ssm_time_step_rank(rank)
+    f32 = GGMLQuantizationType.F32
+
+    def t(name: str, *dims: int, qtype: GGMLQuantizationType = mat) -> None:
+        w.add_tensor(name, _weights(rng, qtype, *dims), raw_dtype=qtype)
+
+    t("token_embd.weight", s.n_embd, n_vocab)
+    w.add_tensor("output_norm.weight", np.ones(s.n_embd, dtype=np.float32))
+    for i in range(s.n_layer):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(s.n_embd, dtype=np.float32))
+        t(b + "ssm_in.weight", s.n_embd, 2 * inner)
+        t(b + "ssm_conv1d.weight", s.d_conv, inner, qtype=f32)
+        t(b + "ssm_conv1d.bias", inner, qtype=f32)
+        t(b + "ssm_x.weight", inner, rank + 2 * s.d_state)
+        t(b + "ssm_dt.weight", rank, inner)
+        t(b + "ssm_dt.bias", inner, qtype=f32)
+        w.add_tensor(b + "ssm_a", -np.ones((inner, s.d_state), dtype=np.float32))
+        w.add_tensor(b + "ssm_d", np.ones(inner, dtype=np.float32))
+        t(b + "ssm_out.weight", inner, s.n_embd)
     return finish(w, path)
 
 
