@@ -289,7 +289,11 @@ def run(ll, cfg: EngineConfig, path: str, mmproj: str | None, draft: str | None,
     except (GgufError, OSError, ValueError) as exc:
         log.warning("memory check skipped: %s", exc)
         return None
-    gpus = memory_budget.gpus(ll) if gpu_offload else []
+    try:
+        gpus = memory_budget.gpus(ll) if gpu_offload else []
+    except (ModelLoadError, OSError, AttributeError) as exc:  # no ggml to ask
+        log.warning("memory check skipped: the GPUs could not be listed (%s)", exc)
+        return None
     files.gpus = tuple(g.device for g in gpus)
     files.gpu_free = tuple(float(g.free) for g in gpus)
     budget = memory_budget.budget([memory_budget.host(), *gpus], cfg.memory_margin_gb,
