@@ -111,6 +111,9 @@ def shape_of(h: GgufHeader) -> ModelShape:
         notes.append(f"{h.architecture}'s sliding-window layers are not known here: every "
                      "layer's KV cache is counted in full")
 
+    if a("attention.kv_lora_rank"):
+        notes.append(f"{h.architecture}'s compressed (MLA) cache is counted as its K and V "
+                     "rows; where llama.cpp keeps V as a view of K the estimate is high")
     recurrent, rs_floats = _recurrent(h, n_layer, kv_heads, notes)
     shared = int(a("attention.shared_kv_layers", 0) or 0)
     nextn = int(a("nextn_predict_layers", 0) or 0)

@@ -185,6 +185,13 @@ def test_an_encoder_without_a_cache_attends_over_its_micro_batch():
     assert fp.devices["CPU"].compute >= 4 * b * b * (2 + 1)  # scores and the mask, float32
 
 
+def test_what_is_not_modelled_is_said():
+    mla = shape_of(model("deepseek2", n_head_kv=1, head=576, attention__kv_lora_rank=512))
+    assert "MLA" in mla.notes[0]
+    rwkv = shape_of(model("rwkv7", n_head=0, n_head_kv=0))
+    assert "could not be sized" in rwkv.notes[0]
+
+
 def test_an_unsized_model_is_refused_not_guessed():
     with pytest.raises(ValueError, match="block_count"):
         shape_of(GgufHeader("x.gguf", 3, {"general.architecture": "llama"}, []))
