@@ -112,16 +112,20 @@ def test_a_forced_call_and_its_thought_on_every_api(server):
     assert choice["finish_reason"] == "tool_calls", choice
     msg = choice["message"]
     (call,) = msg["tool_calls"]
-    args = checked(call["function"]["name"], call["function"]["arguments"])
+    checked(call["function"]["name"], call["function"]["arguments"])
     thought = clean(msg["reasoning_content"])
     assert thought and not clean(msg["content"]).strip()
 
     sdk = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0)
     with sdk.chat.completions.stream(model="m", **chat) as stream:
         final = stream.get_final_completion()
+    # a proper call and thought streamed too; not compared with the answer above: this random
+    # model's Paris and Oslo are near-tied, and llama.cpp's sums differ in the last bits with
+    # how a prompt is split into batches (a cached prefix, what else runs), so greedy may pick
+    # either (streamed against whole on the default model: e2e/test_server.py)
     (streamed,) = final.choices[0].message.tool_calls
-    assert json.loads(streamed.function.arguments) == args  # greedy: the same call
-    assert getattr(final.choices[0].message, "reasoning_content", None) == thought
+    checked(streamed.function.name, streamed.function.arguments)
+    assert clean(getattr(final.choices[0].message, "reasoning_content", None))
 
     resp = post(server, "/v1/responses", {
         "input": ASK, "tool_choice": "required", "max_output_tokens": LIMIT, "temperature": 0,
@@ -129,9 +133,9 @@ def test_a_forced_call_and_its_thought_on_every_api(server):
         "tools": [{"type": "function", "name": "get_weather", "description": "Weather in a city",
                    "parameters": PARAMS}]})
     (item,) = [o for o in resp["output"] if o["type"] == "function_call"]
-    assert checked(item["name"], item["arguments"]) == args
+    checked(item["name"], item["arguments"])
     (reasoning,) = [o for o in resp["output"] if o["type"] == "reasoning"]
-    assert reasoning["content"][0]["text"] == thought
+    assert clean(reasoning["content"][0]["text"])
 
     msg = post(server, "/v1/messages", {
         "model": "m", "max_tokens": LIMIT, "messages": [{"role": "user", "content": ASK}],
@@ -139,8 +143,9 @@ def test_a_forced_call_and_its_thought_on_every_api(server):
         "tool_choice": {"type": "any"}, "temperature": 0,
         "thinking": {"type": "enabled", "budget_tokens": BUDGET}})
     (use,) = [b for b in msg["content"] if b["type"] == "tool_use"]
-    assert msg["stop_reason"] == "tool_use" and checked(use["name"], use["input"]) == args
-    assert [b["thinking"] for b in msg["content"] if b["type"] == "thinking"] == [thought]
+    assert msg["stop_reason"] == "tool_use" and checked(use["name"], use["input"])
+    assert [clean(b["thinking"]) for b in msg["content"] if b["type"] == "thinking"] != [""]
+    assert len([b for b in msg["content"] if b["type"] == "thinking"]) == 1
 
     gem = post(server, "/v1beta/models/m:generateContent", {
         "contents": [{"role": "user", "parts": [{"text": ASK}]}],
@@ -158,7 +163,7 @@ def test_a_forced_call_and_its_thought_on_every_api(server):
 
     pred = post(server, VERTEX_PREDICT, {"instances": [chat]})["predictions"][0]
     (vcall,) = pred["choices"][0]["message"]["tool_calls"]
-    assert checked(vcall["function"]["name"], vcall["function"]["arguments"]) == args
+    checked(vcall["function"]["name"], vcall["function"]["arguments"])
 
     # Ollama cannot force a call: its thought, and a content with no markup
     olla = post(server, "/api/chat", {"model": "m", "stream": False, "tools": [TOOL], "think": "low",
