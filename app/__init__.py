@@ -5,38 +5,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # First, before anything loads C++ code (gevent's greenlet, then llama.cpp): one C++ runtime
-# for the whole process, its locale numbered before any other copy can (app.base.cxx_runtime)
+# for the whole process, its locale numbered before any other copy can (app.base.cxx_runtime).
+# Nothing heavier is imported here: an engine process (app.engine.child) imports this package
+# too, and must load neither gevent nor Flask (create_app imports them when it is called).
 from app.base import cxx_runtime
 
 cxx_runtime.pin()
 
-import gevent  # noqa: E402
-from flask import Flask  # noqa: E402
-
-from app import formats  # noqa: E402
-from app.settings import (  # noqa: E402
-    Settings,
-    from_settings,
-    max_tokens_default,
-    slots_per_request,
-    stream_max_live,
-)
-
 if TYPE_CHECKING:
+    from flask import Flask
+
     from app.base.boot import Boot
     from app.core.plan import PlanOptions
     from app.engine.config import EngineConfig
+    from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def engine_config(settings: Settings) -> EngineConfig:
     """The engine's settings, taken by name; only the derived fields are spelled out."""
+    from app import formats
     from app.core.plan import opening
     from app.engine.config import EngineConfig
+    from app.settings import from_settings
 
     return from_settings(
         EngineConfig,
@@ -55,6 +50,7 @@ def plan_options(settings: Settings) -> PlanOptions:
     from app.core.plan import PlanOptions
     from app.grammar import gate
     from app.model.remote import Fetcher
+    from app.settings import from_settings, max_tokens_default, slots_per_request
 
     return from_settings(
         PlanOptions,
@@ -85,6 +81,36 @@ def _template_text(value: str | None) -> str | None:
     return value
 
 
+def _engine(settings: Settings, boot: Boot, on_fatal: Callable[[str], None] | None) -> Any:
+    """The llama.cpp engine for the configured model: in this process, or in a process of its
+    own (ENGINE_PROCESS=on: app.engine.remote, the crash guard's rules per engine process)."""
+    from app.base.state import LoadState
+    from app.engine.llama_engine import LlamaEngine
+    from app.model import source
+
+    config = engine_config(settings)
+    extra: dict[str, Any] = {}
+    make: Any = LlamaEngine
+    if settings.engine_process == "on":
+        from app.engine.remote import RemoteEngine
+        from app.process.crash_guard import CrashGuard, safe_changes
+
+        make = RemoteEngine
+        extra["guard"] = CrashGuard(settings.crash_limit, settings.crash_window,
+                                    safe_changes(config), settings.crash_backoff_max,
+                                    what="engine process")
+    return make(
+        config,
+        LoadState(boot.record),
+        partial(source.resolve, settings),
+        on_fatal=on_fatal,
+        resolve_projector=partial(source.resolve_projector, settings),
+        resolve_draft=partial(source.resolve_draft, settings),
+        resolve_adapters=partial(source.resolve_adapters, settings),
+        **extra,
+    )
+
+
 def create_app(
     settings: Settings,
     engine=None,
@@ -95,6 +121,8 @@ def create_app(
     (the port is already bound by then: health answers 503 until the model is warm). ``boot``:
     what this worker inherits from the crash guard (app.process.crash_guard), and where its load stages
     are recorded."""
+    import gevent
+    from flask import Flask
     from prometheus_client import CollectorRegistry
 
     from app import api
@@ -105,23 +133,12 @@ def create_app(
     from app.core.service import Service
     from app.edge import auth, logs, routes
     from app.protocol.stream_policy import policy_of
+    from app.settings import stream_max_live
     from app.streams import Streams
 
     boot = boot or Boot()
     if engine is None:
-        from app.base.state import LoadState
-        from app.engine.llama_engine import LlamaEngine
-        from app.model import source
-
-        engine = LlamaEngine(
-            engine_config(settings),
-            LoadState(boot.record),
-            partial(source.resolve, settings),
-            on_fatal=on_fatal,
-            resolve_projector=partial(source.resolve_projector, settings),
-            resolve_draft=partial(source.resolve_draft, settings),
-            resolve_adapters=partial(source.resolve_adapters, settings),
-        )
+        engine = _engine(settings, boot, on_fatal)
         engine.start()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

@@ -132,9 +132,12 @@ def servers(args) -> list[tuple[str, list[str], dict, str]]:
     """(name, command with {port}, extra env, health path)."""
     n, ctx, t = args.parallel, args.ctx, args.threads
     gpu = {} if args.ngl is None else {"GPU_LAYERS": str(args.ngl)}
-    out = [("vertex-gguf", [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    name = f"vertex-gguf [{' '.join(args.env)}]" if args.env else "vertex-gguf"
+    out = [(name, [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
             {"MODEL": args.model, "PARALLEL": str(n), "CTX_SIZE": str(ctx), "THREADS": str(t),
-             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args), **gpu},
+             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args), **gpu,
+             **extra},
             "/health")]
     if args.llama_server:
         ngl = [] if args.ngl is None else ["-ngl", str(args.ngl)]
@@ -179,12 +182,15 @@ def main() -> None:
                     help="every reply exactly --max-tokens long (random-weight models)")
     ap.add_argument("--ngl", type=int, help="layers on the GPU, both servers (-ngl, GPU_LAYERS)")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) to this file")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for vertex-gguf's run (repeatable; its row is named with "
+                    "them: vertex-gguf [ENGINE_PROCESS=on])")
     add_extra_buffers_arg(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     results: dict[str, dict[int, Result]] = {}
     for name, cmd, env, health in servers(args):
-        if args.only and name not in args.only.split(","):
+        if args.only and name.split(" [")[0] not in args.only.split(","):
             continue
         port = free_port()
         base = f"http://127.0.0.1:{port}"

@@ -137,6 +137,9 @@ def props() -> Response:
     # how replies are read: the tool-call format and thought syntax, the control tokens
     body["formats"] = formats.summary(info.chat_template, info.control_texts,
                                       settings.tool_format, settings.reasoning_format)
+    # where the engine runs: its process's id (ENGINE_PROCESS=on; null while it restarts), or
+    # false in this process
+    body["engine_process"] = getattr(svc.engine, "pid", False)
     return jsonify(body)
 
 

@@ -28,17 +28,19 @@ class Crash:
     in_flight: int = 0
     left: int = 0
     request: str = ""  # the oldest in flight ("POST /v1/completions"), else the last ended
+    what: str = "worker"  # the process that died: a gunicorn worker, or an engine process
 
     @property
     def after_requests(self) -> bool:
         return bool(self.in_flight or self.left)
 
     def describe(self) -> str:
-        how = f"died from {self.signal}" if self.signal != "unknown" else (
-            "was killed with no fault recorded (SIGKILL: out of memory?)")
+        how = {"unknown": "was killed with no fault recorded (SIGKILL: out of memory?)",
+               "SIGKILL": "was killed (SIGKILL: out of memory?)"}.get(
+                   self.signal, f"died from {self.signal}")
         when = "after the model was ready" if self.stage == "ready" else (
             f"while {self.stage.replace('_', ' ')}")
-        return f"worker {self.pid} {how} {when}{self._flight()}"
+        return f"{self.what} {self.pid} {how} {when}{self._flight()}"
 
     def _flight(self) -> str:
         if self.in_flight:

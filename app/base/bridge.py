@@ -1,9 +1,11 @@
 """The gevent/thread boundary: the only module that knows how a greenlet waits for the engine.
 
-The engine runs on a native OS thread (llama.cpp calls would freeze every greenlet otherwise).
-Under gunicorn's gevent worker, ``threading`` and ``queue`` are monkey-patched into greenlet
-primitives that must not be used across OS threads, so this module takes the original
-``_thread`` functions and wakes greenlets with ``loop.run_callback_threadsafe``.
+The engine runs on native OS threads (llama.cpp calls would freeze every greenlet otherwise),
+in this process or in an engine process of its own. Under gunicorn's gevent worker,
+``threading`` and ``queue`` are monkey-patched into greenlet primitives that must not be used
+across OS threads, so the native side's primitives (app.base.threads, re-exported here) are the
+original ``_thread`` functions, and this module wakes greenlets with
+``loop.run_callback_threadsafe``.
 """
 
 from __future__ import annotations
@@ -18,48 +20,21 @@ from typing import Any
 
 import gevent
 import gevent.event
-from gevent.monkey import get_original
+from gevent._hub_local import get_hub_if_exists
 
 from app.base import reqctx
 from app.base.errors import Overloaded, RequestTimeout
+from app.base.threads import (  # noqa: F401 - re-exported: the greenlet side's one import
+    ThreadEvent,
+    allocate_lock,
+    held,
+    held_wakes,
+    original_sleep,
+    start_native_thread,
+    thread_local,
+)
 
-_start_new_thread = get_original("_thread", "start_new_thread")
-original_sleep: Callable[[float], None] = get_original("time", "sleep")  # for native threads
-_stack_size = get_original("_thread", "stack_size")
-_stack_lock = get_original("_thread", "allocate_lock")()
-allocate_lock: Callable[[], Any] = get_original("_thread", "allocate_lock")
-_held = get_original("_thread", "_local")()  # per OS thread: the wakes held back (held_wakes)
 _POLL = 1.0  # seconds; only a safety net, the engine's callback wakes the greenlet at once
-
-
-def start_native_thread(target: Callable[[], None], stack_size: int = 0) -> None:
-    """Start ``target`` on a real OS thread, even when threading is monkey-patched; with
-    ``stack_size`` (bytes), on a stack that large (address space; pages are mapped on use)."""
-    if not stack_size:
-        _start_new_thread(target, ())
-        return
-    with _stack_lock:
-        old = _stack_size(stack_size)
-        try:
-            _start_new_thread(target, ())
-        finally:
-            _stack_size(old)
-
-
-class ThreadEvent:
-    """An auto-reset event for the engine thread to sleep on, settable from any thread."""
-
-    def __init__(self) -> None:
-        self._lock = allocate_lock()
-        self._lock.acquire()
-
-    def set(self) -> None:
-        with contextlib.suppress(RuntimeError):  # already set
-            self._lock.release()
-
-    def wait(self, timeout: float) -> bool:
-        """Block the calling OS thread until set (then reset) or timeout."""
-        return self._lock.acquire(True, timeout)
 
 
 class Channel:
@@ -74,11 +49,11 @@ class Channel:
         """Called from the engine thread (or any thread). Inside ``held_wakes`` the owning
         greenlet is woken when the block ends, else at once."""
         self._items.append(item)
-        pending = getattr(_held, "channels", None)
-        if pending is None:
+        wakes = held(self._loop, _Wakes)
+        if wakes is None:
             self._loop.run_callback_threadsafe(self._ready.set)
         else:
-            pending.setdefault(self._loop, {})[id(self)] = self
+            wakes.channels[id(self)] = self
 
     def get(self, timeout: float | None = None) -> Any:
         """Called from the owning greenlet; raises TimeoutError if nothing came in time.
@@ -99,29 +74,51 @@ class Channel:
             self._ready.wait(wait)
 
 
-@contextlib.contextmanager
-def held_wakes() -> Any:
-    """Channels put to by this thread inside the block wake their greenlets together when it
-    ends: one cross-thread wake-up (a callback and a write to the hub's wake-up descriptor)
-    per hub, instead of one per item. The engine holds them over one step, which sends a token
-    to every running sequence: per token, the write and the hub's wake-up cost as much as the
-    engine's other per-token work together, and they take the second core from the decode."""
-    if getattr(_held, "channels", None) is not None:  # nested: the outer block wakes them
-        yield
-        return
-    pending: dict[Any, dict[int, Channel]] = {}
-    _held.channels = pending
-    try:
-        yield
-    finally:
-        _held.channels = None
-        for loop, channels in pending.items():
-            loop.run_callback_threadsafe(_wake_all, list(channels.values()))
+class _Wakes:
+    """The channels of one hub a thread put to inside ``held_wakes``: one cross-thread wake-up
+    (a callback and a write to the hub's wake-up descriptor) for them all when it ends."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.channels: dict[int, Channel] = {}
+
+    def flush(self) -> None:
+        self.loop.run_callback_threadsafe(_wake_all, list(self.channels.values()))
 
 
 def _wake_all(channels: list[Channel]) -> None:
     for channel in channels:
         channel._ready.set()
+
+
+class Reply:
+    """One answer from another OS thread, awaited by whoever made it: a greenlet (its hub
+    serves every other connection meanwhile) or a native thread (a pool thread running an
+    offloaded call), which blocks."""
+
+    def __init__(self) -> None:
+        self._channel = Channel() if get_hub_if_exists() is not None else None
+        self._lock = None
+        if self._channel is None:
+            self._lock = allocate_lock()
+            self._lock.acquire()
+        self._value: Any = None
+
+    def set(self, value: Any) -> None:
+        """From any thread, once."""
+        if self._channel is not None:
+            self._channel.put(value)
+            return
+        self._value = value
+        self._lock.release()
+
+    def wait(self, timeout: float) -> Any:
+        """The value; TimeoutError if none came in ``timeout`` seconds."""
+        if self._channel is not None:
+            return self._channel.get(timeout)
+        if not self._lock.acquire(True, timeout):
+            raise TimeoutError("no answer in time")
+        return self._value
 
 
 class _Job:
@@ -173,7 +170,7 @@ class _Jobs:
 
 
 _jobs = _Jobs()
-_current_job = get_original("_thread", "_local")()  # per OS thread: the job it runs
+_current_job = thread_local()  # per OS thread: the job it runs
 
 
 def time_left() -> float | None:

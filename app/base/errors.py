@@ -35,6 +35,18 @@ class ServiceError(Exception):
         if code is not None:
             self.code = code
 
+    def __reduce__(self) -> tuple:
+        """Pickled whole, whatever its class's ``__init__`` takes (an engine process sends its
+        errors to the web process: app.engine.wire): the class, the args, every attribute."""
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild(cls: type[ServiceError], args: tuple, state: dict) -> ServiceError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
 
 class Internal(ServiceError):
     """An unexpected failure; the message carries no internals."""

@@ -14,8 +14,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from app.base.bridge import Channel
 from app.base.errors import BadRequest, ServiceError
+from app.base.threads import Mailbox
 
 Pooling = Literal["mean", "cls", "last", "none", "rank"]
 POOLING_IDS: dict[int, Pooling] = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
@@ -105,7 +105,7 @@ class EmbedInfo:
 class EmbedHandle:
     """One submitted request, seen from the request's greenlet."""
 
-    def __init__(self, channel: Channel, cancel: list[bool]):
+    def __init__(self, channel: Mailbox, cancel: list[bool]):
         self._channel = channel
         self._cancel = cancel
 
@@ -126,8 +126,9 @@ class Embedder(Protocol):
     @property
     def info(self) -> EmbedInfo: ...
 
-    def submit(self, request: EmbedRequest) -> EmbedHandle:
-        """Queue a request; raises QueueFull or ShuttingDown at once."""
+    def submit(self, request: EmbedRequest, mailbox: Mailbox | None = None) -> EmbedHandle:
+        """Queue a request; raises QueueFull or ShuttingDown at once. ``mailbox``: where its
+        answer goes (None: a channel the calling greenlet reads)."""
         ...
 
     def stats(self) -> dict[str, object]:

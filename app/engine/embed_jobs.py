@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.base.bridge import Channel
+from app.base.threads import Mailbox
 from app.engine.embed import EmbedRequest, Outcome
 
 
@@ -34,7 +34,7 @@ class Input:
 @dataclass(eq=False)
 class Job:
     request: EmbedRequest
-    channel: Channel
+    channel: Mailbox
     deadline: float | None
     since: float  # when its last turn ended; before its first, when it arrived
     cancel: list[bool] = field(default_factory=lambda: [False])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import time
 
-from app.base.bridge import Channel, ThreadEvent, allocate_lock, start_native_thread
 from app.base.errors import (
     BadRequest,
     ContextOverflow,
@@ -25,7 +24,8 @@ from app.base.errors import (
     ShuttingDown,
 )
 from app.base.state import LoadState
-from app.engine.handle import ChannelHandle
+from app.base.threads import Mailbox, ThreadEvent, allocate_lock, start_native_thread
+from app.engine.handle import ChannelHandle, new_channel
 from app.engine.text import TextAssembler
 from app.engine.types import (
     PROTECT_CLOSE,
@@ -57,7 +57,7 @@ def fake_score(token: int, piece: bytes, k: int, top_n: int, offset: int = 0) ->
 
 
 class FakeHandle(ChannelHandle):
-    def __init__(self, channel: Channel, n: int = 1):
+    def __init__(self, channel: Mailbox, n: int = 1):
         super().__init__(channel, n)
         self.cancelled = False
         self.injected: list[str] = []
@@ -204,7 +204,7 @@ class FakeEngine:
         for handle in self.handles:
             handle.cancel()
 
-    def submit(self, request: GenerationRequest) -> FakeHandle:
+    def submit(self, request: GenerationRequest, mailbox: Mailbox | None = None) -> FakeHandle:
         if self.draining:
             raise ShuttingDown("server is shutting down")
         if not self.state.ready:
@@ -214,13 +214,13 @@ class FakeEngine:
                 raise QueueFull("server is busy")
             self._running += 1
         self.requests.append(request)
-        channel = Channel()
+        channel = mailbox or new_channel()
         handle = FakeHandle(channel, request.n)
         self.handles.append(handle)
         start_native_thread(lambda: self._run(request, channel, handle))
         return handle
 
-    def _run(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
+    def _run(self, req: GenerationRequest, channel: Mailbox, handle: FakeHandle) -> None:
         with self._lock:
             slot = min(set(range(self.capacity)) - set(self._slots))
             self._slots[slot] = handle
@@ -231,7 +231,7 @@ class FakeEngine:
                 self._running -= 1
                 del self._slots[slot]
 
-    def _generate(self, req: GenerationRequest, channel: Channel, handle: FakeHandle) -> None:
+    def _generate(self, req: GenerationRequest, channel: Mailbox, handle: FakeHandle) -> None:
         """Choice i of n says the reply with its first word repeated i times."""
         prompt = req.prompt
         n_prompt = len(prompt.split()) if isinstance(prompt, str) else len(prompt)

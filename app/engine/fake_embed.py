@@ -13,8 +13,8 @@ import zlib
 
 import numpy as np
 
-from app.base.bridge import Channel, original_sleep, start_native_thread
 from app.base.errors import BadRequest, ContextOverflow, EngineFailure, QueueFull
+from app.base.threads import Mailbox, original_sleep, start_native_thread
 from app.engine.embed import (
     Embedding,
     EmbedHandle,
@@ -24,6 +24,7 @@ from app.engine.embed import (
     RankInfo,
     refusal,
 )
+from app.engine.handle import new_channel
 
 # a fake reranker's framing: BOS query SEP document SEP, as a BERT-style cross-encoder's
 FAKE_RANK = RankInfo(template=None, prefix=(1,), middle=(2,), suffix=(2,), n_out=1)
@@ -61,14 +62,14 @@ class FakeEmbedder:
     def stats(self) -> dict[str, object]:
         return {"waiting": 0, "decodes": len(self.requests), "batch_widths": {}}
 
-    def submit(self, request: EmbedRequest) -> EmbedHandle:
+    def submit(self, request: EmbedRequest, mailbox: Mailbox | None = None) -> EmbedHandle:
         refused = refusal(self._info.pooling, request.rank)
         if refused is not None:
             raise refused
         if self.running >= self.capacity:
             raise QueueFull("server is busy")
         self.requests.append(request)
-        channel = Channel()
+        channel = mailbox or new_channel()
         cancel = [False]
         self.handles.append((request, cancel))
         self.running += 1

@@ -6,18 +6,26 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from app.base.bridge import Channel
+from app.base.threads import Mailbox
 from app.engine.types import Event, Failed, Finished
 
 if TYPE_CHECKING:
     from app.engine.slots import Job
 
 
+def new_channel() -> Mailbox:
+    """A channel for the calling greenlet to read (app.base.bridge.Channel). Imported on first
+    use: an engine process, whose every request brings its own mailbox, never loads gevent."""
+    from app.base.bridge import Channel
+
+    return Channel()
+
+
 class ChannelHandle:
     """Reads a request's events from its channel; over at the first Failed, or once every one
     of its ``n`` choices has Finished."""
 
-    def __init__(self, channel: Channel, n: int = 1):
+    def __init__(self, channel: Mailbox, n: int = 1):
         self._channel = channel
         self._over = False
         self._left = n
@@ -45,7 +53,7 @@ class JobHandle(ChannelHandle):
     """A submitted job (and its other choices) as seen by the request's greenlet: what it may do
     to them goes through their ``JobControl``, then ``wake`` stirs the engine thread."""
 
-    def __init__(self, job: Job, channel: Channel, wake: Callable[[], None]):
+    def __init__(self, job: Job, channel: Mailbox, wake: Callable[[], None]):
         super().__init__(channel, 1 + len(job.followers))
         self._job = job
         self._wake = wake

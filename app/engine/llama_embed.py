@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.base.bridge import Channel, ThreadEvent, allocate_lock, original_sleep, start_native_thread
 from app.base.errors import (
     BadRequest,
     ClientGone,
@@ -37,6 +36,13 @@ from app.base.errors import (
     QueueFull,
     ServiceError,
     ShuttingDown,
+)
+from app.base.threads import (
+    Mailbox,
+    ThreadEvent,
+    allocate_lock,
+    original_sleep,
+    start_native_thread,
 )
 from app.engine.embed import (
     POOLING_IDS,
@@ -49,6 +55,7 @@ from app.engine.embed import (
     refusal,
 )
 from app.engine.embed_jobs import Input, Job, pick
+from app.engine.handle import new_channel
 from app.engine.llama_rank import meta, rank_info
 from app.engine.types import outside_vocab
 
@@ -275,7 +282,7 @@ class LlamaEmbedder:
         start_native_thread(self._main)
 
     # ---- any greenlet ----------------------------------------------------------------------
-    def submit(self, request: EmbedRequest) -> EmbedHandle:
+    def submit(self, request: EmbedRequest, mailbox: Mailbox | None = None) -> EmbedHandle:
         if self._stopping or not self._running:
             raise ShuttingDown("server is shutting down")
         refused = refusal(self.config.pooling, request.rank)
@@ -288,7 +295,7 @@ class LlamaEmbedder:
                 )
             self._in_flight += 1
         now = time.monotonic()
-        job = Job(request, Channel(), now + request.timeout if request.timeout else None, now)
+        job = Job(request, mailbox or new_channel(), now + request.timeout if request.timeout else None, now)
         self._queue.append(job)
         self._wake.set()
         return EmbedHandle(job.channel, job.cancel)

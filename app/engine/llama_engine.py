@@ -2,7 +2,7 @@
 
 Driven through llama-cpp-python's low-level API, a step at a time (app.engine.scheduler says
 what a step is). Nothing here runs on a greenlet: greenlets hand requests in through a
-lock-free deque and get events back through their sink (see app.base.bridge).
+lock-free deque and get events back through their sink (see app.base.threads).
 
 A request is prepared before the engine thread sees it, on one of a few prep threads (native,
 with a large stack; app.engine.llama_prep): its prompt is tokenized (llama.cpp's tokenizer only
@@ -23,14 +23,6 @@ from collections import deque
 from collections.abc import Callable
 
 from app.base import cxx_runtime
-from app.base.bridge import (
-    Channel,
-    ThreadEvent,
-    allocate_lock,
-    held_wakes,
-    original_sleep,
-    start_native_thread,
-)
 from app.base.errors import (
     BadRequest,
     EmbeddingOnly,
@@ -42,9 +34,17 @@ from app.base.errors import (
     as_service_error,
 )
 from app.base.state import LoadState
+from app.base.threads import (
+    Mailbox,
+    ThreadEvent,
+    allocate_lock,
+    held_wakes,
+    original_sleep,
+    start_native_thread,
+)
 from app.engine.admission import Admission
 from app.engine.config import EngineConfig
-from app.engine.handle import JobHandle
+from app.engine.handle import JobHandle, new_channel
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
@@ -233,7 +233,9 @@ class LlamaEngine:
                 return f"preparing one request has taken {now - started:.0f} s"
         return self._embedder.stalled(limit) if self._embedder else None
 
-    def submit(self, request: GenerationRequest) -> JobHandle:
+    def submit(self, request: GenerationRequest, mailbox: Mailbox | None = None) -> JobHandle:
+        """``mailbox``: where its events go (None: a channel the calling greenlet reads; an
+        engine process passes its outbox to the web process)."""
         if self._stopping:
             raise ShuttingDown("server is shutting down")
         if not self.state.ready:
@@ -245,7 +247,7 @@ class LlamaEngine:
                 f"{self.config.parallel} (PARALLEL)",
                 param="n",
             )
-        channel = Channel()
+        channel = mailbox or new_channel()
         deadline = time.monotonic() + request.timeout if request.timeout else None
         job = Job(request=request, sink=channel.put, deadline=deadline)
         job.followers = [

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from app.base.bridge import allocate_lock
 from app.base.errors import GenerationTimeout, ServiceError
+from app.base.threads import allocate_lock
 from app.engine.kv import KvSeq
 from app.engine.llama_media import ImageSpan
 from app.engine.sampling import Sampler

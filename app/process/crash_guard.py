@@ -98,8 +98,13 @@ class _Record:
     """A worker's stage and fault records: anonymous files the master opens before the fork
     and reads after the worker is gone (nothing on disk, nothing to clean up)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fds: tuple[int, int] | None = None) -> None:
+        """Opens both files; with ``fds`` (stage, fault), adopts files a parent opened (an
+        engine process writes the records its web process reads: app.engine.child)."""
         self._files: list[BinaryIO] = []
+        if fds is not None:
+            self.stage_fd, self.fault_fd = fds
+            return
         self.stage_fd = self._open("vertex-gguf-stage")
         self.fault_fd = self._open("vertex-gguf-fault")
 
@@ -154,7 +159,8 @@ class CrashGuard:
     """The master's record of its workers' deaths, and what each new worker inherits."""
 
     def __init__(self, crash_limit: int, crash_window: float, safe: dict[str, str],
-                 backoff_max: float = 60.0):
+                 backoff_max: float = 60.0, what: str = "worker"):
+        self.what = what  # what its children are called in its log lines
         self.limit = crash_limit
         self.window = crash_window
         self.safe = safe  # what safe mode changes (empty: no fallback applies)
@@ -180,9 +186,10 @@ class CrashGuard:
                    settings.crash_backoff_max)
 
     # ---- master --------------------------------------------------------------------------
-    def before_fork(self, worker: object) -> None:
+    def before_fork(self, worker: object) -> _Record | None:
         """gunicorn's pre_fork: refuse to fork into a known death, else give the worker its
-        records (the child finds them in ``_mine``)."""
+        records (the child finds them in ``_mine``; a process spawned rather than forked is
+        handed the returned record's descriptors)."""
         if self.halt_reason:
             from gunicorn.errors import HaltServer
 
@@ -191,14 +198,17 @@ class CrashGuard:
         try:
             rec = _Record()
         except OSError as exc:  # no fd or no temp space: run unguarded, as plain gunicorn
-            log.warning("crash guard off for the next worker: %s", exc)
+            log.warning("crash guard off for the next %s: %s", self.what, exc)
             self._mine = None
-            return
+            return None
         self._live[id(worker)] = rec
         self._mine = rec
+        return rec
 
-    def child_exit(self, worker: Any, stopping: bool) -> None:
-        """gunicorn's child_exit: a worker is gone. Did it die, and what happens next?"""
+    def child_exit(self, worker: Any, stopping: bool, exit_signal: str = "") -> None:
+        """gunicorn's child_exit: a worker is gone. Did it die, and what happens next?
+        ``exit_signal``: the signal that ended it, when its parent reaped it (a SIGKILL
+        leaves no fault record to name it)."""
         rec = self._live.pop(id(worker), None)
         if rec is None:
             return
@@ -208,6 +218,8 @@ class CrashGuard:
         finally:
             rec.close()
         sig, where = parse_fault(fault)
+        if sig == "unknown" and exit_signal:
+            sig = exit_signal
         # a clean exit, or a load error (gunicorn halts on its exit code); a fault recorded
         # counts whatever exit path the worker took after it
         if stage == "failed" or (exited and sig == "unknown"):
@@ -215,7 +227,7 @@ class CrashGuard:
         # before ready no request reaches the model (a 503): the requests then are no cause
         followed = _followed(flight) if stage not in LOAD_STAGES else {}
         crash = Crash(pid=int(getattr(worker, "pid", 0) or 0), stage=stage, signal=sig,
-                      at=time.time(), where=where, **followed)
+                      at=time.time(), where=where, what=self.what, **followed)
         self.crashes.append(crash)
         log.error("%s%s", crash.describe(), f" (in {where})" if where else "")
         if not stopping:
@@ -233,8 +245,8 @@ class CrashGuard:
                                     "explicitly)")
             else:
                 self.safe_reason = crash.describe()
-                log.error("the next worker starts in safe mode: %s (and CUDA graphs off)",
-                          _settings_text(self.safe))
+                log.error("the next %s starts in safe mode: %s (and CUDA graphs off)",
+                          self.what, _settings_text(self.safe))
             return
         # after ready: only deaths alike within the window count (requests in flight or not)
         recent = [c for c in self.crashes if c.stage not in LOAD_STAGES
@@ -243,17 +255,17 @@ class CrashGuard:
         if crash.after_requests:
             # maybe a request's doing: never a halt (requests would make it an outage)
             self.backoff = min(self.backoff_max, BACKOFF_FIRST * 2.0 ** min(len(recent) - 1, 30))
-            log.error("restarting the worker; it loads the model after a back-off of %g s "
+            log.error("restarting the %s; it loads the model after a back-off of %g s "
                       "(deaths with requests in flight within %g s: %d; these never stop the "
-                      "server; CRASH_BACKOFF_MAX=%g)", self.backoff, self.window, len(recent),
-                      self.backoff_max)
+                      "server; CRASH_BACKOFF_MAX=%g)", self.what, self.backoff, self.window,
+                      len(recent), self.backoff_max)
         elif len(recent) >= self.limit:
-            self.halt_reason = (f"{len(recent)} worker deaths with nothing in flight within "
+            self.halt_reason = (f"{len(recent)} {self.what} deaths with nothing in flight within "
                                 f"{self.window:g} s after the model was ready "
                                 f"(CRASH_LIMIT={self.limit}); the last: {crash.describe()}")
         else:
-            log.error("restarting the worker (%d of CRASH_LIMIT=%d deaths with nothing in "
-                      "flight within %g s)", len(recent), self.limit, self.window)
+            log.error("restarting the %s (%d of CRASH_LIMIT=%d deaths with nothing in "
+                      "flight within %g s)", self.what, len(recent), self.limit, self.window)
 
     def exiting(self) -> None:
         """gunicorn's on_exit: a worker whose model failed to load (gunicorn halted on its exit

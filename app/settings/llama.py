@@ -210,6 +210,15 @@ class LlamaSettings(BaseModel):
         le=7 * 86400,
         **env("SLEEP_IDLE_SECONDS"),
     )
+    engine_process: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Where the engine runs. on: in a process of its own, started with a fresh "
+        "interpreter that loads only the engine (a native crash ends that process alone: its "
+        "requests get an error, health says loading while another process loads the model, "
+        "under the CRASH_* rules). off: in the web process. auto: in the web process while "
+        "one model is served.",
+        **env("ENGINE_PROCESS"),
+    )
 
     reasoning_format: ReasoningFormatName = Field(
         "auto",
