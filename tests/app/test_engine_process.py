@@ -113,3 +113,20 @@ def test_deaths_past_the_crash_limit_leave_it_failed_with_the_reason():
         assert fatal == [engine.state.error] and len(launcher.children) == 2
     finally:
         engine.shutdown(1.0)
+
+
+def test_a_model_that_cannot_load_is_fatal_as_in_process():
+    """A load error (no crash) in the engine process: the state says it, on_fatal is called
+    with it (under gunicorn: exit code 4), and no other engine process is started."""
+    fatal: list[str] = []
+    engine, launcher = remote_fake(engine_config(Settings()), on_fatal=fatal.append,
+                                   fail="model /models/x.gguf: file not found")
+    engine.start()
+    try:
+        wait_for(lambda: fatal, 10, "the load error")
+        assert engine.state.stage == "failed"
+        assert fatal == [engine.state.error] == ["model /models/x.gguf: file not found"]
+        assert len(launcher.children) == 1 and launcher.children[0].exit_code == 4
+        assert engine._guard.crashes == []  # a load error is no crash
+    finally:
+        engine.shutdown(1.0)

@@ -20,10 +20,13 @@ from app.process.crash_guard import CrashGuard
 class ChildFake(FakeEngine):
     """The fake engine with what an engine process's engine has beside the interface."""
 
-    def __init__(self, state: LoadState, embedder: FakeEmbedder | None = None, **kw: Any):
+    def __init__(self, state: LoadState, embedder: FakeEmbedder | None = None,
+                 fail: str = "", on_fatal: Any = None, **kw: Any):
         super().__init__(ready=False, **kw)
         self.state = state
         self._embedder = embedder
+        self._fail = fail  # a load error to fail with, as LlamaEngine's does
+        self._on_fatal = on_fatal
 
     @property
     def embedder(self) -> FakeEmbedder | None:
@@ -31,6 +34,10 @@ class ChildFake(FakeEngine):
 
     def start(self) -> None:
         self.state.set("loading", progress=0.5)
+        if self._fail:
+            self.state.fail(self._fail)
+            self._on_fatal(self._fail)
+            return
         self.state.set("ready", progress=1.0)
 
     def acquire_model(self, wait: bool = True, timeout: float = 3600.0) -> bool:
@@ -47,7 +54,8 @@ class ThreadChild:
     """A launched 'engine process': a thread serving ``Child`` on its own copy of the socket.
     ``die`` ends it as a crash would: its socket shut, nothing more answered."""
 
-    def __init__(self, fd: int, record: Any, engines: list[ChildFake], embeds: bool):
+    def __init__(self, fd: int, record: Any, engines: list[ChildFake], embeds: bool,
+                 fail: str = ""):
         self.pid = 4242  # what /props shows: no process of its own
         self.fd = os.dup(fd)  # the web side closes the descriptor it handed over
         self.signal = ""
@@ -56,10 +64,12 @@ class ThreadChild:
         self._record = record
         self._engines = engines
         self._embeds = embeds
+        self._fail = fail
         start_native_thread(self._main)
 
     def _make(self, child: Child, config: Any, paths: tuple, on_fatal: Any) -> ChildFake:
-        engine = ChildFake(child.state, FakeEmbedder() if self._embeds else None)
+        engine = ChildFake(child.state, FakeEmbedder() if self._embeds else None,
+                           fail=self._fail, on_fatal=on_fatal)
         self._engines.append(engine)
         return engine
 
@@ -102,22 +112,23 @@ class FakeLauncher:
     """RemoteEngine's ``launch``: each call starts a ThreadChild; the children and their
     engines are kept for the test to act on."""
 
-    def __init__(self, embeds: bool = False):
+    def __init__(self, embeds: bool = False, fail: str = ""):
         self.children: list[ThreadChild] = []
         self.engines: list[ChildFake] = []
         self.embeds = embeds
+        self.fail = fail  # each engine's load fails with this
 
     def __call__(self, fd: int, record: Any, env: dict[str, str]) -> ThreadChild:
-        child = ThreadChild(fd, record, self.engines, self.embeds)
+        child = ThreadChild(fd, record, self.engines, self.embeds, self.fail)
         self.children.append(child)
         return child
 
 
 def remote_fake(config: Any, embeds: bool = False, crash_limit: int = 3,
-                on_fatal: Any = None) -> tuple[RemoteEngine, FakeLauncher]:
+                on_fatal: Any = None, fail: str = "") -> tuple[RemoteEngine, FakeLauncher]:
     """A RemoteEngine whose engine processes are ThreadChild threads running the fake engine
     (``config``: any EngineConfig; the fake reads none of it)."""
-    launcher = FakeLauncher(embeds)
+    launcher = FakeLauncher(embeds, fail)
     guard = CrashGuard(crash_limit, 600.0, {}, 0.0, what="engine process")
     engine = RemoteEngine(config, LoadState(), lambda state: "/models/fake-model.gguf",
                           on_fatal=on_fatal, guard=guard, launch=launcher)
