@@ -278,7 +278,8 @@ class RemoteEngine:
         self._ids = itertools.count(1)
         self._info: ModelInfo | None = None
         self._embedder: RemoteEmbedder | None = None
-        self._status_cache: tuple[float, float | None, dict] = (0.0, None, {})
+        # the last status answer (or the failure to get one): when, for which stall limit
+        self._status_cache: tuple[float, float | None, Any] = (0.0, None, {})
         self._draining = False
         self._stopping = False
         self._stopped = ThreadEvent()
@@ -393,12 +394,17 @@ class RemoteEngine:
         no engine process to ask. Raises EngineFailure when it does not answer in time."""
         at, seen_limit, value = self._status_cache
         if time.monotonic() - at < STATUS_FRESH and (limit is None or limit == seen_limit):
+            if isinstance(value, EngineFailure):  # one wait per health check, not one per field
+                raise value
             return value
         try:
             value = self._call("status", limit if limit is not None else 1e9,
                                timeout=STATUS_TIMEOUT)
         except ModelNotReady:
             return {}
+        except EngineFailure as exc:
+            self._status_cache = (time.monotonic(), limit, exc)
+            raise
         self._status_cache = (time.monotonic(), limit, value)
         return value
 

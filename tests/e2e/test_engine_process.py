@@ -1,7 +1,8 @@
 """End to end, the engine in a process of its own (ENGINE_PROCESS=on) with the real default model
 through a real gunicorn, beside the same server with the engine in process: the same answers
 byte for byte (whole, streamed, n choices, embeddings, tokens), a hang-up freeing its slot in
-the engine process, no web stack in that process, and the engine process killed mid-stream
+the engine process, no web stack in that process, health saying stalled while it is stopped
+(SIGSTOP), and the engine process killed mid-stream
 with SIGKILL and SIGSEGV: the stream ends with its error event, health answers throughout, and
 the next request is served by a new engine process."""
 
@@ -136,6 +137,22 @@ def test_the_engine_process_loads_no_web_stack(default_model):
     assert [m for m in modules if m.split(".")[0] in WEB_STACK] == []
     assert not any(m.startswith(("app.api", "app.edge", "app.core", "app.base.bridge"))
                    for m in modules)
+
+
+def test_an_engine_process_that_stops_answering_makes_health_say_stalled(proc_srv):
+    """A stuck engine process (stopped with SIGSTOP here) cannot stall the web process: health
+    answers 503 stalled, naming it, and 200 once it answers again."""
+    pid = child_pid(proc_srv)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        health = requests.get(proc_srv.url("/health"), timeout=10)
+        assert health.status_code == 503
+        body = health.json()
+        assert body["status"] == "stalled" and "engine process has not answered" in body["reason"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: requests.get(proc_srv.url("/health"), timeout=10).status_code == 200, 30,
+             "health 200 again")
 
 
 @pytest.mark.parametrize(("sig", "said"), [(signal.SIGKILL, "was killed (SIGKILL"),
