@@ -18,18 +18,14 @@ with nothing in flight stop it, failed for good, with the reason.
 from __future__ import annotations
 
 import _socket
-import contextlib
 import itertools
 import logging
 import os
-import signal
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from app.base.bridge import Channel, Reply, held_wakes
 from app.base.errors import (
@@ -40,19 +36,14 @@ from app.base.errors import (
     ShuttingDown,
 )
 from app.base.state import LoadState
-from app.base.threads import (
-    ThreadEvent,
-    allocate_lock,
-    original,
-    original_sleep,
-    start_native_thread,
-)
+from app.base.threads import ThreadEvent, allocate_lock, start_native_thread
 from app.engine.config import EngineConfig
 from app.engine.embed import EmbedHandle, EmbedInfo, EmbedRequest
 from app.engine.handle import ChannelHandle
 from app.engine.lora import AdapterFile
+from app.engine.spawn import EXIT_WAIT, Launch, Link, spawn
 from app.engine.types import Failed, Finished, GenerationRequest, ModelInfo
-from app.engine.wire import Reader, frame, write_all
+from app.engine.wire import Reader
 from app.process.crash_guard import SAFE_SETTINGS, CrashGuard, _Record, safe_changes
 
 log = logging.getLogger(__name__)
@@ -60,121 +51,7 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT = 600.0  # seconds a call may take (a 10 MB tokenize; a model woken from sleep)
 STATUS_TIMEOUT = 2.0  # ... the engine's status (health, metrics): past it, it looks stuck
 STATUS_FRESH = 0.05  # seconds a status answer serves again (one health check: one call)
-EXIT_WAIT = 10.0  # seconds a process whose socket closed has to exit before it is killed
-# gevent's would watch the child on the hub's loop; these run on the supervisor's thread
-_waitpid = original("os", "waitpid")
-_posix_spawn = original("os", "posix_spawn")
-_spawn_lock = allocate_lock()
 _APP_ROOT = str(Path(__file__).resolve().parents[2])  # where this app package lives
-
-
-class Process(Protocol):
-    """An engine process, as its supervisor sees it."""
-
-    pid: int
-
-    def wait(self) -> str:
-        """Until it has exited (killed if it lingers): the signal that ended it, or ""."""
-        ...
-
-    def kill(self) -> None: ...
-
-
-class Spawned:
-    """A real engine process (``python -m app.engine.child``)."""
-
-    def __init__(self, pid: int):
-        self.pid = pid
-
-    def wait(self) -> str:
-        deadline = time.monotonic() + EXIT_WAIT
-        while True:
-            try:
-                pid, status = _waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return ""
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                self.kill()
-                deadline = float("inf")
-            original_sleep(0.02)
-        if os.WIFSIGNALED(status):
-            try:
-                return signal.Signals(os.WTERMSIG(status)).name
-            except ValueError:
-                return f"signal {os.WTERMSIG(status)}"
-        return ""
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-
-def spawn(fd: int, record: _Record | None, env: dict[str, str]) -> Process:
-    """A fresh interpreter running app.engine.child on ``fd`` (posix_spawn: no fork of this
-    process, which runs gevent and threads), in the server's process group (its CPU counted
-    with the server's), with SIGTERM and SIGINT blocked until it ignores them: a signal to the
-    group is the web process's to act on (a SIGTERM drains, then ends the engine process)."""
-    argv = [sys.executable, "-m", "app.engine.child", "--fd", str(fd)]
-    fds = [fd]
-    if record is not None:
-        argv += ["--stage-fd", str(record.stage_fd), "--fault-fd", str(record.fault_fd)]
-        fds += [record.stage_fd, record.fault_fd]
-    with _spawn_lock:  # the descriptors are inheritable only for this spawn
-        for f in fds:
-            os.set_inheritable(f, True)
-        try:
-            pid = _posix_spawn(sys.executable, argv, env,
-                               setsigmask={signal.SIGTERM, signal.SIGINT})
-        finally:
-            for f in fds:
-                os.set_inheritable(f, False)
-    return Spawned(pid)
-
-
-Launch = Callable[[int, _Record | None, dict[str, str]], Process]
-
-
-class _Link:
-    """One engine process's socket: frames queued by any greenlet or thread, written by a
-    thread of its own (a large prompt never holds the hub while the other side reads it)."""
-
-    def __init__(self, proc: Process, fd: int):
-        self.proc = proc
-        self.fd = fd
-        self.closed = False
-        self._out: deque[bytes] = deque()
-        self._wake = ThreadEvent()
-        self._writer_done = ThreadEvent()
-        start_native_thread(self._write_main)
-
-    def send(self, msg: Any) -> None:
-        if not self.closed:
-            self._out.append(frame(msg))
-            self._wake.set()
-
-    def _write_main(self) -> None:
-        try:
-            while not self.closed:
-                if not self._out:
-                    self._wake.wait(0.5)
-                    continue
-                chunks = []
-                while self._out:
-                    chunks.append(self._out.popleft())
-                write_all(self.fd, b"".join(chunks))
-        except OSError:
-            self.closed = True  # the process is gone: the reader sees it
-        finally:
-            self._writer_done.set()
-
-    def finish(self) -> None:
-        """Once its reader has seen the end: the writer stopped, then the socket closed."""
-        self.closed = True
-        self._wake.set()
-        self._writer_done.wait(5.0)
-        os.close(self.fd)
 
 
 class _Live:
@@ -272,7 +149,7 @@ class RemoteEngine:
                                           what="engine process")
         self._launch = launch
         self._lock = allocate_lock()  # the link and the live requests, as a death sees them
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._live: dict[int, _Live] = {}
         self._calls: dict[int, Reply] = {}
         self._ids = itertools.count(1)
@@ -514,7 +391,7 @@ class RemoteEngine:
         finally:
             os.close(child_fd)
         token.pid = proc.pid
-        link = _Link(proc, fd)
+        link = Link(proc, fd)
         with self._lock:
             self._link = link
         log.info("engine process %d started%s", proc.pid, " (safe mode)" if boot.safe_reason
@@ -524,7 +401,7 @@ class RemoteEngine:
         self._read(link)
         return self._ended(link, rec, token)
 
-    def _read(self, link: _Link) -> None:
+    def _read(self, link: Link) -> None:
         reader = Reader(link.fd)
         while True:
             try:
@@ -536,7 +413,7 @@ class RemoteEngine:
             except Exception:  # noqa: BLE001 - one bad message never ends the supervisor
                 log.exception("engine process message %r failed", msg[0])
 
-    def _on(self, link: _Link, msg: tuple) -> None:
+    def _on(self, link: Link, msg: tuple) -> None:
         kind = msg[0]
         if kind == "events":
             with held_wakes():  # one wake-up per hub for the whole step
@@ -567,7 +444,7 @@ class RemoteEngine:
             if logger.isEnabledFor(record.levelno):
                 logger.handle(record)
 
-    def _answer(self, link: _Link, cid: int, op: str, args: tuple) -> None:
+    def _answer(self, link: Link, cid: int, op: str, args: tuple) -> None:
         """The engine process's own calls: the chat template's opening (app.core.plan), which
         the engine decodes at load and which needs the web side's templates."""
         try:
@@ -578,7 +455,7 @@ class RemoteEngine:
             log.warning("the engine process's call %s failed: %s", op, exc)
             link.send(("reply", cid, False, None))
 
-    def _ended(self, link: _Link, rec: _Record | None, token: _Token) -> bool:
+    def _ended(self, link: Link, rec: _Record | None, token: _Token) -> bool:
         """The engine process is gone: every request it held answered, its death judged."""
         with self._lock:
             link.closed = True
