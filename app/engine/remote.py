@@ -50,7 +50,10 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 600.0  # seconds a call may take (a 10 MB tokenize; a model woken from sleep)
 STATUS_TIMEOUT = 2.0  # ... the engine's status (health, metrics): past it, it looks stuck
-STATUS_FRESH = 0.05  # seconds a status answer serves again (one health check: one call)
+# seconds a status answer serves again while nothing happened (no event, no submission): one
+# health check asks once, and never sees figures older than the engine's last event
+STATUS_FRESH = 0.05
+_STALE: tuple[float, float | None, Any] = (0.0, None, {})
 _APP_ROOT = str(Path(__file__).resolve().parents[2])  # where this app package lives
 
 
@@ -156,7 +159,7 @@ class RemoteEngine:
         self._info: ModelInfo | None = None
         self._embedder: RemoteEmbedder | None = None
         # the last status answer (or the failure to get one): when, for which stall limit
-        self._status_cache: tuple[float, float | None, Any] = (0.0, None, {})
+        self._status_cache = _STALE
         self._draining = False
         self._stopping = False
         self._stopped = ThreadEvent()
@@ -215,6 +218,7 @@ class RemoteEngine:
             if link is None or link.closed:
                 raise ModelNotReady("the engine process is restarting")
             self._live[rid] = live
+        self._status_cache = _STALE
         link.send((kind, rid, request))
         return rid
 
@@ -416,6 +420,7 @@ class RemoteEngine:
     def _on(self, link: Link, msg: tuple) -> None:
         kind = msg[0]
         if kind == "events":
+            self._status_cache = _STALE  # the engine's figures have moved
             with held_wakes():  # one wake-up per hub for the whole step
                 for rid, item in msg[1]:
                     live = self._live.get(rid)
