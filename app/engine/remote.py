@@ -50,10 +50,10 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 600.0  # seconds a call may take (a 10 MB tokenize; a model woken from sleep)
 STATUS_TIMEOUT = 2.0  # ... the engine's status (health, metrics): past it, it looks stuck
-# seconds a status answer serves again while nothing happened (no event, no submission): one
-# health check asks once, and never sees figures older than the engine's last event
+# seconds a status answer serves again unless a request came or ended since: one health check
+# (or a burst of them: a probe every 20 ms) asks once, and none sees a request's end missing
 STATUS_FRESH = 0.05
-_STALE: tuple[float, float | None, Any] = (0.0, None, {})
+_STALE: tuple[float, Any] = (0.0, {})
 _APP_ROOT = str(Path(__file__).resolve().parents[2])  # where this app package lives
 
 
@@ -158,8 +158,9 @@ class RemoteEngine:
         self._ids = itertools.count(1)
         self._info: ModelInfo | None = None
         self._embedder: RemoteEmbedder | None = None
-        # the last status answer (or the failure to get one): when, for which stall limit
+        # the last status answer (or the failure to get one), and when it came
         self._status_cache = _STALE
+        self._stall_limit = 1e9  # the watchdog's limit, as health last gave it
         self._draining = False
         self._stopping = False
         self._stopped = ThreadEvent()
@@ -270,23 +271,24 @@ class RemoteEngine:
         return self._call("slots", timeout=STATUS_TIMEOUT)
 
     # ---- the engine's status (health, metrics, the crash guard's hooks) -----------------------
-    def _status(self, limit: float | None = None) -> dict:
-        """The engine's figures, asked at most every STATUS_FRESH seconds; {} when there is
-        no engine process to ask. Raises EngineFailure when it does not answer in time."""
-        at, seen_limit, value = self._status_cache
-        if time.monotonic() - at < STATUS_FRESH and (limit is None or limit == seen_limit):
+    def _status(self) -> dict:
+        """The engine's figures (its stall judged by the last limit ``stalled`` was given),
+        asked at most every STATUS_FRESH seconds; {} when there is no engine process to ask.
+        Raises EngineFailure when it does not answer in time. Each call wakes the engine
+        process: a health probe every 20 ms asking each time cost streams 10%."""
+        at, value = self._status_cache
+        if time.monotonic() - at < STATUS_FRESH:
             if isinstance(value, EngineFailure):  # one wait per health check, not one per field
                 raise value
             return value
         try:
-            value = self._call("status", limit if limit is not None else 1e9,
-                               timeout=STATUS_TIMEOUT)
+            value = self._call("status", self._stall_limit, timeout=STATUS_TIMEOUT)
         except ModelNotReady:
             return {}
         except EngineFailure as exc:
-            self._status_cache = (time.monotonic(), limit, exc)
+            self._status_cache = (time.monotonic(), exc)
             raise
-        self._status_cache = (time.monotonic(), limit, value)
+        self._status_cache = (time.monotonic(), value)
         return value
 
     def _status_or_empty(self) -> dict:
@@ -305,7 +307,10 @@ class RemoteEngine:
 
     def stalled(self, limit: float) -> str | None:
         try:
-            return self._status(limit).get("stalled")
+            if limit != self._stall_limit:  # WATCHDOG_SECONDS: the same at every check
+                self._stall_limit = limit
+                self._status_cache = _STALE
+            return self._status().get("stalled")
         except EngineFailure:
             return f"the engine process has not answered for {STATUS_TIMEOUT:g} s"
 
@@ -420,7 +425,6 @@ class RemoteEngine:
     def _on(self, link: Link, msg: tuple) -> None:
         kind = msg[0]
         if kind == "events":
-            self._status_cache = _STALE  # the engine's figures have moved
             with held_wakes():  # one wake-up per hub for the whole step
                 for rid, item in msg[1]:
                     live = self._live.get(rid)
@@ -428,6 +432,7 @@ class RemoteEngine:
                         live.channel.put(item)
                         if live.over(item):
                             self._live.pop(rid, None)
+                            self._status_cache = _STALE  # a request's end: figures moved
         elif kind == "reply":
             reply = self._calls.pop(msg[1], None)
             if reply is not None:
