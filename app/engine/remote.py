@@ -414,25 +414,26 @@ class RemoteEngine:
         reader = Reader(link.fd)
         while True:
             try:
-                msg = reader.recv()
+                msgs = reader.recv_many()
             except (EOFError, OSError):
                 return
-            try:
-                self._on(link, msg)
-            except Exception:  # noqa: BLE001 - one bad message never ends the supervisor
-                log.exception("engine process message %r failed", msg[0])
+            with held_wakes():  # what arrived together wakes its greenlets together
+                for msg in msgs:
+                    try:
+                        self._on(link, msg)
+                    except Exception:  # noqa: BLE001 - one bad message never ends the reader
+                        log.exception("engine process message %r failed", msg[0])
 
     def _on(self, link: Link, msg: tuple) -> None:
         kind = msg[0]
-        if kind == "events":
-            with held_wakes():  # one wake-up per hub for the whole step
-                for rid, item in msg[1]:
-                    live = self._live.get(rid)
-                    if live is not None:
-                        live.channel.put(item)
-                        if live.over(item):
-                            self._live.pop(rid, None)
-                            self._status_cache = _STALE  # a request's end: figures moved
+        if kind == "events":  # a step's events (inside _read's held_wakes: one wake-up)
+            for rid, item in msg[1]:
+                live = self._live.get(rid)
+                if live is not None:
+                    live.channel.put(item)
+                    if live.over(item):
+                        self._live.pop(rid, None)
+                        self._status_cache = _STALE  # a request's end: figures moved
         elif kind == "reply":
             reply = self._calls.pop(msg[1], None)
             if reply is not None:

@@ -11,10 +11,10 @@ Nothing here imports gevent: both processes use it, on native threads.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import struct
+from collections import deque
 from typing import Any
 
 from app.base.threads import allocate_lock
@@ -40,18 +40,42 @@ class Reader:
     """Frames read from one descriptor, by one thread."""
 
     def __init__(self, fd: int):
-        self._file = io.BufferedReader(io.FileIO(fd, "rb", closefd=False), CHUNK)
+        self._fd = fd
+        self._buf = bytearray()
+        self._ready: deque[Any] = deque()
 
     def recv(self) -> Any:
         """The next message; EOFError once the other end has closed (or died)."""
-        head = self._file.read(HEADER.size)
-        if len(head) < HEADER.size:
+        while not self._ready:
+            self._fill()
+        return self._ready.popleft()
+
+    def recv_many(self) -> list[Any]:
+        """Every message that has arrived (at least one, waiting for it): a reader that fell
+        behind takes several engine steps at once, and wakes their readers once."""
+        while not self._ready:
+            self._fill()
+        out = list(self._ready)
+        self._ready.clear()
+        return out
+
+    def _fill(self) -> None:
+        """One read, and the whole frames it completed."""
+        chunk = os.read(self._fd, CHUNK)
+        if not chunk:
             raise EOFError("the other end closed")
-        (size,) = HEADER.unpack(head)
-        data = self._file.read(size)
-        if len(data) < size:
-            raise EOFError("the other end closed mid-message")
-        return pickle.loads(data)
+        buf = self._buf
+        buf += chunk
+        at = 0
+        while len(buf) - at >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf, at)
+            end = at + HEADER.size + size
+            if len(buf) < end:
+                break
+            self._ready.append(pickle.loads(memoryview(buf)[at + HEADER.size:end]))
+            at = end
+        if at:
+            del buf[:at]
 
 
 class Writer:

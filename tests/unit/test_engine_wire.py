@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 
 from app.base.errors import ContextOverflow, EmbeddingOnly, QueueFull
-from app.base.threads import held_wakes
+from app.base.threads import ThreadEvent, held_wakes, start_native_thread
 from app.engine.child import Outbox
 from app.engine.types import Accepted, Failed, Finished, TextPiece
-from app.engine.wire import Reader, Writer, frame
+from app.engine.wire import Reader, Writer, frame, write_all
 
 
 class Sent:
@@ -110,3 +110,35 @@ def test_a_request_is_over_after_its_last_choice_or_its_failure():
     embed = Outbox(3, wire, done=over.append)  # type: ignore[arg-type]
     embed.put([])
     assert over == [1, 2, 3]
+
+
+def test_a_reader_behind_takes_every_arrived_message_at_once():
+    """recv_many: every whole frame that has arrived, a frame larger than one read included
+    (written by a thread: it outgrows the pipe), and never half of one."""
+    r, w = os.pipe()
+    big = ("events", [(1, TextPiece("x" * 300_000, 1))])
+    small = [("events", [(i, TextPiece("y", i))]) for i in range(3)]
+    done = ThreadEvent()
+
+    def write() -> None:
+        try:
+            os.write(w, b"".join(frame(m) for m in small))
+            write_all(w, frame(big) + frame(small[0]))
+        finally:
+            os.close(w)
+            done.set()
+
+    start_native_thread(write)
+    try:
+        reader = Reader(r)
+        got: list = []
+        for _ in range(10):  # bounded: five messages in at most a few reads
+            if len(got) == 5:
+                break
+            batch = reader.recv_many()
+            assert batch  # never empty
+            got += batch
+        assert got == [*small, big, small[0]]
+        assert done.wait(10)
+    finally:
+        os.close(r)
