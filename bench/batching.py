@@ -132,13 +132,17 @@ def servers(args) -> list[tuple[str, list[str], dict, str]]:
     """(name, command with {port}, extra env, health path)."""
     n, ctx, t = args.parallel, args.ctx, args.threads
     gpu = {} if args.ngl is None else {"GPU_LAYERS": str(args.ngl)}
-    extra = dict(kv.split("=", 1) for kv in args.env)
-    name = f"vertex-gguf [{' '.join(args.env)}]" if args.env else "vertex-gguf"
-    out = [(name, [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
-            {"MODEL": args.model, "PARALLEL": str(n), "CTX_SIZE": str(ctx), "THREADS": str(t),
-             "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args), **gpu,
-             **extra},
-            "/health")]
+    out = []
+    # one vertex-gguf row per variant (--variant), else one with --env alone
+    for variant in args.variant or [""]:
+        settings = [*args.env, *variant.split()]
+        extra = dict(kv.split("=", 1) for kv in settings)
+        name = f"vertex-gguf [{' '.join(settings)}]" if settings else "vertex-gguf"
+        out.append((name, [sys.executable, "-m", "app", "--host", "127.0.0.1", "--port", "{port}"],
+                    {"MODEL": args.model, "PARALLEL": str(n), "CTX_SIZE": str(ctx), "THREADS": str(t),
+                     "LOG_LEVEL": "warning", "STREAM_HEARTBEAT_SECONDS": "0", **extra_buffers_env(args),
+                     **gpu, **extra},
+                    "/health"))
     if args.llama_server:
         ngl = [] if args.ngl is None else ["-ngl", str(args.ngl)]
         out.append(("llama-server", [args.llama_server, "-m", args.model, "--host", "127.0.0.1",
@@ -185,13 +189,20 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="a setting for vertex-gguf's run (repeatable; its row is named with "
                     "them: vertex-gguf [ENGINE_PROCESS=on])")
+    ap.add_argument("--variant", action="append", default=[], metavar="'KEY=VALUE ...'",
+                    help="a vertex-gguf row with these settings (repeatable: two variants and "
+                    "llama-server in one run, e.g. --variant ENGINE_PROCESS=off --variant ENGINE_PROCESS=on)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every server this many times, interleaved (drift shows as spread)")
     add_extra_buffers_arg(ap)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     results: dict[str, dict[int, Result]] = {}
-    for name, cmd, env, health in servers(args):
-        if args.only and name.split(" [")[0] not in args.only.split(","):
-            continue
+    chosen = [s for s in servers(args)
+              if not args.only or s[0].split(" [")[0] in args.only.split(",")]
+    runs = [(f"{name} #{r + 1}" if args.rounds > 1 else name, cmd, env, health)
+            for r in range(args.rounds) for name, cmd, env, health in chosen]
+    for name, cmd, env, health in runs:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         full_env = {**os.environ, **env}
@@ -230,7 +241,11 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             log.close()
             Path(log.name).unlink(missing_ok=True)
-    ref = results.get("llama-server", {})
+    def reference(name: str) -> dict[int, Result]:
+        """llama-server's run of the same round."""
+        round_tag = name.rpartition(" #")[2] if " #" in name else ""
+        return results.get(f"llama-server #{round_tag}" if round_tag else "llama-server", {})
+
     lines = [f"model {Path(args.model).name}, threads {args.threads}, {args.parallel} slots x {args.ctx} ctx, "
              f"2 x c streaming chat requests of {args.max_tokens} tokens"
              f"{' (ignore_eos)' if args.ignore_eos else ''}, temperature 0"
@@ -239,6 +254,7 @@ def main() -> None:
              "CPU s / 1k tok | errors | health p99 ms |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, per in results.items():
+        ref = reference(name)
         for c, r in per.items():
             tps = r.tokens / r.wall if r.wall else 0
             base_r = ref.get(c)
