@@ -17,7 +17,7 @@ import numpy as np
 
 from app.base import bridge
 from app.base.errors import BadRequest, ClientGone, GenerationTimeout, NotSupported, ServiceError
-from app.core.service import GONE_POLL, Service
+from app.core.service import Service
 from app.engine.embed import Embedder, Embedding, EmbedHandle, EmbedRequest
 
 
@@ -135,7 +135,7 @@ class Embeddings:
         try:
             while True:
                 try:
-                    return handle.result(GONE_POLL if gone else limit)
+                    return handle.result(handle.gone_poll if gone else limit)
                 except ClientGone:  # the embedder saw it first
                     self.service.metrics.api(api).gone()
                     raise

@@ -105,6 +105,10 @@ class EmbedInfo:
 class EmbedHandle:
     """One submitted request, seen from the request's greenlet."""
 
+    # seconds between the caller's own checks for a hang-up while it waits: the embedder here
+    # asks the request's ``gone`` at every decode, so the caller's check is only a backstop
+    gone_poll: float = 0.5
+
     def __init__(self, channel: Mailbox, cancel: list[bool]):
         self._channel = channel
         self._cancel = cancel

@@ -100,6 +100,10 @@ class RemoteHandle(ChannelHandle):
 
 
 class RemoteEmbedHandle(EmbedHandle):
+    # the engine process cannot ask the caller's socket (``gone`` stays in this process), so the
+    # caller's check is the only one: often enough that a hang-up costs a decode or two
+    gone_poll = 0.02
+
     def __init__(self, engine: RemoteEngine, rid: int, channel: Channel):
         super().__init__(channel, [False])
         self._engine = engine

@@ -42,3 +42,39 @@ def test_a_request_wide_failure_is_counted_under_its_api_and_cancels(error, name
     assert counted(metrics, name, "rerank") == 1
     assert counted(metrics, name, "embeddings") == 0
     assert handle.cancelled
+
+
+class Waiting:
+    """A handle whose answer has not come: every wait times out."""
+
+    def __init__(self, gone_poll: float):
+        self.gone_poll = gone_poll
+        self.waits: list[float | None] = []
+        self.cancelled = False
+
+    def result(self, timeout: float | None = None) -> list:
+        self.waits.append(timeout)
+        raise TimeoutError
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@pytest.mark.parametrize("gone_poll", [0.5, 0.02])
+def test_the_caller_checks_for_a_hang_up_as_often_as_its_handle_asks(gone_poll):
+    """An engine process cannot ask the caller's socket itself (RemoteEmbedHandle asks for a
+    check every 20 ms); an in-process embedder asks at every decode (the caller's check every
+    0.5 s is a backstop). The third check finds the client gone: cancelled, counted."""
+    from app.engine.embed import EmbedHandle
+    from app.engine.remote import RemoteEmbedHandle
+
+    assert RemoteEmbedHandle.gone_poll < EmbedHandle.gone_poll
+    metrics = Metrics()
+    core = Embeddings(SimpleNamespace(metrics=metrics), True, 16, 1.0)  # type: ignore[arg-type]
+    handle = Waiting(gone_poll)
+    checks = iter([False, False, True])
+    with pytest.raises(ClientGone):
+        core.wait(handle, lambda: next(checks), "embeddings")  # type: ignore[arg-type]
+    assert handle.waits == [gone_poll] * 3
+    assert handle.cancelled
+    assert counted(metrics, "client_disconnects", "embeddings") == 1
