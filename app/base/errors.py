@@ -88,7 +88,8 @@ class NotFound(ServiceError):
 
 
 class ModelNotFound(NotFound):
-    """A request named a model this server does not serve (STRICT_MODEL_NAME)."""
+    """A request named a model this server does not serve (STRICT_MODEL_NAME, or a name that
+    is no model of the catalog); the message names the models there are."""
 
     code = "model_not_found"
 
@@ -158,6 +159,34 @@ class Unavailable(ServiceError):
 class ModelNotReady(Unavailable):
     code = "model_loading"
     retry_after = 5
+
+
+class PoolBusy(Unavailable):
+    """Too many requests already wait for this model (its load, or room to load it): the
+    request is turned away at once with when to come back, rather than queueing unbounded."""
+
+    code = "model_busy"
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message, param="model")
+        self.retry_after = retry_after
+
+
+class ModelTooLarge(Unavailable):
+    """A model that cannot load even with every model that may be unloaded gone (its
+    estimated footprint past the memory budget, or every MODELS_MAX place pinned): the
+    message says what it needs and what is free. Retrying does not help until that changes."""
+
+    code = "model_too_large"
+    retry_after = None
+
+
+class ModelLoadFailed(Unavailable):
+    """The model's load failed, or its engine died for good; the message says why. The next
+    request tries the load again."""
+
+    code = "model_load_failed"
+    retry_after = None
 
 
 class Overloaded(Unavailable):
