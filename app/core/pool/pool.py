@@ -108,6 +108,8 @@ class ModelPool(Lifecycle):
                     return self._lease(e, keep)
                 if e.status == "failed" and e.gen == waited:
                     raise ModelLoadFailed(f"model {e.spec.name} failed to load: {e.error}")
+                if e.status == "unloaded" and e.gen == waited:  # unload() called it off
+                    raise ModelNotReady(f"model {e.spec.name} was unloaded while it loaded")
                 if e.status == "loaded" and e.engine.state.stage == "failed":
                     dead = self._died(e, e.engine.state.error)
                 elif e.status in ("unloaded", "failed"):
@@ -193,7 +195,8 @@ class ModelPool(Lifecycle):
         """Unload the model (POST /models/unload, Ollama's keep_alive 0): ``unloaded`` (idle:
         its engine shuts down now), ``draining`` (it takes no new lease and unloads when its
         last ends; an acquire meanwhile waits, then loads it again), ``cancelled`` (a load
-        called off), ``unloading`` (already so), or ``not_loaded``."""
+        called off: its waiters get ModelNotReady), ``unloading`` (already so), or
+        ``not_loaded``."""
         e = self._entry(name)
         closing = poke = None
         with self._lock:

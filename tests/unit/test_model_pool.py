@@ -1,0 +1,582 @@
+"""The model pool (app.core.pool): leases on engines loaded on demand, room by MODELS_MAX and a
+memory budget, eviction, keep_alive, the operator's load and unload, deaths and statuses.
+
+Engines are fakes whose load the test drives (ready at once, held until the test says, failing)
+and which die when told; the clock is a fake too. Most pools run their loads and closes in the
+caller's thread (``spawn=run``), so what a release or a sweep does is done when it returns;
+the tests of waiting use native threads, and every wait in them is bounded.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from app.base.errors import (
+    ModelLoadFailed,
+    ModelNotFound,
+    ModelNotReady,
+    ModelTooLarge,
+    PoolBusy,
+    ShuttingDown,
+)
+from app.base.state import LoadState
+from app.base.threads import start_native_thread
+from app.core.pool import ModelPool
+from app.model.catalog import Catalog, ModelSpec
+from app.settings import Settings
+from tests.support.server import wait_for
+
+BASE = Settings()
+GB = 10**9
+LIMIT = 10.0  # seconds: the bound of every wait here
+
+
+def spec(name: str, **kw: Any) -> ModelSpec:
+    return ModelSpec(name=name, source=f"/models/{name}.gguf", origin="MODELS", settings=BASE,
+                     **kw)
+
+
+def catalog(*specs: ModelSpec, max_loaded: int = 0) -> Catalog:
+    return Catalog(base=BASE, models=specs, default=specs[0].name, max_loaded=max_loaded,
+                   keep_alive=300.0)
+
+
+def run(job: Any) -> None:
+    job()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeEngine:
+    """Loads as its plan says: ``ready`` at start, ``fail`` at start, or ``hold`` until the test
+    calls ``finish``."""
+
+    def __init__(self, spec: ModelSpec, on_fatal: Any, plan: str) -> None:
+        self.spec = spec
+        self.on_fatal = on_fatal
+        self.plan = plan
+        self.state = LoadState()
+        self.closed = False
+
+    def start(self) -> None:
+        if self.plan == "ready":
+            self.state.set("ready", progress=1.0)
+        elif self.plan == "fail":
+            self.state.fail(f"cannot read {self.spec.source}")
+
+    def finish(self, error: str | None = None) -> None:
+        if error is None:
+            self.state.set("ready", progress=1.0)
+        else:
+            self.state.fail(error)
+
+    def die(self, reason: str) -> None:
+        """As an engine that dies for good: its state failed, then its on_fatal."""
+        self.state.fail(reason)
+        self.on_fatal(reason)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+class Factory:
+    def __init__(self) -> None:
+        self.plans: dict[str, str] = {}
+        self.engines: list[FakeEngine] = []
+
+    def __call__(self, spec: ModelSpec, on_fatal: Any) -> FakeEngine:
+        engine = FakeEngine(spec, on_fatal, self.plans.get(spec.name, "ready"))
+        self.engines.append(engine)
+        return engine
+
+    def of(self, name: str) -> list[FakeEngine]:
+        return [e for e in self.engines if e.spec.name == name]
+
+
+def make_pool(cat: Catalog, factory: Factory, **kw: Any) -> ModelPool:
+    kw.setdefault("spawn", run)
+    kw.setdefault("clock", Clock())
+    return ModelPool(cat, factory, poll=0.005, **kw)
+
+
+def status(pool: ModelPool, name: str) -> dict[str, Any]:
+    return next(s.as_dict() for s in pool.statuses() if s.name == name)
+
+
+def loaded(pool: ModelPool) -> list[str]:
+    return [s.name for s in pool.statuses() if s.status == "loaded"]
+
+
+def use(pool: ModelPool, name: str, **kw: Any) -> None:
+    pool.acquire(name, **kw).release()
+
+
+@pytest.fixture
+def threads():
+    with ThreadPoolExecutor(8) as ex:
+        yield ex
+
+
+# ---- names ---------------------------------------------------------------------------------
+
+
+def test_names_and_aliases_resolve_and_none_is_the_default_model():
+    f = Factory()
+    pool = make_pool(catalog(spec("chat", aliases=("qwen3", "qwen3:8b")), spec("embed")), f)
+    with pool.acquire(None) as lease:
+        assert lease.name == "chat"
+        with pool.acquire("QWEN3:8B") as again:
+            assert again.engine is lease.engine
+    assert len(f.of("chat")) == 1
+    assert status(pool, "chat")["aliases"] == ("qwen3", "qwen3:8b")
+
+
+def test_an_unknown_name_is_model_not_found_naming_the_models():
+    pool = make_pool(catalog(spec("chat"), spec("embed")), Factory())
+    with pytest.raises(ModelNotFound) as err:
+        pool.acquire("gpt-4o")
+    assert err.value.code == "model_not_found"
+    assert "'gpt-4o'" in err.value.message and "chat, embed" in err.value.message
+    for op in (pool.load, pool.unload):
+        with pytest.raises(ModelNotFound):
+            op("gpt-4o")
+
+
+# ---- loading: one load, waiters, failures --------------------------------------------------
+
+
+def test_two_acquires_of_an_unloaded_model_start_one_load(threads):
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    first = threads.submit(pool.acquire, "a")
+    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    second = threads.submit(pool.acquire, "a")
+    wait_for(lambda: status(pool, "a")["status"] == "loading", LIMIT, "loading")
+    assert not first.done() and not second.done()
+    f.of("a")[0].finish()
+    leases = [first.result(LIMIT), second.result(LIMIT)]
+    assert len(f.of("a")) == 1
+    assert leases[0].engine is leases[1].engine is f.of("a")[0]
+    assert status(pool, "a")["leases"] == 2
+    for lease in leases:
+        lease.release()
+    assert status(pool, "a")["leases"] == 0
+
+
+def test_a_failed_load_fails_every_waiter_and_the_next_acquire_retries(threads):
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    waiters = [threads.submit(pool.acquire, "a") for _ in range(3)]
+    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    f.of("a")[0].finish("out of memory loading a")
+    for w in waiters:
+        with pytest.raises(ModelLoadFailed, match="out of memory loading a"):
+            w.result(LIMIT)
+    st = status(pool, "a")
+    assert (st["status"], st["error"]) == ("failed", "out of memory loading a")
+    assert len(f.of("a")) == 1 and f.of("a")[0].closed
+    f.plans["a"] = "ready"
+    use(pool, "a")
+    assert len(f.of("a")) == 2
+    assert status(pool, "a")["status"] == "loaded" and status(pool, "a")["error"] is None
+
+
+def test_an_engine_that_cannot_be_made_fails_the_load_with_its_reason():
+    def broken(spec: ModelSpec, on_fatal: Any) -> FakeEngine:
+        raise FileNotFoundError("no file /models/a.gguf")
+
+    pool = ModelPool(catalog(spec("a")), broken, spawn=run, poll=0.005)
+    with pytest.raises(ModelLoadFailed, match="FileNotFoundError: no file /models/a.gguf"):
+        pool.acquire("a")
+    assert status(pool, "a")["status"] == "failed"
+
+
+def test_waiters_past_the_bound_are_turned_away_with_retry_after(threads):
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread, max_waiters=1, retry_after=7)
+    first = threads.submit(pool.acquire, "a")
+    wait_for(lambda: f.of("a"), LIMIT, "the load")  # the first acquire waits by now
+    with pytest.raises(PoolBusy) as err:
+        pool.acquire("a")
+    assert err.value.retry_after == 7 and err.value.code == "model_busy"
+    f.of("a")[0].finish()
+    first.result(LIMIT).release()
+    use(pool, "a")  # loaded: no wait, whatever the bound
+
+
+def test_a_wait_has_a_timeout_and_the_load_goes_on():
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    with pytest.raises(ModelNotReady, match="still loading"):
+        pool.acquire("a", timeout=0.05)
+    f.of("a")[0].finish()
+    wait_for(lambda: status(pool, "a")["status"] == "loaded", LIMIT, "the load")
+    use(pool, "a")
+    assert len(f.of("a")) == 1
+
+
+def test_statuses_show_a_load_s_progress_and_the_estimate():
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a", pin=True), spec("b")), f, spawn=start_native_thread,
+                     estimate=lambda s: {"a": 3 * GB}.get(s.name))
+    with pytest.raises(ModelNotReady):
+        pool.acquire("a", timeout=0.01)
+    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    f.of("a")[0].state.set_download(50, 100, 1e6, 1.0)
+    wait_for(lambda: status(pool, "a")["stage"] == "downloading", LIMIT, "the engine")
+    st = status(pool, "a")
+    assert (st["status"], st["stage"], st["progress"]) == ("loading", "downloading", 0.5)
+    assert (st["bytes"], st["pinned"], st["preload"]) == (3 * GB, True, False)
+    assert status(pool, "b") == {
+        "name": "b", "aliases": (), "status": "unloaded", "error": None, "stage": None,
+        "progress": None, "detail": None, "bytes": None, "pinned": False, "preload": False,
+        "leases": 0, "unloading": False, "last_used": None, "expires_at": None,
+        "expires_in": None}
+    f.of("a")[0].finish()
+    wait_for(lambda: status(pool, "a")["status"] == "loaded", LIMIT, "the load")
+    assert status(pool, "a")["stage"] is None
+
+
+# ---- room: MODELS_MAX, the memory budget, eviction ---------------------------------------
+
+
+def test_models_max_evicts_the_least_recently_used_idle_model():
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a"), spec("b"), spec("c"), max_loaded=2), f, clock=clock)
+    for name in ("a", "b", "a"):  # a used last
+        clock.now += 1
+        use(pool, name)
+    clock.now += 1
+    use(pool, "c")
+    assert loaded(pool) == ["a", "c"]
+    assert f.of("b")[0].closed and not f.of("a")[0].closed
+    assert status(pool, "b")["status"] == "unloaded"
+
+
+def test_a_pinned_model_is_never_evicted():
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a", pin=True), spec("b"), spec("c"), max_loaded=2), f,
+                     clock=clock)
+    for name in ("a", "b", "c"):  # a is the least recently used, but pinned
+        clock.now += 1
+        use(pool, name)
+    assert loaded(pool) == ["a", "c"]
+
+
+def test_a_busy_model_is_never_evicted_and_a_load_waits_for_room(threads):
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a"), spec("b"), spec("c"), max_loaded=2), f, clock=clock)
+    held = pool.acquire("a")  # the least recently used, but leased
+    clock.now += 1
+    use(pool, "b")
+    clock.now += 1
+    c = pool.acquire("c")
+    assert loaded(pool) == ["a", "c"]  # b went, though a is older
+    # now both loaded models are busy: b waits for room, and times out if none comes
+    with pytest.raises(PoolBusy, match="no room to load model b.*busy"):
+        pool.acquire("b", timeout=0.05)
+    assert loaded(pool) == ["a", "c"] and status(pool, "b")["status"] == "unloaded"
+    waiting = threads.submit(pool.acquire, "b")
+    clock.now += 1
+    c.release()
+    waiting.result(LIMIT).release()
+    assert loaded(pool) == ["a", "b"] and f.of("c")[0].closed
+    held.release()
+
+
+def test_the_memory_budget_evicts_until_the_new_model_fits():
+    f, clock = Factory(), Clock()
+    sizes = {"a": 4 * GB, "b": 4 * GB, "c": 6 * GB}
+    pool = make_pool(catalog(spec("a"), spec("b"), spec("c")), f, clock=clock,
+                     estimate=lambda s: sizes[s.name], budget=lambda: 10 * GB)
+    for name in ("a", "b", "c"):
+        clock.now += 1
+        use(pool, name)
+    assert loaded(pool) == ["b", "c"]  # a alone made room: 4 + 6 <= 10
+    assert f.of("a")[0].closed
+
+
+def test_a_model_of_unknown_footprint_counts_nothing():
+    f = Factory()
+    pool = make_pool(catalog(spec("a"), spec("b")), f, estimate=lambda s: None,
+                     budget=lambda: 1)
+    use(pool, "a")
+    use(pool, "b")
+    assert loaded(pool) == ["a", "b"]
+
+
+def test_a_model_that_cannot_fit_even_alone_is_too_large_and_shows_failed():
+    f = Factory()
+    sizes = {"pinned": 6 * GB, "big": 5 * GB, "huge": 11 * GB}
+    pool = make_pool(catalog(spec("pinned", pin=True), spec("big"), spec("huge")), f,
+                     estimate=lambda s: sizes[s.name], budget=lambda: 10 * GB)
+    use(pool, "pinned")
+    with pytest.raises(ModelTooLarge) as err:
+        pool.acquire("big")
+    msg = err.value.message
+    assert "needs 5.00 GB" in msg and "4.00 GB" in msg and "10.00 GB" in msg
+    assert err.value.retry_after is None and err.value.code == "model_too_large"
+    assert (status(pool, "big")["status"], status(pool, "big")["error"]) == ("failed", msg)
+    with pytest.raises(ModelTooLarge, match="needs 11.00 GB"):
+        pool.acquire("huge")
+    assert loaded(pool) == ["pinned"] and len(f.engines) == 1
+
+
+def test_no_place_when_every_place_is_pinned():
+    pool = make_pool(catalog(spec("a", pin=True), spec("b"), max_loaded=1), Factory())
+    use(pool, "a")
+    with pytest.raises(ModelTooLarge, match="MODELS_MAX.*pinned models \\(a\\)"):
+        pool.acquire("b")
+
+
+# ---- keep_alive and the sweep ------------------------------------------------------------
+
+
+def test_keep_alive_zero_unloads_when_the_last_lease_ends():
+    f = Factory()
+    pool = make_pool(catalog(spec("a")), f)
+    zero = pool.acquire("a", keep_alive=0)
+    other = pool.acquire("a")
+    zero.release()  # another lease holds it: it stays
+    assert loaded(pool) == ["a"]
+    other.release()
+    assert loaded(pool) == ["a"]  # the last lease ended with the model's keep_alive
+    zero = pool.acquire("a")
+    zero2 = pool.acquire("a", keep_alive=0)
+    zero.release()
+    zero2.release()
+    assert loaded(pool) == [] and f.of("a")[0].closed
+    assert status(pool, "a")["status"] == "unloaded"
+    use(pool, "a")
+    assert len(f.of("a")) == 2
+
+
+def test_keep_alive_seconds_from_the_lease_s_end_and_the_sweep():
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a", keep_alive=300.0), spec("b")), f, clock=clock)
+    with pool.acquire("a", keep_alive=30):
+        clock.now = 1100.0
+        assert status(pool, "a")["expires_at"] is None  # busy: no expiry
+    assert status(pool, "a")["expires_at"] == 1130.0
+    assert status(pool, "a")["expires_in"] == 30.0
+    assert pool.sweep(1129.9) == []
+    assert pool.sweep(1130.0) == ["a"]
+    assert status(pool, "a")["status"] == "unloaded" and f.of("a")[0].closed
+    use(pool, "a")  # the model's own keep_alive
+    assert status(pool, "a")["expires_at"] == 1400.0
+    assert pool.sweep() == [] and status(pool, "a")["last_used"] == 1100.0
+
+
+def test_a_negative_keep_alive_keeps_it_for_ever():
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a"), spec("b", keep_alive=math.inf)), f, clock=clock)
+    use(pool, "a", keep_alive=-1)
+    use(pool, "b")
+    assert status(pool, "a")["expires_at"] is None and status(pool, "b")["expires_at"] is None
+    assert pool.sweep(clock.now + 1e12) == []
+    assert loaded(pool) == ["a", "b"]
+
+
+def test_the_sweep_never_unloads_a_busy_model():
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a", keep_alive=1.0)), f, clock=clock)
+    use(pool, "a")
+    with pool.acquire("a"):
+        assert pool.sweep(clock.now + 100) == []
+        clock.now += 100
+    assert pool.sweep(clock.now + 0.5) == []  # its keep_alive runs from the lease's end
+    assert pool.sweep(clock.now + 1) == ["a"]
+
+
+def test_the_background_sweeper_unloads_expired_models():
+    f, clock = Factory(), Clock()
+    pool = make_pool(catalog(spec("a", keep_alive=5.0)), f, clock=clock)
+    use(pool, "a")
+    pool.start_sweeper(interval=0.01)
+    try:
+        clock.now += 6
+        wait_for(lambda: status(pool, "a")["status"] == "unloaded", LIMIT, "the sweep")
+    finally:
+        pool.stop_sweeper()
+    assert f.of("a")[0].closed
+
+
+# ---- the operator's load and unload, preload, shutdown ----------------------------------
+
+
+def test_load_and_unload_say_what_happened():
+    f = Factory()
+    pool = make_pool(catalog(spec("a"), spec("b")), f)
+    assert pool.unload("a") == "not_loaded"
+    assert pool.load("a") == "loaded"
+    assert pool.load("a") == "already_loaded"
+    assert pool.unload("a") == "unloaded"
+    assert f.of("a")[0].closed and loaded(pool) == []
+
+
+def test_unload_of_a_busy_model_drains_it(threads):
+    f = Factory()
+    pool = make_pool(catalog(spec("a")), f)
+    lease = pool.acquire("a")
+    assert pool.unload("a") == "draining"
+    st = status(pool, "a")
+    assert (st["status"], st["unloading"], st["leases"]) == ("loaded", True, 1)
+    assert pool.unload("a") == "draining"
+    with pytest.raises(ModelNotReady, match="unloading"):  # no new lease meanwhile
+        pool.acquire("a", timeout=0.05)
+    waiting = threads.submit(pool.acquire, "a")
+    assert not f.of("a")[0].closed
+    lease.release()  # the last lease: it unloads, then the waiter loads it again
+    waiting.result(LIMIT).release()
+    assert f.of("a")[0].closed and len(f.of("a")) == 2 and loaded(pool) == ["a"]
+
+
+def test_unload_while_loading_calls_the_load_off():
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    with pytest.raises(ModelNotReady):
+        pool.acquire("a", timeout=0.01)
+    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    assert pool.unload("a") == "cancelled"
+    wait_for(lambda: status(pool, "a")["status"] == "unloaded", LIMIT, "the cancel")
+    assert f.of("a")[0].closed
+    f.plans["a"] = "ready"
+    use(pool, "a")
+    assert len(f.of("a")) == 2
+
+
+def test_waiters_on_a_load_called_off_are_told(threads):
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    waiting = threads.submit(pool.acquire, "a")
+    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    assert pool.unload("a") == "cancelled"
+    with pytest.raises(ModelNotReady, match="unloaded while it loaded"):
+        waiting.result(LIMIT)
+    assert len(f.of("a")) == 1
+
+
+def test_preload_loads_the_preload_models():
+    f = Factory()
+    pool = make_pool(catalog(spec("a", preload=True), spec("b"), spec("c", preload=True)), f)
+    assert pool.preload() == ["a", "c"]
+    assert loaded(pool) == ["a", "c"]
+
+
+def test_preloads_that_do_not_fit_together_are_an_error():
+    sizes = {"a": 6 * GB, "b": 6 * GB}
+    pool = make_pool(catalog(spec("a", preload=True), spec("b", preload=True)), Factory(),
+                     estimate=lambda s: sizes[s.name], budget=lambda: 10 * GB)
+    with pytest.raises(ModelTooLarge, match="do not fit together: a"):
+        pool.preload()
+
+
+def test_shutdown_closes_every_engine_and_refuses_leases():
+    f = Factory()
+    pool = make_pool(catalog(spec("a"), spec("b")), f)
+    use(pool, "a")
+    use(pool, "b")
+    pool.shutdown()
+    assert all(e.closed for e in f.engines)
+    with pytest.raises(ShuttingDown):
+        pool.acquire("a")
+
+
+# ---- deaths --------------------------------------------------------------------------------
+
+
+def test_a_dead_engine_fails_its_model_releases_its_room_and_reloads():
+    f = Factory()
+    pool = make_pool(catalog(spec("a"), spec("b"), max_loaded=1), f)
+    lease = pool.acquire("a")
+    f.of("a")[0].die("engine process killed by SIGSEGV")
+    st = status(pool, "a")
+    assert (st["status"], st["error"], st["leases"]) == (
+        "failed", "engine process killed by SIGSEGV", 0)
+    assert f.of("a")[0].closed
+    use(pool, "b")  # its place is free: nothing to evict
+    assert loaded(pool) == ["b"]
+    lease.release()  # a lease of the dead engine ends: nothing to count
+    assert status(pool, "a")["leases"] == 0
+    use(pool, "a")
+    assert len(f.of("a")) == 2 and loaded(pool) == ["a"]
+
+
+def test_an_engine_whose_state_failed_unnoticed_is_found_by_acquire_and_sweep():
+    f = Factory()
+    pool = make_pool(catalog(spec("a"), spec("b")), f)
+    use(pool, "a")
+    use(pool, "b")
+    f.of("a")[0].state.fail("the engine stopped: CRASH_LIMIT deaths")
+    assert status(pool, "a")["status"] == "failed"
+    use(pool, "a")
+    assert len(f.of("a")) == 2 and f.of("a")[0].closed
+    f.of("b")[0].state.fail("gone")
+    assert pool.sweep() == []
+    assert (status(pool, "b")["status"], status(pool, "b")["error"]) == ("failed", "gone")
+
+
+def test_a_death_during_the_load_fails_it():
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    with pytest.raises(ModelNotReady):
+        pool.acquire("a", timeout=0.01)
+    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    f.of("a")[0].on_fatal("killed by SIGKILL while loading")  # on_fatal alone wakes the load
+    wait_for(lambda: status(pool, "a")["status"] == "failed", LIMIT, "the failure")
+    assert status(pool, "a")["error"] == "killed by SIGKILL while loading"
+
+
+def test_an_acquire_waits_while_the_engine_restarts(threads):
+    f = Factory()
+    pool = make_pool(catalog(spec("a")), f)
+    use(pool, "a")
+    engine = f.of("a")[0]
+    engine.state.set("loading", detail="restarting: killed by SIGSEGV")
+    assert status(pool, "a")["status"] == "loading"
+    waiting = threads.submit(pool.acquire, "a")
+    engine.state.set("ready", progress=1.0)
+    assert waiting.result(LIMIT).engine is engine
+    assert len(f.engines) == 1
+
+
+
+# ---- under gevent --------------------------------------------------------------------------
+
+
+def test_greenlets_wait_for_a_load_without_blocking_the_hub():
+    """The web process's case: acquires in greenlets park on the hub (a bridge.Reply) while the
+    load runs on a native thread, and every other greenlet runs meanwhile."""
+    import gevent
+
+    f = Factory()
+    f.plans["a"] = "hold"
+    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
+    waiters = [gevent.spawn(pool.acquire, "a") for _ in range(2)]
+    wait_for(lambda: f.of("a"), LIMIT, "the load", nap=gevent.sleep)
+    ticks = gevent.spawn(lambda: [gevent.sleep(0.001) for _ in range(20)])
+    ticks.get(timeout=LIMIT)  # the hub ran while both waited
+    assert not any(w.ready() for w in waiters)
+    f.of("a")[0].finish()
+    leases = [w.get(timeout=LIMIT) for w in waiters]
+    assert leases[0].engine is leases[1].engine and len(f.engines) == 1
+    for lease in leases:
+        lease.release()
