@@ -244,7 +244,7 @@ def test_statuses_show_a_load_s_progress_and_the_estimate():
     assert (st["bytes"], st["pinned"], st["preload"]) == (3 * GB, True, False)
     assert status(pool, "b") == {
         "name": "b", "aliases": (), "status": "unloaded", "error": None, "stage": None,
-        "progress": None, "detail": None, "bytes": None, "pinned": False, "preload": False,
+        "progress": None, "detail": None, "bytes": None, "devices": None, "pinned": False, "preload": False,
         "leases": 0, "unloading": False, "last_used": None, "expires_at": None,
         "expires_in": None}
     f.of("a")[0].finish()
@@ -309,6 +309,28 @@ def test_the_memory_budget_evicts_until_the_new_model_fits():
         use(pool, name)
     assert loaded(pool) == ["b", "c"]  # a alone made room: 4 + 6 <= 10
     assert f.of("a")[0].closed
+
+
+def test_a_budget_per_device_checks_each_device():
+    f, clock = Factory(), Clock()
+    sizes = {"a": {"CUDA0": 6 * GB, "CPU": 1 * GB}, "b": {"CUDA0": 1 * GB, "CPU": 2 * GB},
+             "c": {"CUDA0": 4 * GB, "CPU": 1 * GB}, "d": 3 * GB}
+    pool = make_pool(catalog(spec("a"), spec("b"), spec("c"), spec("d")), f, clock=clock,
+                     estimate=lambda s: sizes[s.name],
+                     budget=lambda: {"CUDA0": 8 * GB, "CPU": 100 * GB})
+    for name in ("a", "b", "c"):  # c: 6 + 1 + 4 > 8 on CUDA0, so a goes (not b)
+        clock.now += 1
+        use(pool, name)
+    assert loaded(pool) == ["b", "c"]
+    st = status(pool, "a")
+    assert (st["bytes"], st["devices"]) == (7 * GB, {"CUDA0": 6 * GB, "CPU": 1 * GB})
+    clock.now += 1
+    use(pool, "d")  # one number may land on any device: 1 + 4 + 3 fits CUDA0's 8
+    assert loaded(pool) == ["b", "c", "d"]
+    alone = make_pool(catalog(spec("e")), Factory(), estimate=lambda s: {"CUDA0": 9 * GB},
+                      budget=lambda: {"CUDA0": 8 * GB})
+    with pytest.raises(ModelTooLarge, match="needs 9.00 GB on CUDA0 .*budget of 8.00 GB"):
+        alone.acquire("e")
 
 
 def test_a_model_of_unknown_footprint_counts_nothing():

@@ -4,7 +4,7 @@ a new model finds room: the pool's bookkeeping, free of threads, so each rule re
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +15,10 @@ from app.base.state import LoadState
 # loaded and unloading; ``loaded`` with its engine restarting after a crash as loading
 STATUSES = ("unloaded", "loading", "loaded", "closing", "failed")
 HOLDS_ROOM = ("loading", "loaded", "closing")
+ANY = ""  # the device of a footprint or budget given as one number
+
+# bytes, or bytes per device (app.engine.footprint's devices: "CPU", "CUDA0", ...)
+Bytes = int | Mapping[str, int]
 
 
 class Spec(Protocol):
@@ -55,6 +59,15 @@ class PoolEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
+def per_device(value: Bytes | None) -> dict[str, int] | None:
+    """A footprint or budget as bytes per device; one number is the device ANY."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {dev: int(n) for dev, n in value.items()}
+    return {ANY: int(value)}
+
+
 def keep_seconds(value: float | None, default: float) -> float:
     """Ollama's keep_alive as seconds of idleness: None the model's own, 0 at once, negative
     (or inf) never."""
@@ -71,7 +84,7 @@ class Entry:
     """
 
     __slots__ = ("spec", "status", "engine", "error", "gen", "leases", "waiters", "unloading",
-                 "fatal", "poke", "bytes", "last_used", "expires_at")
+                 "fatal", "poke", "need", "last_used", "expires_at")
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
@@ -84,7 +97,7 @@ class Entry:
         self.unloading = False  # asked to unload: no new leases, unloaded once idle
         self.fatal: str | None = None  # its engine's fatal reason, told while it loads
         self.poke: Any = None  # the loader's Reply, woken by a fatal or an unload
-        self.bytes: int | None = None  # its estimated footprint, once known
+        self.need: dict[str, int] | None = None  # its estimated footprint, once known
         self.last_used: float | None = None
         self.expires_at: float | None = None  # when idleness unloads it; None: never (or busy)
 
@@ -107,20 +120,33 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n} bytes"
 
 
+def _on(x: Entry, dev: str) -> int:
+    """What ``x`` needs of the budget's device ``dev``: one number counts against a single
+    budget whole, and against each device of a budget per device (it may land anywhere)."""
+    need = x.need or {}
+    if dev == ANY:
+        return sum(need.values())
+    return need.get(dev, need.get(ANY, 0))
+
+
 def plan_room(entry: Entry, entries: Iterable[Entry], max_loaded: int,
-              budget: int | None) -> list[Entry] | None:
+              budget: dict[str, int] | None) -> list[Entry] | None:
     """The idle models to unload so ``entry`` can load: least recently used first, never a
     pinned one, the fewest that make room within ``max_loaded`` (0: no limit) and ``budget``
-    bytes (None: no check; a model of unknown footprint counts 0). None: only models that are
-    busy now (leased, loading, closing) stand in the way, so wait for them. Raises
-    ModelTooLarge when even every model that may ever be unloaded gone would not do."""
+    (bytes per device; None: no check; a device it does not name is not checked; a model of
+    unknown footprint counts nothing). None: only models busy now (leased, loading, closing)
+    stand in the way, so wait for them. Raises ModelTooLarge when even every model that may
+    ever be unloaded gone would not do."""
     held = [x for x in entries if x is not entry and x.holds_room]
-    need = entry.bytes or 0
+    caps = budget or {}
+
+    def over(rest: list[Entry]) -> list[str]:
+        return [dev for dev, cap in caps.items()
+                if sum(_on(x, dev) for x in rest) + _on(entry, dev) > cap]
 
     def fits(gone: list[Entry]) -> bool:
         rest = [x for x in held if x not in gone]
-        return ((not max_loaded or len(rest) + 1 <= max_loaded)
-                and (budget is None or sum(x.bytes or 0 for x in rest) + need <= budget))
+        return (not max_loaded or len(rest) + 1 <= max_loaded) and not over(rest)
 
     gone: list[Entry] = []
     if fits(gone):
@@ -139,10 +165,12 @@ def plan_room(entry: Entry, entries: Iterable[Entry], max_loaded: int,
         raise ModelTooLarge(
             f"model {name} cannot load: all {max_loaded} places (MODELS_MAX) are held by "
             f"pinned models ({', '.join(x.spec.name for x in pinned)})")
-    assert budget is not None
-    kept = sum(x.bytes or 0 for x in pinned)
-    free = max(budget - kept, 0)
-    by = f", {_gb(kept)} held by pinned models" if kept else ""
-    raise ModelTooLarge(
-        f"model {name} cannot load: it needs {_gb(need)} (estimated) and {_gb(free)} of the "
-        f"memory budget of {_gb(budget)} can be free{by}")
+    parts = []
+    for dev in over(pinned):
+        kept = sum(_on(x, dev) for x in pinned)
+        by = f", {_gb(kept)} held by pinned models" if kept else ""
+        on = f" on {dev}" if dev != ANY else ""
+        parts.append(f"it needs {_gb(_on(entry, dev))}{on} (estimated) and "
+                     f"{_gb(max(caps[dev] - kept, 0))} of the memory budget of "
+                     f"{_gb(caps[dev])} can be free{by}")
+    raise ModelTooLarge(f"model {name} cannot load: {'; '.join(parts)}")

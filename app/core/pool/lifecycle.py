@@ -22,7 +22,7 @@ from typing import Any
 from app.base.bridge import Reply
 from app.base.errors import ModelLoadError
 from app.base.threads import ThreadEvent, allocate_lock, start_native_thread
-from app.core.pool.entry import CatalogLike, Entry, PoolEngine, Spec, keep_seconds
+from app.core.pool.entry import Bytes, CatalogLike, Entry, PoolEngine, Spec, keep_seconds
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class Lifecycle:
     loaded, closing and failed; every ``_begin_*`` runs under the lock, the rest outside it."""
 
     def __init__(self, catalog: CatalogLike, make: Make, *,
-                 estimate: Callable[[Spec], int | None] | None = None,
-                 budget: Callable[[], int | None] | None = None,
+                 estimate: Callable[[Spec], Bytes | None] | None = None,
+                 budget: Callable[[], Bytes | None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[[Callable[[], None]], Any] = start_native_thread,
                  max_waiters: int = 64, wait_timeout: float = 300.0, retry_after: int = 5,

@@ -22,7 +22,7 @@ from app.base.errors import (
     ShuttingDown,
 )
 from app.base.threads import ThreadEvent, start_native_thread
-from app.core.pool.entry import Entry, Spec, keep_seconds, plan_room
+from app.core.pool.entry import Entry, Spec, keep_seconds, per_device, plan_room
 from app.core.pool.lifecycle import Lifecycle
 from app.core.pool.status import ModelStatus, status_of
 
@@ -59,8 +59,9 @@ class Lease:
 class ModelPool(Lifecycle):
     """The models of ``catalog``, each loaded by an engine ``make(spec, on_fatal)`` builds.
 
-    ``estimate(spec)``: its footprint in bytes (None: unknown); ``budget()``: the bytes every
-    loaded model may take together (None: no check); ``clock``: seconds, for keep_alive and
+    ``estimate(spec)``: its footprint in bytes, or bytes per device (None: unknown);
+    ``budget()``: the bytes every loaded model may take together, or per device (None: no
+    check), asked before each load's plan; ``clock``: seconds, for keep_alive and
     use times; ``max_waiters``: acquires that may wait per model, past which PoolBusy says
     come back in ``retry_after`` s; ``wait_timeout``: an acquire's default wait;
     ``load_timeout``: a load's limit (None: none); ``poll``: how often a load's or a restart's
@@ -98,7 +99,7 @@ class ModelPool(Lifecycle):
         waited = -1  # the load (its generation) this acquire waits on: its failure is ours
         while True:
             self._estimate(e)
-            budget = self._budget_fn() if self._budget_fn is not None else None
+            budget = per_device(self._budget_fn()) if self._budget_fn is not None else None
             wake = Reply()
             job = dead = None
             with self._lock:
@@ -137,7 +138,9 @@ class ModelPool(Lifecycle):
             try:
                 wake.wait(min(left, self.poll if restarting else SAFETY_WAKE))
             except TimeoutError:
-                pass
+                with self._lock:  # not left behind: a restart's polls would pile them up
+                    if wake in self._wakes:
+                        self._wakes.remove(wake)
 
     def _lease(self, e: Entry, keep: float) -> Lease:
         e.leases += 1
@@ -304,8 +307,8 @@ class ModelPool(Lifecycle):
 
     def _estimate(self, e: Entry) -> None:
         """The footprint, once: read outside the lock (a GGUF's header)."""
-        if e.bytes is None and self._estimate_fn is not None:
+        if e.need is None and self._estimate_fn is not None:
             try:
-                e.bytes = self._estimate_fn(e.spec)
+                e.need = per_device(self._estimate_fn(e.spec))
             except Exception as exc:  # noqa: BLE001 - unknown, counted as nothing
                 log.debug("no footprint for model %s: %s", e.spec.name, exc)

@@ -25,7 +25,8 @@ class ModelStatus:
     stage: str | None
     progress: float | None
     detail: str | None
-    bytes: int | None  # the estimated footprint
+    bytes: int | None  # the estimated footprint, in all
+    devices: dict[str, int] | None  # ... per device, where the estimate told ("": not told)
     pinned: bool
     preload: bool
     leases: int
@@ -53,7 +54,9 @@ def status_of(e: Entry, now: float) -> ModelStatus:
             stage, progress, detail = state.stage, state.progress, state.detail
     return ModelStatus(
         name=e.spec.name, aliases=tuple(e.spec.aliases), status=status, error=error,
-        stage=stage, progress=progress, detail=detail, bytes=e.bytes, pinned=e.spec.pin,
+        stage=stage, progress=progress, detail=detail,
+        bytes=None if e.need is None else sum(e.need.values()),
+        devices=None if e.need is None else dict(e.need), pinned=e.spec.pin,
         preload=e.spec.preload, leases=e.leases, unloading=e.unloading or e.status == "closing",
         last_used=e.last_used, expires_at=e.expires_at,
         expires_in=None if e.expires_at is None else max(e.expires_at - now, 0.0))
