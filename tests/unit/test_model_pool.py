@@ -179,7 +179,7 @@ def test_a_failed_load_fails_every_waiter_and_the_next_acquire_retries(threads):
     f.plans["a"] = "hold"
     pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
     waiters = [threads.submit(pool.acquire, "a") for _ in range(3)]
-    wait_for(lambda: f.of("a"), LIMIT, "the load")
+    wait_for(lambda: f.of("a") and status(pool, "a")["waiting"] == 3, LIMIT, "the waiters")
     f.of("a")[0].finish("out of memory loading a")
     for w in waiters:
         with pytest.raises(ModelLoadFailed, match="out of memory loading a"):
@@ -245,7 +245,7 @@ def test_statuses_show_a_load_s_progress_and_the_estimate():
     assert status(pool, "b") == {
         "name": "b", "aliases": (), "status": "unloaded", "error": None, "stage": None,
         "progress": None, "detail": None, "bytes": None, "devices": None, "pinned": False, "preload": False,
-        "leases": 0, "unloading": False, "last_used": None, "expires_at": None,
+        "leases": 0, "waiting": 0, "unloading": False, "last_used": None, "expires_at": None,
         "expires_in": None}
     f.of("a")[0].finish()
     wait_for(lambda: status(pool, "a")["status"] == "loaded", LIMIT, "the load")

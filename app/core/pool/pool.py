@@ -88,15 +88,16 @@ class ModelPool(Lifecycle):
                 raise PoolBusy(f"model {e.spec.name} already has {e.waiters} requests waiting "
                                "for it to load", retry_after=self.retry_after)
             e.waiters += 1
+            waited = e.gen if e.status == "loading" else -1  # counted and waiting at once
         deadline = time.monotonic() + (self.wait_timeout if timeout is None else timeout)
         try:
-            return self._wait(e, keep, deadline)
+            return self._wait(e, keep, deadline, waited)
         finally:
             with self._lock:
                 e.waiters -= 1
 
-    def _wait(self, e: Entry, keep: float, deadline: float) -> Lease:
-        waited = -1  # the load (its generation) this acquire waits on: its failure is ours
+    def _wait(self, e: Entry, keep: float, deadline: float, waited: int) -> Lease:
+        """``waited``: the load (its generation) this acquire waits on: its failure is ours."""
         while True:
             self._estimate(e)
             budget = per_device(self._budget_fn()) if self._budget_fn is not None else None

@@ -30,6 +30,7 @@ class ModelStatus:
     pinned: bool
     preload: bool
     leases: int
+    waiting: int  # acquires waiting for it (its load, its room, its restart)
     unloading: bool
     last_used: float | None
     expires_at: float | None
@@ -57,6 +58,7 @@ def status_of(e: Entry, now: float) -> ModelStatus:
         stage=stage, progress=progress, detail=detail,
         bytes=None if e.need is None else sum(e.need.values()),
         devices=None if e.need is None else dict(e.need), pinned=e.spec.pin,
-        preload=e.spec.preload, leases=e.leases, unloading=e.unloading or e.status == "closing",
+        preload=e.spec.preload, leases=e.leases, waiting=e.waiters,
+        unloading=e.unloading or e.status == "closing",
         last_used=e.last_used, expires_at=e.expires_at,
         expires_in=None if e.expires_at is None else max(e.expires_at - now, 0.0))
