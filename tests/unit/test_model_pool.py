@@ -342,6 +342,20 @@ def test_a_model_of_unknown_footprint_counts_nothing():
     assert loaded(pool) == ["a", "b"]
 
 
+def test_an_unknown_footprint_is_asked_once_and_again_after_the_load():
+    calls: list[str] = []
+
+    def estimate(s: ModelSpec) -> int | None:  # a gs:// model: its header is here once loaded
+        calls.append(s.name)
+        return None if len(calls) == 1 else 2 * GB
+
+    pool = make_pool(catalog(spec("a")), Factory(), estimate=estimate)
+    assert status(pool, "a")["bytes"] is None
+    assert status(pool, "a")["bytes"] is None and calls == ["a"]
+    use(pool, "a")
+    assert status(pool, "a")["bytes"] == 2 * GB and calls == ["a", "a"]
+
+
 def test_a_model_that_cannot_fit_even_alone_is_too_large_and_shows_failed():
     f = Factory()
     sizes = {"pinned": 6 * GB, "big": 5 * GB, "huge": 11 * GB}

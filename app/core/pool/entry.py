@@ -84,7 +84,7 @@ class Entry:
     """
 
     __slots__ = ("spec", "status", "engine", "error", "gen", "leases", "waiters", "unloading",
-                 "fatal", "poke", "need", "last_used", "expires_at")
+                 "fatal", "poke", "need", "estimated", "last_used", "expires_at")
 
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
@@ -98,6 +98,7 @@ class Entry:
         self.fatal: str | None = None  # its engine's fatal reason, told while it loads
         self.poke: Any = None  # the loader's Reply, woken by a fatal or an unload
         self.need: dict[str, int] | None = None  # its estimated footprint, once known
+        self.estimated = False  # the estimate asked (it may have said None: unknown)
         self.last_used: float | None = None
         self.expires_at: float | None = None  # when idleness unloads it; None: never (or busy)
 

@@ -22,7 +22,15 @@ from typing import Any
 from app.base.bridge import Reply
 from app.base.errors import ModelLoadError
 from app.base.threads import ThreadEvent, allocate_lock, start_native_thread
-from app.core.pool.entry import Bytes, CatalogLike, Entry, PoolEngine, Spec, keep_seconds
+from app.core.pool.entry import (
+    Bytes,
+    CatalogLike,
+    Entry,
+    PoolEngine,
+    Spec,
+    keep_seconds,
+    per_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +110,7 @@ class Lifecycle:
             w.set(None)
         took = time.monotonic() - started
         if ok:
+            self._estimate(e, again=True)
             log.info("model %s loaded in %.1f s", e.spec.name, took)
         elif error is not None:
             log.error("model %s failed to load: %s", e.spec.name, error)
@@ -183,6 +192,17 @@ class Lifecycle:
             engine.shutdown()
         except Exception:  # noqa: BLE001 - an engine that will not stop is gone to us anyway
             log.exception("shutting an engine down failed")
+
+    def _estimate(self, e: Entry, again: bool = False) -> None:
+        """The footprint, read outside the lock (a GGUF's header): once, and ``again`` after a
+        load while unknown (a gs:// model's file is here now)."""
+        if e.need is not None or self._estimate_fn is None or (e.estimated and not again):
+            return
+        e.estimated = True
+        try:
+            e.need = per_device(self._estimate_fn(e.spec))
+        except Exception as exc:  # noqa: BLE001 - unknown, counted as nothing
+            log.debug("no footprint for model %s: %s", e.spec.name, exc)
 
     def _take_wakes(self) -> list[Reply]:
         wakes, self._wakes = self._wakes, []

@@ -98,8 +98,8 @@ class ModelPool(Lifecycle):
 
     def _wait(self, e: Entry, keep: float, deadline: float, waited: int) -> Lease:
         """``waited``: the load (its generation) this acquire waits on: its failure is ours."""
+        self._estimate(e)
         while True:
-            self._estimate(e)
             budget = per_device(self._budget_fn()) if self._budget_fn is not None else None
             wake = Reply()
             job = dead = None
@@ -306,10 +306,3 @@ class ModelPool(Lifecycle):
                                 f"{', '.join(self.catalog.names)}", param="model")
         return self._entries[spec.name]
 
-    def _estimate(self, e: Entry) -> None:
-        """The footprint, once: read outside the lock (a GGUF's header)."""
-        if e.need is None and self._estimate_fn is not None:
-            try:
-                e.need = per_device(self._estimate_fn(e.spec))
-            except Exception as exc:  # noqa: BLE001 - unknown, counted as nothing
-                log.debug("no footprint for model %s: %s", e.spec.name, exc)
