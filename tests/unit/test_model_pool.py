@@ -1,129 +1,44 @@
-"""The model pool (app.core.pool): leases on engines loaded on demand, room by MODELS_MAX and a
-memory budget, eviction, keep_alive, the operator's load and unload, deaths and statuses.
+"""The model pool (app.core.pool): names, leases on engines loaded on demand (one load per
+model, bounded waiters, failures), and room by MODELS_MAX and a memory budget, with eviction.
+keep_alive, the operator's load and unload, and deaths: tests/unit/test_model_pool_unload.py.
 
 Engines are fakes whose load the test drives (ready at once, held until the test says, failing)
-and which die when told; the clock is a fake too. Most pools run their loads and closes in the
-caller's thread (``spawn=run``), so what a release or a sweep does is done when it returns;
-the tests of waiting use native threads, and every wait in them is bounded.
+and which die when told; the clock is a fake too (tests/support/model_pool.py). Most pools run
+their loads and closes in the caller's thread (``spawn=run``), so what a release or a sweep
+does is done when it returns; the tests of waiting use native threads, and every wait in them
+is bounded.
 """
 
 from __future__ import annotations
 
-import math
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from app.base.errors import (
-    ModelLoadFailed,
-    ModelNotFound,
-    ModelNotReady,
-    ModelTooLarge,
-    PoolBusy,
-    ShuttingDown,
-)
-from app.base.state import LoadState
+from app.base.errors import ModelLoadFailed, ModelNotFound, ModelNotReady, ModelTooLarge, PoolBusy
 from app.base.threads import start_native_thread
 from app.core.pool import ModelPool
-from app.model.catalog import Catalog, ModelSpec
-from app.settings import Settings
+from tests.support.model_pool import (
+    GB,
+    LIMIT,
+    Clock,
+    Factory,
+    FakeEngine,
+    catalog,
+    executor,
+    loaded,
+    make_pool,
+    run,
+    spec,
+    status,
+    use,
+)
 from tests.support.server import wait_for
-
-BASE = Settings()
-GB = 10**9
-LIMIT = 10.0  # seconds: the bound of every wait here
-
-
-def spec(name: str, **kw: Any) -> ModelSpec:
-    return ModelSpec(name=name, source=f"/models/{name}.gguf", origin="MODELS", settings=BASE,
-                     **kw)
-
-
-def catalog(*specs: ModelSpec, max_loaded: int = 0) -> Catalog:
-    return Catalog(base=BASE, models=specs, default=specs[0].name, max_loaded=max_loaded,
-                   keep_alive=300.0)
-
-
-def run(job: Any) -> None:
-    job()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeEngine:
-    """Loads as its plan says: ``ready`` at start, ``fail`` at start, or ``hold`` until the test
-    calls ``finish``."""
-
-    def __init__(self, spec: ModelSpec, on_fatal: Any, plan: str) -> None:
-        self.spec = spec
-        self.on_fatal = on_fatal
-        self.plan = plan
-        self.state = LoadState()
-        self.closed = False
-
-    def start(self) -> None:
-        if self.plan == "ready":
-            self.state.set("ready", progress=1.0)
-        elif self.plan == "fail":
-            self.state.fail(f"cannot read {self.spec.source}")
-
-    def finish(self, error: str | None = None) -> None:
-        if error is None:
-            self.state.set("ready", progress=1.0)
-        else:
-            self.state.fail(error)
-
-    def die(self, reason: str) -> None:
-        """As an engine that dies for good: its state failed, then its on_fatal."""
-        self.state.fail(reason)
-        self.on_fatal(reason)
-
-    def shutdown(self) -> None:
-        self.closed = True
-
-
-class Factory:
-    def __init__(self) -> None:
-        self.plans: dict[str, str] = {}
-        self.engines: list[FakeEngine] = []
-
-    def __call__(self, spec: ModelSpec, on_fatal: Any) -> FakeEngine:
-        engine = FakeEngine(spec, on_fatal, self.plans.get(spec.name, "ready"))
-        self.engines.append(engine)
-        return engine
-
-    def of(self, name: str) -> list[FakeEngine]:
-        return [e for e in self.engines if e.spec.name == name]
-
-
-def make_pool(cat: Catalog, factory: Factory, **kw: Any) -> ModelPool:
-    kw.setdefault("spawn", run)
-    kw.setdefault("clock", Clock())
-    return ModelPool(cat, factory, poll=0.005, **kw)
-
-
-def status(pool: ModelPool, name: str) -> dict[str, Any]:
-    return next(s.as_dict() for s in pool.statuses() if s.name == name)
-
-
-def loaded(pool: ModelPool) -> list[str]:
-    return [s.name for s in pool.statuses() if s.status == "loaded"]
-
-
-def use(pool: ModelPool, name: str, **kw: Any) -> None:
-    pool.acquire(name, **kw).release()
 
 
 @pytest.fixture
 def threads():
-    with ThreadPoolExecutor(8) as ex:
+    with executor() as ex:
         yield ex
 
 
@@ -378,241 +293,3 @@ def test_no_place_when_every_place_is_pinned():
     use(pool, "a")
     with pytest.raises(ModelTooLarge, match="MODELS_MAX.*pinned models \\(a\\)"):
         pool.acquire("b")
-
-
-# ---- keep_alive and the sweep ------------------------------------------------------------
-
-
-def test_keep_alive_zero_unloads_when_the_last_lease_ends():
-    f = Factory()
-    pool = make_pool(catalog(spec("a")), f)
-    zero = pool.acquire("a", keep_alive=0)
-    other = pool.acquire("a")
-    zero.release()  # another lease holds it: it stays
-    assert loaded(pool) == ["a"]
-    other.release()
-    assert loaded(pool) == ["a"]  # the last lease ended with the model's keep_alive
-    zero = pool.acquire("a")
-    zero2 = pool.acquire("a", keep_alive=0)
-    zero.release()
-    zero2.release()
-    assert loaded(pool) == [] and f.of("a")[0].closed
-    assert status(pool, "a")["status"] == "unloaded"
-    use(pool, "a")
-    assert len(f.of("a")) == 2
-
-
-def test_keep_alive_seconds_from_the_lease_s_end_and_the_sweep():
-    f, clock = Factory(), Clock()
-    pool = make_pool(catalog(spec("a", keep_alive=300.0), spec("b")), f, clock=clock)
-    with pool.acquire("a", keep_alive=30):
-        clock.now = 1100.0
-        assert status(pool, "a")["expires_at"] is None  # busy: no expiry
-    assert status(pool, "a")["expires_at"] == 1130.0
-    assert status(pool, "a")["expires_in"] == 30.0
-    assert pool.sweep(1129.9) == []
-    assert pool.sweep(1130.0) == ["a"]
-    assert status(pool, "a")["status"] == "unloaded" and f.of("a")[0].closed
-    use(pool, "a")  # the model's own keep_alive
-    assert status(pool, "a")["expires_at"] == 1400.0
-    assert pool.sweep() == [] and status(pool, "a")["last_used"] == 1100.0
-
-
-def test_a_negative_keep_alive_keeps_it_for_ever():
-    f, clock = Factory(), Clock()
-    pool = make_pool(catalog(spec("a"), spec("b", keep_alive=math.inf)), f, clock=clock)
-    use(pool, "a", keep_alive=-1)
-    use(pool, "b")
-    assert status(pool, "a")["expires_at"] is None and status(pool, "b")["expires_at"] is None
-    assert pool.sweep(clock.now + 1e12) == []
-    assert loaded(pool) == ["a", "b"]
-
-
-def test_the_sweep_never_unloads_a_busy_model():
-    f, clock = Factory(), Clock()
-    pool = make_pool(catalog(spec("a", keep_alive=1.0)), f, clock=clock)
-    use(pool, "a")
-    with pool.acquire("a"):
-        assert pool.sweep(clock.now + 100) == []
-        clock.now += 100
-    assert pool.sweep(clock.now + 0.5) == []  # its keep_alive runs from the lease's end
-    assert pool.sweep(clock.now + 1) == ["a"]
-
-
-def test_the_background_sweeper_unloads_expired_models():
-    f, clock = Factory(), Clock()
-    pool = make_pool(catalog(spec("a", keep_alive=5.0)), f, clock=clock)
-    use(pool, "a")
-    pool.start_sweeper(interval=0.01)
-    try:
-        clock.now += 6
-        wait_for(lambda: status(pool, "a")["status"] == "unloaded", LIMIT, "the sweep")
-    finally:
-        pool.stop_sweeper()
-    assert f.of("a")[0].closed
-
-
-# ---- the operator's load and unload, preload, shutdown ----------------------------------
-
-
-def test_load_and_unload_say_what_happened():
-    f = Factory()
-    pool = make_pool(catalog(spec("a"), spec("b")), f)
-    assert pool.unload("a") == "not_loaded"
-    assert pool.load("a") == "loaded"
-    assert pool.load("a") == "already_loaded"
-    assert pool.unload("a") == "unloaded"
-    assert f.of("a")[0].closed and loaded(pool) == []
-
-
-def test_unload_of_a_busy_model_drains_it(threads):
-    f = Factory()
-    pool = make_pool(catalog(spec("a")), f)
-    lease = pool.acquire("a")
-    assert pool.unload("a") == "draining"
-    st = status(pool, "a")
-    assert (st["status"], st["unloading"], st["leases"]) == ("loaded", True, 1)
-    assert pool.unload("a") == "draining"
-    with pytest.raises(ModelNotReady, match="unloading"):  # no new lease meanwhile
-        pool.acquire("a", timeout=0.05)
-    waiting = threads.submit(pool.acquire, "a")
-    assert not f.of("a")[0].closed
-    lease.release()  # the last lease: it unloads, then the waiter loads it again
-    waiting.result(LIMIT).release()
-    assert f.of("a")[0].closed and len(f.of("a")) == 2 and loaded(pool) == ["a"]
-
-
-def test_unload_while_loading_calls_the_load_off():
-    f = Factory()
-    f.plans["a"] = "hold"
-    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
-    with pytest.raises(ModelNotReady):
-        pool.acquire("a", timeout=0.01)
-    wait_for(lambda: f.of("a"), LIMIT, "the load")
-    assert pool.unload("a") == "cancelled"
-    wait_for(lambda: status(pool, "a")["status"] == "unloaded", LIMIT, "the cancel")
-    assert f.of("a")[0].closed
-    f.plans["a"] = "ready"
-    use(pool, "a")
-    assert len(f.of("a")) == 2
-
-
-def test_waiters_on_a_load_called_off_are_told(threads):
-    f = Factory()
-    f.plans["a"] = "hold"
-    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
-    waiting = threads.submit(pool.acquire, "a")
-    wait_for(lambda: f.of("a"), LIMIT, "the load")
-    assert pool.unload("a") == "cancelled"
-    with pytest.raises(ModelNotReady, match="unloaded while it loaded"):
-        waiting.result(LIMIT)
-    assert len(f.of("a")) == 1
-
-
-def test_preload_loads_the_preload_models():
-    f = Factory()
-    pool = make_pool(catalog(spec("a", preload=True), spec("b"), spec("c", preload=True)), f)
-    assert pool.preload() == ["a", "c"]
-    assert loaded(pool) == ["a", "c"]
-
-
-def test_preloads_that_do_not_fit_together_are_an_error():
-    sizes = {"a": 6 * GB, "b": 6 * GB}
-    pool = make_pool(catalog(spec("a", preload=True), spec("b", preload=True)), Factory(),
-                     estimate=lambda s: sizes[s.name], budget=lambda: 10 * GB)
-    with pytest.raises(ModelTooLarge, match="do not fit together: a"):
-        pool.preload()
-
-
-def test_shutdown_closes_every_engine_and_refuses_leases():
-    f = Factory()
-    pool = make_pool(catalog(spec("a"), spec("b")), f)
-    use(pool, "a")
-    use(pool, "b")
-    pool.shutdown()
-    assert all(e.closed for e in f.engines)
-    with pytest.raises(ShuttingDown):
-        pool.acquire("a")
-
-
-# ---- deaths --------------------------------------------------------------------------------
-
-
-def test_a_dead_engine_fails_its_model_releases_its_room_and_reloads():
-    f = Factory()
-    pool = make_pool(catalog(spec("a"), spec("b"), max_loaded=1), f)
-    lease = pool.acquire("a")
-    f.of("a")[0].die("engine process killed by SIGSEGV")
-    st = status(pool, "a")
-    assert (st["status"], st["error"], st["leases"]) == (
-        "failed", "engine process killed by SIGSEGV", 0)
-    assert f.of("a")[0].closed
-    use(pool, "b")  # its place is free: nothing to evict
-    assert loaded(pool) == ["b"]
-    lease.release()  # a lease of the dead engine ends: nothing to count
-    assert status(pool, "a")["leases"] == 0
-    use(pool, "a")
-    assert len(f.of("a")) == 2 and loaded(pool) == ["a"]
-
-
-def test_an_engine_whose_state_failed_unnoticed_is_found_by_acquire_and_sweep():
-    f = Factory()
-    pool = make_pool(catalog(spec("a"), spec("b")), f)
-    use(pool, "a")
-    use(pool, "b")
-    f.of("a")[0].state.fail("the engine stopped: CRASH_LIMIT deaths")
-    assert status(pool, "a")["status"] == "failed"
-    use(pool, "a")
-    assert len(f.of("a")) == 2 and f.of("a")[0].closed
-    f.of("b")[0].state.fail("gone")
-    assert pool.sweep() == []
-    assert (status(pool, "b")["status"], status(pool, "b")["error"]) == ("failed", "gone")
-
-
-def test_a_death_during_the_load_fails_it():
-    f = Factory()
-    f.plans["a"] = "hold"
-    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
-    with pytest.raises(ModelNotReady):
-        pool.acquire("a", timeout=0.01)
-    wait_for(lambda: f.of("a"), LIMIT, "the load")
-    f.of("a")[0].on_fatal("killed by SIGKILL while loading")  # on_fatal alone wakes the load
-    wait_for(lambda: status(pool, "a")["status"] == "failed", LIMIT, "the failure")
-    assert status(pool, "a")["error"] == "killed by SIGKILL while loading"
-
-
-def test_an_acquire_waits_while_the_engine_restarts(threads):
-    f = Factory()
-    pool = make_pool(catalog(spec("a")), f)
-    use(pool, "a")
-    engine = f.of("a")[0]
-    engine.state.set("loading", detail="restarting: killed by SIGSEGV")
-    assert status(pool, "a")["status"] == "loading"
-    waiting = threads.submit(pool.acquire, "a")
-    engine.state.set("ready", progress=1.0)
-    assert waiting.result(LIMIT).engine is engine
-    assert len(f.engines) == 1
-
-
-
-# ---- under gevent --------------------------------------------------------------------------
-
-
-def test_greenlets_wait_for_a_load_without_blocking_the_hub():
-    """The web process's case: acquires in greenlets park on the hub (a bridge.Reply) while the
-    load runs on a native thread, and every other greenlet runs meanwhile."""
-    import gevent
-
-    f = Factory()
-    f.plans["a"] = "hold"
-    pool = make_pool(catalog(spec("a")), f, spawn=start_native_thread)
-    waiters = [gevent.spawn(pool.acquire, "a") for _ in range(2)]
-    wait_for(lambda: f.of("a"), LIMIT, "the load", nap=gevent.sleep)
-    ticks = gevent.spawn(lambda: [gevent.sleep(0.001) for _ in range(20)])
-    ticks.get(timeout=LIMIT)  # the hub ran while both waited
-    assert not any(w.ready() for w in waiters)
-    f.of("a")[0].finish()
-    leases = [w.get(timeout=LIMIT) for w in waiters]
-    assert leases[0].engine is leases[1].engine and len(f.engines) == 1
-    for lease in leases:
-        lease.release()
