@@ -159,8 +159,8 @@ def test_statuses_show_a_load_s_progress_and_the_estimate():
     assert (st["bytes"], st["pinned"], st["preload"]) == (3 * GB, True, False)
     assert status(pool, "b") == {
         "name": "b", "aliases": (), "status": "unloaded", "error": None, "stage": None,
-        "progress": None, "detail": None, "bytes": None, "devices": None, "pinned": False, "preload": False,
-        "leases": 0, "waiting": 0, "unloading": False, "last_used": None, "expires_at": None,
+        "progress": None, "detail": None, "bytes": None, "devices": None, "pinned": False,
+        "preload": False, "leases": 0, "waiting": 0, "unloading": False, "last_used": None, "expires_at": None,
         "expires_in": None}
     f.of("a")[0].finish()
     wait_for(lambda: status(pool, "a")["status"] == "loaded", LIMIT, "the load")
