@@ -18,6 +18,7 @@ import pytest
 from app.base.errors import ModelLoadFailed, ModelNotFound, ModelNotReady, ModelTooLarge, PoolBusy
 from app.base.threads import start_native_thread
 from app.core.pool import ModelPool
+from app.model.catalog import ModelSpec
 from tests.support.model_pool import (
     GB,
     LIMIT,

@@ -12,6 +12,7 @@ look again: few models, bounded waiters, so the simple broadcast is cheap and mi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -131,10 +132,8 @@ class Lifecycle:
                 return None
             if self.load_timeout is not None and time.monotonic() - started > self.load_timeout:
                 return f"not loaded within {self.load_timeout:g} s"
-            try:
+            with contextlib.suppress(TimeoutError):
                 poke.wait(self.poll)
-            except TimeoutError:
-                pass
 
     def _on_fatal(self, e: Entry, gen: int, reason: str) -> None:
         """The engine's own: it died for good (from its thread)."""
