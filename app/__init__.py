@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from app.base.boot import Boot
+    from app.core.models import Models
     from app.core.plan import PlanOptions
+    from app.core.service import Service
     from app.engine.config import EngineConfig
     from app.settings import Settings
 
@@ -116,11 +118,14 @@ def create_app(
     engine=None,
     on_fatal: Callable[[str], None] | None = None,
     boot: Boot | None = None,
+    models: Callable[[Service], Models] | None = None,
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm). ``boot``:
     what this worker inherits from the crash guard (app.process.crash_guard), and where its load stages
-    are recorded."""
+    are recorded. ``models``: the models the APIs lease per request, made from the engine's
+    service (the default model's, which the routes that name no model use); default: that
+    one model (app.core.models.OneModel)."""
     import gevent
     from flask import Flask
     from prometheus_client import CollectorRegistry
@@ -130,6 +135,7 @@ def create_app(
     from app.base.boot import Boot
     from app.base.metrics import PREDICT, Metrics
     from app.base.metrics import install as install_metrics
+    from app.core.models import OneModel
     from app.core.service import Service
     from app.edge import auth, logs, routes
     from app.protocol.stream_policy import policy_of
@@ -150,7 +156,9 @@ def create_app(
     app.extensions["vertex_gguf_metrics"] = metrics
     service = Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
                       metrics=metrics)
-    app.extensions["vertex_gguf"] = service
+    app.extensions["vertex_gguf"] = service  # the default model's: /health, /props, cards
+    served = (models or OneModel)(service)
+    app.extensions["vertex_gguf_models"] = served
     app.extensions["vertex_gguf_settings"] = settings
     app.extensions["vertex_gguf_boot"] = boot
     # resumable streams (X-Conversation-Id): this replica's sessions, mirrored to STREAM_STORE
@@ -159,7 +167,7 @@ def create_app(
         policy_of(settings).heartbeat_seconds, settings.stream_store,
         max_live=stream_max_live(settings), unread_timeout=settings.stream_unread_timeout)
     gevent.spawn(service.warm)
-    apis = api.register(app, settings, service)
+    apis = api.register(app, settings, served)
     routes.register(app, settings.health_route)
     webui.register(app, settings)  # the playground page at / (WEBUI)
     # GET /metrics; every API route's requests counted and timed (a 401 included)

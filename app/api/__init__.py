@@ -23,7 +23,7 @@ from app.api.openai import ChatCompletions, Completions
 from app.api.rerank import CohereV1, CohereV2, Rerank, Score
 from app.api.responses import Responses
 from app.api.vertex import Predict
-from app.core.service import Service
+from app.core.models import Models
 from app.settings import Settings, slots_per_request
 
 APIS: list[type[Api]] = [
@@ -54,11 +54,12 @@ def served(settings: Settings) -> list[type[Api]]:
     return [cls for cls in APIS if "all" in wanted or FAMILIES[cls] in wanted]
 
 
-def register(app: Flask, settings: Settings, service: Service) -> list[Api]:
-    apis = [cls(settings, service) for cls in served(settings)]
+def register(app: Flask, settings: Settings, models: Models) -> list[Api]:
+    """Every served API's routes and the predict route, each request on the model it names."""
+    apis = [cls(settings, models) for cls in served(settings)]
     app.extensions["vertex_gguf_apis"] = apis
     for api in apis:
         app.register_blueprint(api.make_blueprint())
-    predict = Predict(apis, service, settings.max_instances, slots_per_request(settings))
+    predict = Predict(apis, models, settings.max_instances, slots_per_request(settings))
     app.add_url_rule(settings.predict_route, "predict", predict.view, methods=["POST"])
     return apis

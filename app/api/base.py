@@ -11,7 +11,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -29,6 +29,7 @@ from app.base.errors import (
     as_service_error,
 )
 from app.base.metrics import API_LABELS
+from app.core.models import ModelLease, Models
 from app.core.service import Service
 from app.engine.types import ModelInfo
 from app.protocol import jsonbody
@@ -126,14 +127,16 @@ class Facts:
     """What one request brings beside its body, passed down the seam with it: the route it came
     through says its metrics label and its own parameters (Gemini's model and method are in its
     path), the connection its headers, whether it has hung up, and how often a quiet stream
-    sends its keep-alive. The predict route, a resumable session and Gemini's JSON-array
-    stream each change one of them (``dataclasses.replace``), never the Api."""
+    sends its keep-alive; once the request's model is leased (:meth:`Api.lease`), the service
+    that runs it. The predict route, a resumable session and Gemini's JSON-array stream each
+    change one of them (``dataclasses.replace``), never the Api."""
 
     label: str  # the metrics' ``api`` label
     headers: Mapping[str, str] = field(default_factory=dict)
     gone: Callable[[], bool] | None = None  # whether the client hung up (None: not probed)
     heartbeat: float | None = None  # seconds without an event before a keep-alive (None: never)
     params: Mapping[str, Any] = field(default_factory=dict)  # the route's own parameters
+    service: Service | None = None  # the leased model's (None: not leased yet)
 
 
 class Api:
@@ -148,9 +151,9 @@ class Api:
     lenient_content_type: ClassVar[bool] = False
     stream_headers: ClassVar[dict[str, str]] = HEADERS  # a stream's (SSE unless overridden)
 
-    def __init__(self, settings: Settings, service: Service):
+    def __init__(self, settings: Settings, models: Models):
         self.settings = settings
-        self.service = service
+        self.models = models
         self.label = API_LABELS.get(self.name, self.name)  # the metrics' ``api`` label
         self.heartbeat: float | None = None  # see Facts.heartbeat
 
@@ -158,6 +161,33 @@ class Api:
               gone: Callable[[], bool] | None = None, **params: Any) -> Facts:
         """The facts of a request on this API's own routes."""
         return Facts(self.label, headers or {}, gone, self.heartbeat, params)
+
+    # ---- which model ------------------------------------------------------------------------
+    def requested_model(self, body: Any, facts: Facts) -> str | None:
+        """The model a request names, read from the raw body before it is parsed (the model is
+        leased first: parsing may need it). Here the body's ``model`` when it is a non-empty
+        string; None (the default model) when it is absent or empty. A ``model`` of the wrong
+        type is the parser's 400, on the default model. An API whose model is elsewhere (a
+        path, a tag to drop) says so; its parser reads it through the same function."""
+        model = body.get("model") if isinstance(body, dict) else None
+        return model if isinstance(model, str) and model else None
+
+    def keep_alive(self, body: Any) -> float | None:
+        """Seconds the request asks its model to stay loaded after it (Ollama's
+        ``keep_alive``); None: the model's own setting."""
+        return None
+
+    def lease(self, body: Any, facts: Facts) -> tuple[ModelLease, Facts]:
+        """The model this request names, held until the lease is released, and the facts
+        carrying its service. Errors (no such model, no room to load it) are raised here, so
+        they come out in this API's shape before anything is parsed or run."""
+        lease = self.models.lease(self.requested_model(body, facts), self.keep_alive(body))
+        return lease, replace(facts, service=lease.service)
+
+    def service_of(self, facts: Facts) -> Service:
+        """The service of the request's leased model; the default model's for a parse that
+        leased none (the introspection routes parse as a chat does)."""
+        return facts.service if facts.service is not None else self.models.default_service
 
     # ---- what an API says ---------------------------------------------------------------
     def looks_like(self, body: dict[str, Any]) -> bool:

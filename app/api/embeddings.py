@@ -22,6 +22,7 @@ from app.api.base import Answer, Api, Facts, json_off_hub
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError, as_service_error
 from app.core.embed import Embeddings, EmbedInput, EmbedResult, Vector
+from app.core.models import Models
 from app.core.service import Service
 from app.protocol import openai, validate
 from app.protocol.http_status import status_of
@@ -38,13 +39,14 @@ class EmbeddingApi(Api):
     one is megabytes of floats) is rendered and encoded off the hub. Subclasses implement
     ``parse``, ``render``, ``floats`` and ``error_body``."""
 
-    def __init__(self, settings: Settings, service: Service):
-        super().__init__(settings, service)
-        self.embeddings = Embeddings(
+    def embeddings(self, service: Service) -> Embeddings:
+        """The embedding core over a leased model's service (a few attributes: made per
+        call)."""
+        return Embeddings(
             service,
-            normalize=settings.embedding_normalize,
-            max_inputs=settings.embedding_max_inputs,
-            timeout=settings.request_timeout or None,
+            normalize=self.settings.embedding_normalize,
+            max_inputs=self.settings.embedding_max_inputs,
+            timeout=self.settings.request_timeout or None,
         )
 
     def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, Any]:
@@ -65,14 +67,17 @@ class EmbeddingApi(Api):
     def answer(self, body: Any, facts: Facts) -> dict[str, Any]:
         # validating up to MAX_BODY_BYTES of token ids, and listing a thousand vectors' floats,
         # are done on a worker thread: on the hub they would pause every stream
-        inp, req = self.service.offload(lambda: self.parse(body, facts))
-        result = self.embeddings.run(inp, facts.gone, facts.label)
-        err = result.first_error()
-        if err is not None:
-            raise self.failed(result, err)
-        if len(result.items) > 64:
-            return self.service.offload(lambda: self.render(req, result))
-        return self.render(req, result)
+        lease, facts = self.lease(body, facts)
+        with lease:
+            svc = lease.service
+            inp, req = svc.offload(lambda: self.parse(body, facts))
+            result = self.embeddings(svc).run(inp, facts.gone, facts.label)
+            err = result.first_error()
+            if err is not None:
+                raise self.failed(result, err)
+            if len(result.items) > 64:
+                return svc.offload(lambda: self.render(req, result))
+            return self.render(req, result)
 
     def respond(self, result: Answer) -> Response:
         if isinstance(result, dict) and self.floats(result) > OFFLOAD_FLOATS:
@@ -177,12 +182,17 @@ GOOGLE_STATUS = {
 }
 
 
+# what an envelope's instances embedded together share: model, autoTruncate, dimensions
+_Group = tuple[str | None, bool, int | None]
+
+
 class VertexInstance(BaseModel):
     """One instance, with the envelope's parameters merged in (instance keys win)."""
 
     model_config = ConfigDict(extra="forbid")
 
     content: StrictStr
+    model: StrictStr | None = None  # the model to embed with (several served: see Models)
     task_type: StrictStr | None = None
     title: StrictStr | None = None
     autoTruncate: StrictBool = True  # noqa: N815 - the wire's name
@@ -199,8 +209,8 @@ class VertexEmbeddings(EmbeddingApi):
     answers_many = True
     request_formats = ("text_embeddings", "text-embedding", "vertex_embeddings")
 
-    def __init__(self, settings: Settings, service: Service):
-        super().__init__(settings, service)
+    def __init__(self, settings: Settings, models: Models):
+        super().__init__(settings, models)
         self.prefixes = settings.embedding_task_prefixes
 
     def looks_like(self, body: dict[str, Any]) -> bool:
@@ -227,7 +237,7 @@ class VertexEmbeddings(EmbeddingApi):
             raise BadRequest("content is empty: there is nothing to embed", param="content")
         text = inst.content if inst.title is None else f"{inst.title}\n\n{inst.content}"
         text = self.prefixes.get((task or "").upper(), "") + text
-        return EmbedInput((text,), dimensions=inst.outputDimensionality,
+        return EmbedInput((text,), model=inst.model, dimensions=inst.outputDimensionality,
                           truncate=inst.autoTruncate), inst
 
     def floats(self, answer: dict[str, Any]) -> int:
@@ -249,22 +259,27 @@ class VertexEmbeddings(EmbeddingApi):
 
     def answer_many(self, bodies: list[Any], facts: Facts) -> list[dict[str, Any]]:
         """The instances of one envelope, embedded together: one request per distinct
-        (autoTruncate, outputDimensionality), which is one request in practice; a bad instance
-        fails only its own slot (the one answer path of EmbeddingApi fails the whole)."""
+        (model, autoTruncate, outputDimensionality), which is one request in practice, each
+        holding its model while it runs; a bad instance fails only its own slot (the one
+        answer path of EmbeddingApi fails the whole)."""
         slots: list[dict[str, Any] | None] = [None] * len(bodies)
-        groups: dict[tuple[bool, int | None], list[tuple[int, str | tuple[int, ...]]]] = {}
+        groups: dict[_Group, list[tuple[int, str | tuple[int, ...]]]] = {}
         for i, body in enumerate(bodies):
             try:
                 inp, _ = self.parse(body, facts)
             except Exception as exc:  # noqa: BLE001 - a bad instance fails its own slot
                 slots[i] = self.error_body(as_service_error(exc))
                 continue
-            groups.setdefault((inp.truncate, inp.dimensions), []).append((i, inp.inputs[0]))
+            key = (inp.model, inp.truncate, inp.dimensions)
+            groups.setdefault(key, []).append((i, inp.inputs[0]))
 
-        def run(key: tuple[bool, int | None], members: list) -> None:
-            inp = EmbedInput(tuple(x for _, x in members), truncate=key[0], dimensions=key[1])
+        def run(key: _Group, members: list) -> None:
+            model, truncate, dims = key
+            inp = EmbedInput(tuple(x for _, x in members), model=model, truncate=truncate,
+                             dimensions=dims)
             try:
-                result = self.embeddings.run(inp, facts.gone, facts.label)
+                with self.models.lease(model or None) as lease:
+                    result = self.embeddings(lease.service).run(inp, facts.gone, facts.label)
             except Exception as exc:  # noqa: BLE001 - a request-wide error fills its slots
                 err = self.error_body(as_service_error(exc))
                 for i, _ in members:

@@ -23,7 +23,8 @@ from app.base.errors import ServiceError
 from app.core.events import ChoiceEnd, Event, Failure, Result, Tick, Usage, fold
 from app.core.input import ChatInput, TextInput
 from app.core.media import Collected
-from app.core.service import Run, Service
+from app.core.models import ModelLease, Models
+from app.core.service import Run
 from app.protocol import validate
 from app.protocol.sse import comment
 from app.protocol.stream_policy import policy_of
@@ -66,8 +67,8 @@ class GenerationApi(Api):
     id_prefix: ClassVar[str] = "req"
     keepalive: ClassVar[bytes] = comment()  # what its streams send when quiet (b"": nothing)
 
-    def __init__(self, settings: Settings, service: Service):
-        super().__init__(settings, service)
+    def __init__(self, settings: Settings, models: Models):
+        super().__init__(settings, models)
         # a stream whose wire has no keep-alive (NDJSON) never sends one
         self.heartbeat = (policy_of(settings).heartbeat_seconds or None) if self.keepalive else None
 
@@ -96,22 +97,31 @@ class GenerationApi(Api):
         return f"{self.id_prefix}_{secrets.token_hex(12)}"
 
     # ---- the flow ---------------------------------------------------------------------------
-    def start(self, body: Any, facts: Facts) -> tuple[Any, Run]:
-        """Parse and plan off the hub, submit, wait for acceptance: every error up to here
-        comes before the first byte."""
+    def start(self, body: Any, facts: Facts) -> tuple[Any, Run, ModelLease]:
+        """Lease the model the request names, parse and plan off the hub, submit, wait for
+        acceptance: every error up to here comes before the first byte, and lets the model go.
+        The caller releases the lease once the run is over."""
         reqctx.note_api(self.name)
-        plan, req = self.service.prepare(lambda: self.parse(body, facts))
-        # the API key's scope: a generation reuses only KV its own key wrote
-        plan.generation = replace(plan.generation, cache_scope=reqctx.cache_scope())
-        return req, self.service.start(plan, self.new_id(), facts.label)
+        lease, facts = self.lease(body, facts)
+        try:
+            svc = lease.service
+            plan, req = svc.prepare(lambda: self.parse(body, facts))
+            # the API key's scope: a generation reuses only KV its own key wrote
+            plan.generation = replace(plan.generation, cache_scope=reqctx.cache_scope())
+            return req, svc.start(plan, self.new_id(), facts.label), lease
+        except BaseException:
+            lease.release()
+            raise
 
     def answer(self, body: Any, facts: Facts) -> dict[str, Any]:
         """The whole answer; a client that hangs up (``facts.gone``) cancels it."""
-        req, run = self.start(body, facts)
+        req, run, lease = self.start(body, facts)
         try:
             return self.render(req, run, fold(run.events(gone=facts.gone), run.n))
         finally:
+            run.close()  # read to its end already, unless rendering failed: then cancelled
             note_run(run)
+            lease.release()
 
     def serve(self, body: Any, facts: Facts) -> Answer:
         if self.wants_stream(body, facts):
@@ -133,13 +143,16 @@ class GenerationApi(Api):
         return hub.produce(conv, scope, frames, self.keepalive)
 
     def _stream(self, body: Any, facts: Facts) -> Iterator[bytes]:
-        req, run = self.start(body, facts)
+        req, run, lease = self.start(body, facts)
         try:
             renderer = self.renderer(req, run, facts)
         except BaseException:
-            run.close()
+            try:
+                run.close()
+            finally:
+                lease.release()
             raise
-        return _Closing(self.frames(renderer, run, facts), run)
+        return _Closing(self.frames(renderer, run, facts), run, lease)
 
     def frames(self, renderer: Renderer, run: Run, facts: Facts) -> Iterator[bytes]:
         """The one stream loop: the run's events through the renderer. A quiet spell sends the
@@ -170,12 +183,14 @@ class GenerationApi(Api):
 
 class _Closing:
     """The frames; however the response ends (the client gone, a stream stopped before its
-    first byte was asked for), ``close`` closes the run: a generator's own ``finally`` would not
-    run if it was never started."""
+    first byte was asked for, a resumable session's producer done or stopped), ``close``
+    closes the run and lets its model go: a generator's own ``finally`` would not run if it
+    was never started."""
 
-    def __init__(self, frames: Iterator[bytes], run: Run):
+    def __init__(self, frames: Iterator[bytes], run: Run, lease: ModelLease):
         self.frames = frames
         self.run = run
+        self.lease = lease
         self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
@@ -203,8 +218,11 @@ class _Closing:
             if close is not None:
                 close()
         finally:
-            self.run.close()
-            note_run(self.run)
+            try:
+                self.run.close()
+                note_run(self.run)
+            finally:
+                self.lease.release()
 
 
 def note_run(run: Run) -> None:

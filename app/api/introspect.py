@@ -92,7 +92,8 @@ def _tokenize_chat(svc: Service, body: Any) -> Response:
         req = introspect.parse_vllm_tokenize_chat(body)
         as_chat = {"messages": req.messages, "tools": req.tools,
                    "chat_template_kwargs": req.chat_template_kwargs, "model": req.model}
-        inp, _ = chat.parse({k: v for k, v in as_chat.items() if v is not None}, chat.facts())
+        facts = replace(chat.facts(), service=svc)  # the default model's: no lease here
+        inp, _ = chat.parse({k: v for k, v in as_chat.items() if v is not None}, facts)
         return replace(inp, add_generation_prompt=req.add_generation_prompt), req
 
     plan, req = svc.prepare(parse)

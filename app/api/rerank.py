@@ -17,6 +17,7 @@ from flask import Response, request
 
 from app.api.base import Answer, Api, Facts, gone_probe, json_off_hub, read_body
 from app.base.errors import BadRequest, ServiceError
+from app.core.models import Models
 from app.core.rerank import Reranker, RerankInput, RerankResult
 from app.core.rerank_pairs import Fit
 from app.core.service import Service
@@ -33,10 +34,11 @@ class RerankApi(Api):
     the result rendered, on one answer path; never streamed. Subclasses implement ``parse``,
     ``render`` and ``error_body``."""
 
-    def __init__(self, settings: Settings, service: Service):
-        super().__init__(settings, service)
-        self.reranker = Reranker(service, settings.rerank_max_documents,
-                                 settings.rerank_max_bytes, settings.request_timeout or None)
+    def reranker(self, service: Service) -> Reranker:
+        """The rerank core over a leased model's service (a few attributes: made per call)."""
+        s = self.settings
+        return Reranker(service, s.rerank_max_documents, s.rerank_max_bytes,
+                        s.request_timeout or None)
 
     def parse(self, body: Any, facts: Facts) -> tuple[RerankInput, Any]:
         """The core's input and whatever ``render`` needs of the request (a worker thread)."""
@@ -46,11 +48,14 @@ class RerankApi(Api):
         raise NotImplementedError
 
     def answer(self, body: Any, facts: Facts) -> dict[str, Any]:
-        inp, req = self.service.offload(lambda: self.parse(body, facts))
-        result = self.reranker.run(inp, facts.gone, facts.label)
-        if len(result.scores) > OFFLOAD_RESULTS:
-            return self.service.offload(lambda: self.render(req, result))
-        return self.render(req, result)
+        lease, facts = self.lease(body, facts)
+        with lease:
+            svc = lease.service
+            inp, req = svc.offload(lambda: self.parse(body, facts))
+            result = self.reranker(svc).run(inp, facts.gone, facts.label)
+            if len(result.scores) > OFFLOAD_RESULTS:
+                return svc.offload(lambda: self.render(req, result))
+            return self.render(req, result)
 
     def respond(self, result: Answer) -> Response:
         if isinstance(result, dict) and len(result.get("results") or result.get("data")
@@ -87,9 +92,9 @@ class Rerank(RerankApi):
     paths = ("/rerank", "/v1/rerank", "/reranking", "/v1/reranking")
     request_formats = ("jina_rerank", "/rerank")
 
-    def __init__(self, settings: Settings, service: Service):
-        super().__init__(settings, service)
-        self.cohere_v1 = CohereV1(settings, service)
+    def __init__(self, settings: Settings, models: Models):
+        super().__init__(settings, models)
+        self.cohere_v1 = CohereV1(settings, models)
 
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "query" in body and "documents" in body

@@ -1,8 +1,9 @@
 """The Vertex AI predict route: envelopes of instances, and raw bodies of any API.
 
 An envelope's instances run concurrently, at most SLOTS_PER_REQUEST at a time, each through the
-API it names (``@requestFormat``) or whose fields it has; a failing instance's error fills its
-own slot, in that API's error shape. A raw body (rawPredict, streamRawPredict) is answered
+API it names (``@requestFormat``) or whose fields it has, on the model it names as that API
+reads it (Api.requested_model; none: the default model); a failing instance's error fills its
+own slot, in that API's error shape, an unknown model's 404 included. A raw body (rawPredict, streamRawPredict) is answered
 exactly as the matching API's own route would answer it, errors included.
 """
 
@@ -30,15 +31,15 @@ from app.api.base import (
 from app.base import reqctx
 from app.base.errors import BadRequest, ClientGone, ServiceError, as_service_error
 from app.base.metrics import PREDICT
-from app.core.service import Service
+from app.core.models import Models
 from app.protocol import openai, vertex
 
 
 class Predict:
-    def __init__(self, apis: list[Api], service: Service, max_instances: int,
+    def __init__(self, apis: list[Api], models: Models, max_instances: int,
                  slots_per_request: int):
         self.apis = {a.name: a for a in apis}
-        self.service = service
+        self.models = models
         self.max_instances = max_instances
         self.slots_per_request = slots_per_request
         names: dict[str, str] = {}
@@ -107,7 +108,7 @@ class Predict:
                 return api.respond(api.serve(streams[0].body, self.facts(api, headers, None)))
             except Exception as exc:  # noqa: BLE001
                 return api.error_response(exc)
-        self.service.info()  # 503 for the whole envelope while loading
+        self.models.default_service.info()  # 503 for the whole envelope while loading
         gone = gone_probe()
         slots: list[dict[str, Any] | None] = [
             None if isinstance(item, vertex.Instance) else openai.error_body(item)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, jsonify, request
 
 from app.api.anthropic import models
 from app.api.anthropic.parsing import CountTokensRequest, MessagesRequest, chat_input, parse
@@ -121,16 +121,19 @@ class Messages(GenerationApi):
         bp.add_url_rule(self.count_path, f"{self.name}:count_tokens", self.count_view,
                         methods=["POST"])
 
-    def count_tokens(self, body: Any) -> dict[str, int]:
-        """``{"input_tokens": N}``: the prompt this body would be, tokenized as it would be."""
+    def count_tokens(self, body: Any, facts: Facts) -> dict[str, int]:
+        """``{"input_tokens": N}``: the prompt this body would be, tokenized as its model
+        would tokenize it."""
         def build() -> tuple[ChatInput, None]:
             return chat_input(parse(CountTokensRequest, body), self.settings.max_tools,
                               self.settings.image_max_bytes), None
 
-        return {"input_tokens": self.service.count_tokens(build)}
+        lease, facts = self.lease(body, facts)
+        with lease:
+            return {"input_tokens": lease.service.count_tokens(build)}
 
     def count_view(self) -> Any:
-        return jsonify(self.count_tokens(read_body()))
+        return jsonify(self.count_tokens(read_body(), self.facts(request.headers)))
 
 
 # Content block types only a Messages request has (for telling a raw Vertex body apart).

@@ -43,6 +43,14 @@ def model_of(name: str) -> str:
     return name.removeprefix("models/")
 
 
+def named_model(body: Any, params: Mapping[str, Any]) -> str:
+    """The model a request names, as the core knows it (``models/`` dropped): its path's
+    (Facts.params ``model``), else (a predict instance, which has no path) the body's; "" for
+    none. The one reading of it: the lease and the parser both ask here."""
+    raw = params.get("model") or (parsing.get(body, "model") if isinstance(body, dict) else None)
+    return model_of(str(raw or ""))
+
+
 def card(info: ModelInfo, name: str) -> dict[str, Any]:
     """A model as the Gemini API describes one."""
     return {"name": f"models/{name}", "baseModelId": name, "version": "001",
@@ -110,6 +118,9 @@ class Gemini(GenerationApi):
     def wants_stream(self, body: Any, facts: Facts) -> bool:
         return bool(facts.params.get("stream"))
 
+    def requested_model(self, body: Any, facts: Facts) -> str | None:
+        return named_model(body, facts.params) or None
+
     def new_id(self) -> str:
         return super().new_id().replace("gemini_", "")
 
@@ -117,7 +128,7 @@ class Gemini(GenerationApi):
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, GeminiReq]:
         body = parsing.check_keys(body, "", parsing.REQUEST_FIELDS, parsing.IGNORED,
                                   parsing.UNSUPPORTED)
-        model = model_of(str(facts.params.get("model") or parsing.get(body, "model") or ""))
+        model = named_model(body, facts.params)
         params, output, n, thoughts, budget = parsing.generation(
             parsing.get(body, "generationConfig"), self.settings.grammar_max_properties)
         images = self.images()
@@ -132,7 +143,7 @@ class Gemini(GenerationApi):
                         output=output, reasoning_budget=budget, n=n,
                         thinking=False if budget == 0 else None,
                         model=model or None, media=tuple(images.items))
-        return inp, GeminiReq(model or self.service.info().name, thoughts)
+        return inp, GeminiReq(model or self.service_of(facts).info().name, thoughts)
 
     # ---- answers --------------------------------------------------------------------------
     def render(self, req: GeminiReq, run: Run, result: Result) -> dict[str, Any]:
@@ -176,14 +187,16 @@ class Gemini(GenerationApi):
             body = {k: v for k, v in inner.items() if k != "model"}
         elif isinstance(body, dict):
             body = {k: v for k, v in body.items() if k != "model"}
-        facts = self.facts(request.headers, model=model)
-        return jsonify({"totalTokens": self.service.count_tokens(lambda: self.parse(body, facts))})
+        lease, facts = self.lease(body, self.facts(request.headers, model=model))
+        with lease:
+            count = lease.service.count_tokens(lambda: self.parse(body, facts))
+        return jsonify({"totalTokens": count})
 
     def models_view(self) -> Response:
-        return jsonify(self.model_list(self.service.info()))
+        return jsonify(self.model_list(self.models.default_service.info()))
 
     def model_view(self, model: str) -> Response:
-        info = self.service.info()
+        info = self.models.default_service.info()
         name = self.model_name(model)
         if name not in info.names:
             raise ModelNotFound(f"models/{name} is not found")
@@ -204,9 +217,12 @@ class GeminiEmbed(EmbeddingApi):
     paths = ()
     request_formats = ("gemini_embed",)
 
-    def __init__(self, settings: Any, service: Any):
-        super().__init__(settings, service)
+    def __init__(self, settings: Any, models: Any):
+        super().__init__(settings, models)
         self.prefixes = settings.embedding_task_prefixes
+
+    def requested_model(self, body: Any, facts: Facts) -> str | None:
+        return named_model(body, facts.params) or None
 
     @staticmethod
     def error_body(err: ServiceError) -> dict[str, Any]:
@@ -232,10 +248,7 @@ class GeminiEmbed(EmbeddingApi):
         """The input, and whether it is a batch. The model is the route's, else (a predict
         instance) the body's."""
         batch = bool(facts.params.get("batch"))
-        if "model" in facts.params:
-            model = model_of(facts.params["model"])
-        else:
-            model = model_of(str(body.get("model") or "")) if isinstance(body, dict) else ""
+        model = named_model(body, facts.params)
         if batch:
             body = parsing.check_keys(body, "", frozenset({"requests"}), {}, {})
             reqs = parsing.get(body, "requests")

@@ -27,7 +27,10 @@ from app.api.ollama.parsing import (
     _Request,
     chat_messages,
     image_marks,
+    keep_alive,
+    model_of,
     parse,
+    requested_model,
 )
 from app.api.ollama.stream import NDJSON, Clock, Lines, error_body, whole
 from app.base.errors import BadRequest, ServiceError
@@ -38,12 +41,6 @@ from app.core.service import Run
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import tools
-
-
-def model_of(name: str) -> str:
-    """The model a request names, as the core knows it: Ollama's default tag ``:latest``
-    dropped (a client that listed ``smol:latest`` in /api/tags sends that)."""
-    return name.removesuffix(":latest")
 
 
 @dataclass(frozen=True)
@@ -61,6 +58,12 @@ class _Ollama(GenerationApi):
     stream_headers = NDJSON
     lenient_content_type = True  # Ollama's clients (LiteLLM, curl -d) send no JSON type
 
+    def requested_model(self, body: Any, facts: Facts) -> str | None:
+        return requested_model(body)
+
+    def keep_alive(self, body: Any) -> float | None:
+        return keep_alive(body)
+
     def wants_stream(self, body: Any, facts: Facts) -> bool:
         if not isinstance(body, dict):
             return False
@@ -73,13 +76,13 @@ class _Ollama(GenerationApi):
     def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
 
-    def _sampling(self, req: _Request) -> SamplingParams:
+    def _sampling(self, req: _Request, facts: Facts) -> SamplingParams:
         """``options`` as sampling; ``num_ctx`` may ask for the context a slot has, or less
         (a larger one is a 400: it would not be given). ``repeat_last_n`` of -1 is the context
         (``num_ctx``, else a slot's), and a longer window is cut to it: a reply never looks
         further back, and llama.cpp allocates the whole window per choice up front."""
         params, num_ctx = req.sampling()
-        info = self.service.info()
+        info = self.service_of(facts).info()
         if num_ctx is not None and not 0 < num_ctx <= info.n_ctx:
             raise BadRequest(f"options.num_ctx: this server's context is {info.n_ctx} tokens "
                              "per request (CTX_SIZE); ask for that or less",
@@ -113,7 +116,7 @@ class OllamaChat(_Ollama):
 
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, OllamaReq]:
         req: ChatRequest = parse(ChatRequest, body)
-        params = self._sampling(req)
+        params = self._sampling(req, facts)
         images = self.images()
         inp = ChatInput(
             messages=chat_messages(req.messages, images.take),
@@ -149,7 +152,7 @@ class OllamaGenerate(_Ollama):
         if not req.prompt:
             raise BadRequest("prompt: is empty (this server's model is always loaded: there "
                              "is nothing to load)", param="prompt")
-        params = self._sampling(req)
+        params = self._sampling(req, facts)
         reply = OllamaReq(req.model, False, Clock())
         if req.raw:  # the prompt as written, no template
             if req.images:
@@ -194,6 +197,12 @@ class OllamaEmbed(EmbeddingApi):
     @staticmethod
     def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
+
+    def requested_model(self, body: Any, facts: Facts) -> str | None:
+        return requested_model(body)
+
+    def keep_alive(self, body: Any) -> float | None:
+        return keep_alive(body)
 
     def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, _EmbedReq]:
         if not isinstance(body, dict):

@@ -18,6 +18,7 @@ from flask import Blueprint, Response, jsonify
 
 from app.api.base import read_body
 from app.base.errors import BadRequest, ModelNotFound, NotSupported
+from app.core.service import Service
 from app.engine.types import ModelInfo
 from app.formats import detect_reasoning
 
@@ -63,28 +64,32 @@ def capabilities(info: ModelInfo, embeds: bool) -> list[str]:
 
 
 def register(bp: Blueprint, api: Any) -> None:
-    """The model routes, on the chat API's blueprint (its error shape is Ollama's)."""
-    service, settings = api.service, api.settings
+    """The model routes, on the chat API's blueprint (its error shape is Ollama's), over the
+    default model's service (asked at each request: the models may change)."""
+    settings = api.settings
+
+    def svc() -> Service:
+        return api.models.default_service
 
     def named(body: Any) -> str:
         name = body.get("model") or body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
             raise BadRequest("model: field required", param="model")
-        info = service.info()
+        info = svc().info()
         if name.removesuffix(":latest") not in info.names and name not in info.names:
             raise ModelNotFound(f"model '{name}' not found")
         return name
 
     def tags() -> Response:
-        info = service.info()
+        info = svc().info()
         return jsonify({"models": [entry(info, name) for name in info.names]})
 
     def show() -> Response:
         body = read_body(lenient=True)
         name = named(body)
-        info = service.info()
+        info = svc().info()
         arch = info.architecture or "llama"
-        embeds = getattr(service.engine, "embedder", None) is not None
+        embeds = getattr(svc().engine, "embedder", None) is not None
         return jsonify({
             "modelfile": f"# served by vertex-gguf\nFROM {info.path.rsplit('/', 1)[-1]}\n",
             "parameters": "",
@@ -100,7 +105,7 @@ def register(bp: Blueprint, api: Any) -> None:
         })
 
     def ps() -> Response:
-        info = service.info()
+        info = svc().info()
         idle = settings.sleep_idle_seconds
         expires = rfc3339(time.time() + idle) if idle else FOREVER
         return jsonify({"models": [{**entry(info, name), "expires_at": expires,

@@ -9,6 +9,7 @@ change nothing: the server's settings decide those for every request alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from app.engine.types import MEDIA, SamplingParams
 from app.formats.chat_template import clean
 from app.protocol import validate
 from app.protocol.openai import MAX_STOP_CHARS
+from app.settings.models import keep_alive_seconds
 
 # Sampling options: Ollama's name -> SamplingParams' field (num_predict is handled apart).
 SAMPLING = {
@@ -52,6 +54,41 @@ UNSUPPORTED = {
     "template": "the model's own chat template is used (or the server's CHAT_TEMPLATE)",
     "suffix": "fill-in-the-middle is not supported",
 }
+
+
+def model_of(name: str) -> str:
+    """The model a request names, as the core knows it: Ollama's default tag ``:latest``
+    dropped (a client that listed ``smol:latest`` in /api/tags sends that)."""
+    return name.removesuffix(":latest")
+
+
+def requested_model(body: Any) -> str | None:
+    """The model a chat, generate or embed body names (None: none, or not a string, which the
+    parser refuses), as the core knows it."""
+    name = body.get("model") if isinstance(body, dict) else None
+    return (model_of(name) or None) if isinstance(name, str) else None
+
+
+def keep_alive(body: Any) -> float | None:
+    """The request's ``keep_alive`` in seconds, read as Ollama reads it (its api.Duration): a
+    number is seconds, a string a duration (``30s``, ``5m``, ``1h30m``; a whole number of
+    seconds too, as KEEP_ALIVE takes it), negative is forever (inf), ``0`` unloads the model
+    after the answer. None (absent, or an empty string): the model's own KEEP_ALIVE."""
+    value = body.get("keep_alive") if isinstance(body, dict) else None
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    bad = BadRequest(f"keep_alive: {str(value)[:50]!r} is neither a duration (30s, 5m, 1h30m; "
+                     "negative: forever) nor a number of seconds", param="keep_alive")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise bad
+    if isinstance(value, str):
+        try:
+            return keep_alive_seconds(value)
+        except ValueError:
+            raise bad from None
+    if math.isnan(value):
+        raise bad
+    return math.inf if value < 0 else float(value)
 
 
 class _Strict(BaseModel):

@@ -69,8 +69,8 @@ def _usage(u: Usage) -> dict[str, Any]:
 class _OpenAI(GenerationApi):
     kind: ClassVar[Literal["chat", "completion"]]
 
-    def __init__(self, settings: Any, service: Any):
-        super().__init__(settings, service)
+    def __init__(self, settings: Any, models: Any):
+        super().__init__(settings, models)
         self.policy = policy_of(settings)
 
     @staticmethod
@@ -154,7 +154,7 @@ class Completions(_OpenAI):
         echo = ""
         scored = req.echo and req.logprobs is not None
         if req.echo:  # a token prompt echoes as its text, control tokens spelled out
-            echo = prompt if isinstance(prompt, str) else self.service.prompt_text(prompt)
+            echo = prompt if isinstance(prompt, str) else self.service_of(facts).prompt_text(prompt)
         if scored:
             params = replace(params, prompt_logprobs=req.logprobs)
         inp = TextInput(prompt, params, n=req.n, cache_prompt=req.cache_prompt,

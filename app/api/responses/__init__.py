@@ -225,8 +225,9 @@ class Responses(GenerationApi):
     # ---- the other routes -----------------------------------------------------------------
     def input_tokens(self) -> Response:
         body = read_body()
-        facts = self.facts(request.headers)
-        count = self.service.count_tokens(lambda: self.parse(body, facts))
+        lease, facts = self.lease(body, self.facts(request.headers))
+        with lease:
+            count = lease.service.count_tokens(lambda: self.parse(body, facts))
         return jsonify({"object": "response.input_tokens", "input_tokens": count})
 
     def _stored(self, response_id: str) -> Stored:
