@@ -77,10 +77,10 @@ def keep_alive(body: Any) -> float | None:
     value = body.get("keep_alive") if isinstance(body, dict) else None
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None  # the wrong type: left to the parser (chat and generate refuse it)
     bad = BadRequest(f"keep_alive: {str(value)[:50]!r} is neither a duration (30s, 5m, 1h30m; "
                      "negative: forever) nor a number of seconds", param="keep_alive")
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise bad
     if isinstance(value, str):
         try:
             return keep_alive_seconds(value)
