@@ -181,7 +181,7 @@ def _google(body: dict) -> str:
 
 
 def _ollama(body: dict) -> str:
-    assert set(body) == {"error"}
+    assert set(body) == {"error", "request_id"} and isinstance(body["error"], str)
     return body["error"]
 
 
