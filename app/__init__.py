@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from app.core.plan import PlanOptions
     from app.core.service import Service
     from app.engine.config import EngineConfig
+    from app.model.catalog import Catalog
+    from app.model.catalog.pooled import MakeEngine, PooledModels
     from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -113,19 +115,44 @@ def _engine(settings: Settings, boot: Boot, on_fatal: Callable[[str], None] | No
     )
 
 
+def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
+          on_fatal: Callable[[str], None] | None, boot: Boot) -> PooledModels:
+    """The catalog's models in a pool: each model's engine in a process of its own (its own
+    crash guard, its load state its own: the worker's load record is the preloads'), one
+    Service per model with its own plan options. ``on_fatal``: a preload that failed."""
+    from app.base.boot import Boot
+    from app.core.service import Service
+    from app.model.catalog.pooled import PooledModels
+
+    def make_service(engine: Any, settings: Settings) -> Service:
+        return Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
+                       metrics=metrics)
+
+    def on_ready() -> None:
+        boot.record("ready", "")  # what the crash guard reads of this worker
+
+    make = make_engine or (lambda settings, fatal: _engine(settings, Boot(), fatal))
+    return PooledModels(catalog, make, make_service, on_fatal=on_fatal, on_ready=on_ready)
+
+
 def create_app(
     settings: Settings,
     engine=None,
     on_fatal: Callable[[str], None] | None = None,
     boot: Boot | None = None,
     models: Callable[[Service], Models] | None = None,
+    catalog: Catalog | None = None,
+    make_engine: MakeEngine | None = None,
 ) -> Flask:
     """The WSGI app. Without ``engine``, starts loading the configured model in the background
     (the port is already bound by then: health answers 503 until the model is warm). ``boot``:
     what this worker inherits from the crash guard (app.process.crash_guard), and where its load stages
     are recorded. ``models``: the models the APIs lease per request, made from the engine's
     service (the default model's, which the routes that name no model use); default: that
-    one model (app.core.models.OneModel)."""
+    one model (app.core.models.OneModel). ``catalog``: the models the settings name
+    (app.model.catalog.build); one that is not ``single`` serves them all from a pool
+    (app.model.catalog.pooled), each model's engine made by ``make_engine(settings, on_fatal)``
+    (default: llama.cpp in an engine process of its own)."""
     import gevent
     from flask import Flask
     from prometheus_client import CollectorRegistry
@@ -143,7 +170,8 @@ def create_app(
     from app.streams import Streams
 
     boot = boot or Boot()
-    if engine is None:
+    pooled = catalog is not None and not catalog.single and engine is None and models is None
+    if engine is None and not pooled:
         engine = _engine(settings, boot, on_fatal)
         engine.start()
     app = Flask(__name__)
@@ -152,12 +180,22 @@ def create_app(
     app.json.ensure_ascii = False
     # this app's own registry: tests build many apps in one process
     metrics = Metrics(CollectorRegistry())
-    metrics.watch(engine, boot)
     app.extensions["vertex_gguf_metrics"] = metrics
-    service = Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
-                      metrics=metrics)
+    pool = None
+    if pooled:
+        assert catalog is not None
+        pool = _pool(catalog, make_engine, metrics, on_fatal, boot)
+        app.extensions["vertex_gguf_pool"] = pool
+        engine = pool.default_engine  # a view of the default model's engine, loaded or not
+    metrics.watch(engine, boot)
+    if pool is not None:
+        service = pool.default_service
+        served: Models = pool
+    else:
+        service = Service(engine, plan_options(settings),
+                          prepare_timeout=settings.prepare_timeout, metrics=metrics)
+        served = (models or OneModel)(service)
     app.extensions["vertex_gguf"] = service  # the default model's: /health, /props, cards
-    served = (models or OneModel)(service)
     app.extensions["vertex_gguf_models"] = served
     app.extensions["vertex_gguf_settings"] = settings
     app.extensions["vertex_gguf_boot"] = boot
@@ -169,6 +207,11 @@ def create_app(
     gevent.spawn(service.warm)
     apis = api.register(app, settings, served)
     routes.register(app, settings.health_route)
+    if pool is not None:
+        from app.edge import pool_routes
+
+        pool_routes.register(app)  # GET /models, POST /models/load and /models/unload
+        pool.start()  # the preloads, in the background; the keep_alive sweeper
     webui.register(app, settings)  # the playground page at / (WEBUI)
     # GET /metrics; every API route's requests counted and timed (a 401 included)
     endpoints = {rule.endpoint: a.label for rule in app.url_map.iter_rules() for a in apis

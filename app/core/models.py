@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 
+from app.base.errors import NotSupported
+from app.core.pool import ModelStatus
 from app.core.service import Service
+from app.engine.types import ModelInfo
 
 
 class ModelLease:
@@ -43,8 +47,25 @@ class ModelLease:
         self.release()
 
 
+@dataclass(frozen=True)
+class Listed:
+    """A model of a pool as the listings show it (/v1/models, /api/tags, /api/ps): its pool
+    status, and its ModelInfo while an engine has one. ``expires_at``: wall-clock seconds when
+    idleness unloads it (None: not expiring)."""
+
+    name: str
+    aliases: tuple[str, ...]
+    status: ModelStatus
+    info: ModelInfo | None
+    size: int | None  # bytes of its files, where the catalog's listing told them
+    path: str
+    expires_at: float | None
+
+
 class Models(ABC):
     """The models a server serves, as the APIs see them."""
+
+    pooled = False  # several models loaded on demand (listing, load and unload answer)
 
     @property
     @abstractmethod
@@ -60,6 +81,22 @@ class Models(ABC):
         (503) when the model cannot be loaded now. ``keep_alive``: seconds the model stays
         loaded after this request (Ollama's field; 0: unload after it, inf: never), None: the
         model's own setting."""
+
+    def listing(self) -> list[Listed]:
+        """Every model with its status (a pool's); one model has no such list."""
+        raise NotSupported("this server serves one model")
+
+    def load(self, name: str | None, keep_alive: float | None = None) -> str:
+        """Load the model now (llama-server's POST /models/load, Ollama's empty generate)."""
+        raise NotSupported("this server serves one model, always loaded")
+
+    def unload(self, name: str | None) -> str:
+        """Unload the model (POST /models/unload, Ollama's keep_alive 0)."""
+        raise NotSupported("this server serves one model, always loaded")
+
+    def canonical(self, name: str | None) -> str | None:
+        """The name of the model ``name`` names (None: no such model)."""
+        return name
 
 
 class OneModel(Models):

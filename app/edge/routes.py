@@ -18,7 +18,7 @@ from app.base import bridge, reqctx
 from app.base.errors import BadRequest, Forbidden, ModelNotFound
 from app.base.state import LoadState
 from app.core.service import Service
-from app.edge import auth
+from app.edge import auth, pool_routes
 from app.protocol import openai, sse, validate
 from app.protocol.sse import HEADERS
 from app.settings import max_tokens_bounds
@@ -36,7 +36,10 @@ _last_stall_log = [0.0]
 def health() -> tuple[Response, int]:
     """200 once the model is ready; 503 while loading, and when the engine is stuck (a step or
     a request's preparation running past WATCHDOG_SECONDS, or every request-preparation thread
-    held that long), so the platform restarts it."""
+    held that long), so the platform restarts it. Several models: app.edge.pool_routes."""
+    pool = pool_routes.pooled()
+    if pool is not None:
+        return pool_routes.health(pool)
     engine = _service().engine
     state = engine.state
     body = state.snapshot()
@@ -134,7 +137,11 @@ def _length() -> openai.Length:
 def models() -> Response:
     """The model list in the shapes of the API the caller speaks (api.speaker: Anthropic's to
     a caller that sends ``anthropic-version``, Gemini's to Google's Gen AI SDK, which asks for
-    ``/v1/models`` beside a custom base URL), else OpenAI's."""
+    ``/v1/models`` beside a custom base URL), else OpenAI's. Several models: every one, with
+    its status (app.edge.pool_routes)."""
+    pool = pool_routes.pooled()
+    if pool is not None and speaker(request.headers) is None:
+        return pool_routes.models_list(pool)
     info = _service().info()
     api = speaker(request.headers)
     if api is not None:
@@ -146,6 +153,9 @@ def model(model_id: str) -> Response:
     """The model's card under any of its aliases, in the shapes of the API the caller speaks
     (OpenAI's card keeps the id as its id, and has LoRA adapters' cards; the others show the
     name asked for)."""
+    pool = pool_routes.pooled()
+    if pool is not None and speaker(request.headers) is None:
+        return pool_routes.model_card(pool, model_id)
     info = _service().info()
     api = speaker(request.headers)
     name = api.model_name(model_id) if api is not None else model_id

@@ -110,8 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     refuse_catalog(settings)
     from app.process.server import serve
 
-    serve(settings)
+    serve(settings, catalog_of(settings, [k for k in vars(ns) if k in Settings.model_fields]))
     return 0
+
+
+def catalog_of(settings: Settings, flags: list[str]) -> typing.Any:
+    """The models to serve when the catalog settings are set (None: MODEL alone, served as
+    ever, its source not even listed here); a bad configuration stops the server before it
+    binds, with the error ``vertex-gguf models`` prints."""
+    from app.settings.models import catalog_settings_set
+
+    if not catalog_settings_set(settings):
+        return None
+    from app.model.catalog import CatalogError, build
+
+    try:
+        return build(settings, flags)
+    except CatalogError as exc:
+        raise SystemExit(f"vertex-gguf: {exc}") from None
 
 
 def show_models(settings: Settings, flags: list[str]) -> int:
@@ -128,8 +144,8 @@ def show_models(settings: Settings, flags: list[str]) -> int:
 
 
 def refuse_catalog(settings: Settings) -> None:
-    """Several models are configured but not served yet: stop, rather than serve MODEL alone
-    with those settings silently doing nothing."""
+    """What of serving several models is not built yet: stop, rather than let a setting
+    silently do nothing."""
     if not_served_yet(settings):
         raise SystemExit(f"vertex-gguf: {not_served_yet(settings)}")
 

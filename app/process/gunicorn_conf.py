@@ -16,7 +16,7 @@ from typing import Any
 
 from app.edge import logs
 from app.process.crash_guard import EXIT_CODE, CrashGuard
-from app.process.worker import DrainingGeventWorker, service_of, streams_of
+from app.process.worker import DrainingGeventWorker, pool_of, service_of, streams_of
 from app.settings import Settings
 
 # gunicorn's arbiter halts the whole server (exit code 4) when a worker exits with this code:
@@ -38,6 +38,10 @@ def worker_exit(guard: CrashGuard, server: Any, worker: Any) -> None:
     hub = streams_of(worker)
     if hub is not None:
         hub.close()
+    pool = pool_of(worker)
+    if pool is not None:  # several models: the sweeper stopped, every engine process ended
+        pool.shutdown()
+        return
     service = service_of(worker)
     if service is not None:
         service.engine.shutdown()

@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 
 
 class Server(BaseApplication):
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, catalog: Any = None):
         self.settings = settings
+        self.catalog = catalog  # several models (app.model.catalog), or None: MODEL alone
         # in the master: its workers' deaths (a forked worker reads what it inherits)
         self.guard = CrashGuard.from_settings(settings)
         super().__init__()
@@ -35,6 +36,10 @@ class Server(BaseApplication):
 
         boot = self.guard.start_worker()
         settings = apply_safe_mode(self.settings, boot)
+        if self.catalog is not None:
+            return create_app(settings, engine=self.make_engine(settings, boot),
+                              on_fatal=exit_worker_on_load_failure, boot=boot,
+                              catalog=self.catalog)
         return create_app(settings, engine=self.make_engine(settings, boot),
                           on_fatal=exit_worker_on_load_failure, boot=boot)
 
@@ -43,7 +48,8 @@ class Server(BaseApplication):
         return None
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, catalog: Any = None) -> None:
+    """Run the server; ``catalog``: several models (app.model.catalog), None: MODEL alone."""
     s = settings
     try:
         auth.load_keys(s)  # a bad key file stops the server here, before it binds
@@ -59,4 +65,9 @@ def serve(settings: Settings) -> None:
             "Vertex AI: AIP_MODE=%s endpoint=%s deployed_model=%s",
             s.aip_mode, s.aip_endpoint_id, s.aip_deployed_model_id,
         )
-    Server(settings).run()
+    if catalog is not None:
+        log.info("serving %d models (default %s, preloaded: %s, at most %s loaded)",
+                 len(catalog.models), catalog.default,
+                 ", ".join(m.name for m in catalog.models if m.preload) or "none",
+                 catalog.max_loaded or "any number")
+    Server(settings, catalog).run()

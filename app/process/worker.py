@@ -210,7 +210,12 @@ class DrainingGeventWorker(GeventWorker):
     def handle_exit(self, sig, frame):
         super().handle_exit(sig, frame)
         service = service_of(self)
-        if service is not None:
+        pool = pool_of(self)
+        if pool is not None:  # several models: every loaded one drains, then aborts
+            pool.drain()
+            grace = max(0.0, self.cfg.graceful_timeout - GRACE_MARGIN)
+            gevent.spawn_later(grace, pool.abort, "server is shutting down")
+        elif service is not None:
             # new requests on kept-alive connections get a 503 the load balancer retries
             # elsewhere; whatever still runs near the end of the graceful timeout is ended with
             # an error event, not cut mid-stream by the worker's exit
@@ -249,6 +254,11 @@ def _extension(worker: Any, name: str) -> Any:
 
 def service_of(worker: Any) -> Any:
     return _extension(worker, "vertex_gguf")
+
+
+def pool_of(worker: Any) -> Any:
+    """The models of a server of several (app.model.catalog.pooled), else None."""
+    return _extension(worker, "vertex_gguf_pool")
 
 
 def streams_of(worker: Any) -> Any:

@@ -4,8 +4,8 @@ download cache may grow. One part of app.settings.Settings.
 
 These are read and checked here and by ``vertex-gguf models`` (app/model/catalog/); what needs
 the disk or Cloud Storage (a folder's files, the preset file, whether a name is known) is checked
-there. Serving several models is being built (docs/models.md): until it lands the server refuses
-to start with any of these set, so none of them silently does nothing.
+there. The server serves them (app/model/catalog/pooled.py); what is not built yet is refused
+(``not_served_yet``), so nothing silently does nothing.
 """
 
 from __future__ import annotations
@@ -143,14 +143,19 @@ def catalog_settings_set(settings: BaseModel) -> list[str]:
 
 
 def not_served_yet(settings: BaseModel) -> str | None:
-    """Why the server will not start with these settings (None: it will): the catalog settings
-    are read and checked by ``vertex-gguf models``, but serving them is not built yet."""
+    """Why the server will not start with these settings (None: it will): what of serving
+    several models is not built yet, refused rather than silently ignored."""
     given = catalog_settings_set(settings)
     if not given:
         return None
-    return (f"{', '.join(given)} set: serving several models in one container is being built "
-            "(docs/models.md), and until it lands the server serves MODEL alone. `vertex-gguf "
-            "models` reads and checks these settings now; unset them to serve MODEL.")
+    if getattr(settings, "model_cache_max_gb", None) is not None:
+        return ("MODEL_CACHE_MAX_GB set: bounding the download cache is not built yet "
+                "(docs/models.md); unset it (the cache is unbounded, as with MODEL alone)")
+    if getattr(settings, "engine_process", "auto") == "off":
+        return (f"ENGINE_PROCESS=off with {', '.join(given)}: several models each run in an "
+                "engine process of their own (one model's crash must not end the others'); "
+                "leave ENGINE_PROCESS unset (auto) or on")
+    return None
 
 
 def check_name(name: str, what: str) -> str:

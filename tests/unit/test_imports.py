@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.settings_doc",),  # the settings rendered for people (help, the docs' table)
     ("app.process.server", "app.process.wsgi"),  # the process under gunicorn
     ("app",),  # the composition root (app/__init__.py: create_app)
-    ("app.edge.routes", "app.edge.auth", "app.process.gunicorn_conf",
+    ("app.edge.routes", "app.edge.pool_routes", "app.edge.auth", "app.process.gunicorn_conf",
      "app.model.source", "app.model.catalog"),  # the HTTP edge; where the models come from
     ("app.api",),  # one module per wire API
     ("app.core", "app.edge.logs", "app.model.gcs_download", "app.model.gcs", "app.model.remote",

@@ -45,10 +45,7 @@ def test_models_prints_each_model_and_what_differs(tmp_path, monkeypatch, capsys
     assert out.startswith("3 models: default a; at most 4 loaded at once (MODELS_MAX); "
                           "KEEP_ALIVE 5m0s; download cache no bound (MODEL_CACHE_MAX_GB)\n")
     blocks = {b.splitlines()[0]: b for b in out.split("\n\n")[1:]}
-    assert set(blocks) == {"a  [default, preload]", "s", "v  [preload, pin]",
-                           "Serving several models is being built (docs/models.md): "
-                           "`vertex-gguf serve` refuses these settings until it lands; MODEL "
-                           "alone serves as ever."}
+    assert set(blocks) == {"a  [default, preload]", "s", "v  [preload, pin]"}
     v = blocks["v  [preload, pin]"]
     assert f"  projector:  {tmp_path / 'dir/v/mmproj-f16.gguf'}" in v
     assert "  aliases:    eyes" in v and "  keep_alive: 1h0m0s" in v

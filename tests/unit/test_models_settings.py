@@ -1,6 +1,6 @@
 """The several-models settings (app/settings/models.py): MODELS, MODELS_PRELOAD, MODELS_DEFAULT
-and KEEP_ALIVE read as Ollama reads OLLAMA_KEEP_ALIVE; and the server refusing them until
-serving several models lands."""
+and KEEP_ALIVE read as Ollama reads OLLAMA_KEEP_ALIVE; and the server refusing what of serving
+several models is not built yet."""
 
 import math
 import subprocess
@@ -95,20 +95,26 @@ def test_which_settings_make_a_catalog():
     assert catalog_settings_set(Settings()) == [] and not_served_yet(Settings()) is None
     s = Settings(models="a=/x.gguf", keep_alive="10m", models_max=0)
     assert catalog_settings_set(s) == ["MODELS", "MODELS_MAX", "KEEP_ALIVE"]
-    assert "MODELS, MODELS_MAX, KEEP_ALIVE set" in not_served_yet(s)
+    assert not_served_yet(s) is None  # served (app/model/catalog/pooled.py)
 
 
-@pytest.mark.parametrize("env", [{"MODELS": "a=/x.gguf"}, {"MODELS_DIR": "/models"},
-                                 {"MODELS_PRESET": "/p.ini"}, {"KEEP_ALIVE": "1m"},
-                                 {"MODELS_MAX": "2"}, {"MODEL_CACHE_MAX_GB": "10"}])
-def test_serve_refuses_the_catalog_settings_until_serving_lands(monkeypatch, env):
+@pytest.mark.parametrize("env", [{"MODEL_CACHE_MAX_GB": "10"},
+                                 {"MODELS": "a=/x.gguf", "ENGINE_PROCESS": "off"}])
+def test_serve_refuses_what_is_not_built_yet(monkeypatch, env):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as exc:
         main(["serve"])
     message = str(exc.value)
-    assert f"{next(iter(env))} set" in message and "being built" in message
-    assert "docs/models.md" in message and "vertex-gguf models" in message
+    assert f"{next(iter(env))}" in message
+    assert "not built yet" in message or "engine process of their own" in message
+
+
+def test_serve_stops_on_a_bad_catalog_before_it_binds(monkeypatch):
+    monkeypatch.setenv("MODELS", "a=/nowhere/x.gguf")
+    with pytest.raises(SystemExit) as exc:
+        main(["serve"])
+    assert str(exc.value) == "vertex-gguf: model a (MODELS): /nowhere/x.gguf: no such file or folder"
 
 
 def test_the_catalog_settings_are_flags_too():
@@ -119,8 +125,14 @@ def test_the_catalog_settings_are_flags_too():
 
 def test_a_gunicorn_of_ones_own_refuses_them_too(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "MODELS_DIR": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "MODELS_DIR": str(tmp_path),
+           "MODEL_CACHE_MAX_GB": "10"}
     done = subprocess.run([sys.executable, "-c", "import app.process.wsgi"], env=env, cwd=root,
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "vertex-gguf: MODELS_DIR set: serving several models" in (
+    assert done.returncode == 1 and "vertex-gguf: MODEL_CACHE_MAX_GB set" in done.stderr, (
+        done.stderr)
+    env.pop("MODEL_CACHE_MAX_GB")  # an empty folder: the catalog's own error
+    done = subprocess.run([sys.executable, "-c", "import app.process.wsgi"], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "vertex-gguf: " in done.stderr and "no models" in (
         done.stderr), done.stderr

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from flask import Blueprint
 
-from app.api.base import Facts
+from app.api.base import Answer, Facts
 from app.api.embeddings import EmbeddingApi
 from app.api.generation import GenerationApi
 from app.api.ollama import models
@@ -32,7 +32,7 @@ from app.api.ollama.parsing import (
     parse,
     requested_model,
 )
-from app.api.ollama.stream import NDJSON, Clock, Lines, error_body, whole
+from app.api.ollama.stream import NDJSON, Clock, Lines, error_body, timestamp, whole
 from app.base.errors import BadRequest, ServiceError
 from app.core.embed import EmbedInput, EmbedResult, Vector
 from app.core.events import Result, Usage
@@ -63,6 +63,35 @@ class _Ollama(GenerationApi):
 
     def keep_alive(self, body: Any) -> float | None:
         return keep_alive(body)
+
+    def empty(self, body: dict[str, Any]) -> bool:
+        """Whether the request asks for no generation: Ollama loads (or unloads) the model."""
+        raise NotImplementedError
+
+    def serve(self, body: Any, facts: Facts) -> Answer:
+        """Several models: an empty request loads its model, or with ``keep_alive`` 0 unloads
+        it, as Ollama's does. One model is always loaded: the parser says so."""
+        if self.models.pooled and isinstance(body, dict) and self.empty(body):
+            return self.load_or_unload(body)
+        return super().serve(body, facts)
+
+    def load_or_unload(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise BadRequest("model: field required", param="model")
+        keep = keep_alive(body)
+        if keep == 0:
+            self.models.unload(requested_model(body))
+            reason = "unload"
+        else:
+            self.models.load(requested_model(body), keep)
+            reason = "load"
+        out: dict[str, Any] = {"model": name, "created_at": timestamp()}
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": ""}
+        else:
+            out["response"] = ""
+        return {**out, "done": True, "done_reason": reason}
 
     def wants_stream(self, body: Any, facts: Facts) -> bool:
         if not isinstance(body, dict):
@@ -114,6 +143,9 @@ class OllamaChat(_Ollama):
         return "messages" in body and any(k in body for k in ("options", "keep_alive", "think",
                                                                 "format"))
 
+    def empty(self, body: dict[str, Any]) -> bool:
+        return not body.get("messages")
+
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, OllamaReq]:
         req: ChatRequest = parse(ChatRequest, body)
         params = self._sampling(req, facts)
@@ -143,6 +175,9 @@ class OllamaGenerate(_Ollama):
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "prompt" in body and any(k in body for k in ("options", "keep_alive", "raw",
                                                               "system", "think", "context"))
+
+    def empty(self, body: dict[str, Any]) -> bool:
+        return not body.get("prompt") and not body.get("images")
 
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput | TextInput, OllamaReq]:
         req: GenerateRequest = parse(GenerateRequest, body)

@@ -9,6 +9,7 @@ unless the name has one), so a client that lists the models and sends the name b
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime
 from importlib import metadata
@@ -18,6 +19,7 @@ from flask import Blueprint, Response, jsonify
 
 from app.api.base import read_body
 from app.base.errors import BadRequest, ModelNotFound, NotSupported
+from app.core.models import Listed
 from app.core.service import Service
 from app.engine.types import ModelInfo
 from app.formats import detect_reasoning
@@ -52,6 +54,25 @@ def entry(info: ModelInfo, name: str) -> dict[str, Any]:
             "size": info.size, "details": details(info)}
 
 
+def listed_entry(item: Listed) -> dict[str, Any]:
+    """A model of several as /api/tags lists it: what its engine says once it is loaded, else
+    what the catalog knows (its files' size)."""
+    if item.info is not None:
+        return entry(item.info, item.name)
+    name = tagged(item.name)
+    return {"name": name, "model": name, "modified_at": rfc3339(_mtime(item.path)),
+            "size": item.size or 0,
+            "details": {"parent_model": "", "format": "gguf", "family": "", "families": None,
+                        "parameter_size": "", "quantization_level": ""}}
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except (OSError, ValueError):
+        return 0.0
+
+
 def capabilities(info: ModelInfo, embeds: bool) -> list[str]:
     """What the model can do here: every chat model takes tools (in its own format, or the
     generic one); thinking where its template has a thought."""
@@ -75,21 +96,34 @@ def register(bp: Blueprint, api: Any) -> None:
         name = body.get("model") or body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
             raise BadRequest("model: field required", param="model")
+        if api.models.pooled:
+            if api.models.canonical(name.removesuffix(":latest")) is None:
+                raise ModelNotFound(f"model '{name}' not found")
+            return name
         info = svc().info()
         if name.removesuffix(":latest") not in info.names and name not in info.names:
             raise ModelNotFound(f"model '{name}' not found")
         return name
 
     def tags() -> Response:
+        if api.models.pooled:
+            return jsonify({"models": [listed_entry(i) for i in api.models.listing()]})
         info = svc().info()
         return jsonify({"models": [entry(info, name) for name in info.names]})
 
     def show() -> Response:
         body = read_body(lenient=True)
         name = named(body)
-        info = svc().info()
+        service = svc()
+        if api.models.pooled:  # its details are its engine's: loaded for the answer
+            with api.models.lease(name.removesuffix(":latest")) as lease:
+                service = lease.service
+                info = service.info()
+                embeds = getattr(service.engine, "embedder", None) is not None
+        else:
+            info = service.info()
+            embeds = getattr(service.engine, "embedder", None) is not None
         arch = info.architecture or "llama"
-        embeds = getattr(svc().engine, "embedder", None) is not None
         return jsonify({
             "modelfile": f"# served by vertex-gguf\nFROM {info.path.rsplit('/', 1)[-1]}\n",
             "parameters": "",
@@ -105,6 +139,12 @@ def register(bp: Blueprint, api: Any) -> None:
         })
 
     def ps() -> Response:
+        if api.models.pooled:
+            return jsonify({"models": [
+                {**entry(i.info, i.name), "size_vram": i.info.size if i.info.gpu_offload else 0,
+                 "expires_at": rfc3339(i.expires_at) if i.expires_at is not None else FOREVER}
+                for i in api.models.listing()
+                if i.info is not None and i.status.status == "loaded"]})
         info = svc().info()
         idle = settings.sleep_idle_seconds
         expires = rfc3339(time.time() + idle) if idle else FOREVER

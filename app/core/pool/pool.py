@@ -291,6 +291,13 @@ class ModelPool(Lifecycle):
             self._close(*close, "shutting down")
 
     # ---- what it shows ----------------------------------------------------------------------
+    def engine(self, name: str | None) -> Any:
+        """The model's engine now (loading, loaded or closing), None while it has none: what
+        a route that holds no lease (/props, /health) may read, knowing it can go at once."""
+        e = self._entry(name)
+        with self._lock:
+            return e.engine
+
     def statuses(self) -> list[ModelStatus]:
         """Every model of the catalog, in its order, as /v1/models and /api/ps show them."""
         for e in self._entries.values():

@@ -92,7 +92,4 @@ def render(catalog: Catalog) -> str:
             lines.append(f"  preset:     {', '.join(spec.preset_keys)}")
         diffs = [] if catalog.single else differences(spec, catalog.base)
         lines += [f"  setting:    {d}" for d in diffs]
-    if not catalog.single:
-        lines += ["", "Serving several models is being built (docs/models.md): `vertex-gguf "
-                  "serve` refuses these settings until it lands; MODEL alone serves as ever."]
     return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""Several models served from one app (app/model/catalog/pooled.py, app/edge/pool_routes.py):
+create_app given a catalog of three fake models, each engine made on demand. Health waits for
+the preloads; /v1/models and /models show each model's status as llama-server's router does;
+requests load the model they name; MODELS_MAX evicts the least recently used idle model and
+never a pinned one; POST /models/load and /models/unload (the operator's key when one is set);
+Ollama's /api/tags, /api/ps and its empty generate and chat that load and unload. Real engines
+in their own processes: tests/e2e/test_models.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from app import create_app
+from app.engine.fake import FakeEngine
+from app.model.catalog import Catalog, ModelSpec
+from app.settings import Settings
+
+HI = [{"role": "user", "content": "hi"}]
+NAMES = ("alpha", "beta", "gamma")
+
+
+class Engine(FakeEngine):
+    """A fake engine that loads when the pool starts it."""
+
+    def __init__(self, settings: Settings, on_fatal: Any) -> None:
+        names = tuple((settings.served_model_name or "x").split(","))
+        super().__init__(reply=f"{names[0]} says hello", aliases=names, ready=False)
+        self.settings = settings
+        self.on_fatal = on_fatal
+        self.stopped = False
+
+    def start(self) -> None:
+        self.state.set("ready", progress=1.0)
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+def spec(name: str, **kw: Any) -> ModelSpec:
+    aliases = kw.pop("aliases", ())
+    settings = Settings(served_model_name=",".join((name, *aliases)))
+    return ModelSpec(name=name, source=f"/models/{name}.gguf", origin="MODELS",
+                     settings=settings, aliases=aliases, size=1000, **kw)
+
+
+def make(max_loaded: int = 0, pin: str = "", **settings: Any) -> tuple[Any, Any, list[Engine]]:
+    specs = tuple(spec(n, preload=n == "alpha", pin=n == pin,
+                       aliases=(f"{n}-alias",) if n == "beta" else ()) for n in NAMES)
+    base = Settings(**settings)
+    cat = Catalog(base=base, models=specs, default="alpha", max_loaded=max_loaded,
+                  keep_alive=300.0)
+    made: list[Engine] = []
+
+    def engine(s: Settings, on_fatal: Any) -> Engine:
+        assert s.engine_process == "on"  # every model in a process of its own
+        made.append(Engine(s, on_fatal))
+        return made[-1]
+
+    app = create_app(base, catalog=cat, make_engine=engine)
+    app.testing = True
+    return app.test_client(), app.extensions["vertex_gguf_pool"], made
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Any, Any, list[Engine]]]:
+    client, pool, made = make()
+    wait_for(lambda: client.get("/health").status_code == 200)
+    yield client, pool, made
+    pool.shutdown()
+
+
+def wait_for(check: Any, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def statuses(client: Any) -> dict[str, dict[str, Any]]:
+    return {m["id"]: m["status"] for m in client.get("/v1/models").get_json()["data"]}
+
+
+def chat(client: Any, model: str | None, **extra: Any) -> Any:
+    body = {"messages": HI, **extra} | ({"model": model} if model else {})
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_health_waits_for_the_preloads_then_lists_every_model(served):
+    client, _, made = served
+    body = client.get("/health").get_json()
+    assert body["status"] == "ok" and body["default"] == "alpha"
+    assert {n: m["status"] for n, m in body["models"].items()} == {
+        "alpha": "loaded", "beta": "unloaded", "gamma": "unloaded"}
+    assert [e.settings.served_model_name for e in made] == ["alpha"]
+
+
+def test_a_request_loads_the_model_it_names(served):
+    client, _, made = served
+    assert statuses(client) == {"alpha": {"value": "loaded"}, "beta": {"value": "unloaded"},
+                                "gamma": {"value": "unloaded"}}
+    resp = chat(client, "beta-alias")
+    assert resp.status_code == 200 and "beta says hello" in resp.get_data(as_text=True)
+    assert statuses(client)["beta"] == {"value": "loaded"}
+    assert "alpha says hello" in chat(client, None).get_data(as_text=True)
+    card = client.get("/v1/models/beta").get_json()
+    assert card["id"] == "beta" and card["meta"]["n_ctx"] and card["aliases"][0] == "beta"
+
+
+def test_an_unknown_model_is_a_404_naming_the_models(served):
+    client, _, _ = served
+    resp = chat(client, "delta")
+    assert resp.status_code == 404
+    err = resp.get_json()["error"]
+    assert err["code"] == "model_not_found" and "alpha, beta, gamma" in err["message"]
+
+
+def test_models_max_evicts_the_least_recently_used_idle_model():
+    client, pool, made = make(max_loaded=2)
+    try:
+        wait_for(lambda: client.get("/health").status_code == 200)
+        chat(client, "beta")
+        chat(client, "alpha")  # beta is now the least recently used
+        assert chat(client, "gamma").status_code == 200
+        wait_for(lambda: statuses(client)["beta"] == {"value": "unloaded"})
+        assert statuses(client)["alpha"] == {"value": "loaded"}
+        assert [e.stopped for e in made] == [False, True, False]
+    finally:
+        pool.shutdown()
+
+
+def test_a_pinned_model_is_never_evicted():
+    client, pool, _ = make(max_loaded=2, pin="alpha")
+    try:
+        wait_for(lambda: client.get("/health").status_code == 200)
+        chat(client, "beta")
+        chat(client, "gamma")  # alpha is the least recently used, but pinned
+        wait_for(lambda: statuses(client)["beta"] == {"value": "unloaded"})
+        assert statuses(client)["alpha"] == {"value": "loaded"}
+        assert client.get("/v1/models").get_json()["data"][0]["pinned"] is True
+    finally:
+        pool.shutdown()
+
+
+def test_the_operator_loads_and_unloads(served):
+    client, _, _ = served
+    resp = client.post("/models/load", json={"model": "gamma"})
+    assert resp.status_code == 200 and resp.get_json()["success"] is True
+    assert client.get("/models").get_json()["data"][2]["status"] == {"value": "loaded"}
+    resp = client.post("/models/unload", json={"model": "gamma"})
+    assert resp.get_json() == {"success": True, "result": "unloaded"}
+    wait_for(lambda: statuses(client)["gamma"] == {"value": "unloaded"})
+    assert client.post("/models/load", json={}).status_code == 400
+    assert client.post("/models/load", json={"model": "nope"}).status_code == 404
+
+
+def test_the_operators_routes_take_the_admin_key_when_one_is_set():
+    client, pool, _ = make(admin_api_key="root-key-0123456789abcdef", api_key="user-key-0123456789abcdef")
+    try:
+        user = {"Authorization": "Bearer user-key-0123456789abcdef"}
+        admin = {"Authorization": "Bearer root-key-0123456789abcdef"}
+        assert client.post("/models/load", json={"model": "beta"}, headers=user).status_code \
+            == 403
+        assert client.post("/models/load", json={"model": "beta"}, headers=admin).status_code \
+            == 200
+        assert client.get("/v1/models", headers=user).status_code == 200
+    finally:
+        pool.shutdown()
+
+
+def test_the_routes_without_a_lease_answer_while_the_default_is_unloaded(served):
+    client, _, _ = served
+    assert client.post("/models/unload", json={"model": "alpha"}).status_code == 200
+    wait_for(lambda: statuses(client)["alpha"] == {"value": "unloaded"})
+    assert client.get("/props").status_code == 503
+    assert client.post("/tokenize", json={"content": "hi"}).status_code == 503
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/health").status_code == 200  # the preloads were loaded: still ready
+    assert chat(client, None).status_code == 200  # the default loads again on demand
+    assert client.get("/props").status_code == 200
+
+
+def test_ollama_lists_every_model_and_the_loaded_ones(served):
+    client, _, _ = served
+    tags = client.get("/api/tags").get_json()["models"]
+    assert [t["name"] for t in tags] == ["alpha:latest", "beta:latest", "gamma:latest"]
+    assert tags[1]["size"] == 1000 and tags[0]["details"]["family"] == "llama"
+    ps = client.get("/api/ps").get_json()["models"]
+    assert [p["name"] for p in ps] == ["alpha:latest"]
+    assert ps[0]["expires_at"].endswith("Z") and ps[0]["size_vram"] == 0
+
+
+def test_ollamas_empty_requests_load_and_keep_alive_0_unloads(served):
+    client, _, _ = served
+    resp = client.post("/api/generate", json={"model": "gamma"})
+    assert resp.get_json()["done_reason"] == "load" and resp.get_json()["response"] == ""
+    assert statuses(client)["gamma"] == {"value": "loaded"}
+    resp = client.post("/api/chat", json={"model": "gamma", "messages": [], "keep_alive": 0})
+    assert resp.get_json()["done_reason"] == "unload"
+    assert resp.get_json()["message"] == {"role": "assistant", "content": ""}
+    wait_for(lambda: statuses(client)["gamma"] == {"value": "unloaded"})
+    resp = client.post("/api/chat", json={"model": "beta", "messages": HI, "stream": False,
+                                          "keep_alive": 0})
+    assert resp.status_code == 200 and "beta says hello" in resp.get_json()["message"]["content"]
+    wait_for(lambda: statuses(client)["beta"] == {"value": "unloaded"})
