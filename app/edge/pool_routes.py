@@ -83,6 +83,11 @@ def health(pool: PooledModels) -> tuple[Response, int]:
                             if k not in ("name", "last_used", "expires_at") and v is not None}
                    for s in statuses},
     }
+    for name, model in body["models"].items():  # each engine process's id, while it has one
+        engine = pool.pool.engine(name)
+        pid = getattr(engine, "pid", None) if engine is not None else None
+        if isinstance(pid, int):
+            model["engine_process"] = pid
     if pool.preload_error:
         body["error"] = pool.preload_error
     hub = current_app.extensions.get("vertex_gguf_streams")

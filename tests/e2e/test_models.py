@@ -1,0 +1,149 @@
+"""Several models in one server (docs/models.md), under gunicorn, each model's engine in its own
+process: the default model (pinned, preloaded), the near-free model (bench/gpu/models.py's
+shape on the default model's vocabulary) and a tiny embedding model, with MODELS_MAX=2.
+Loading on demand, the openai client switching models per request, an unknown model's 404,
+eviction of the least recently used idle model and never the pinned one, llama-server's
+router routes, Ollama's ps, keep_alive 0 and empty requests, and a model's engine process
+killed while another model streams. The in-process tier: tests/app/test_pooled_models.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import ollama
+import openai
+import pytest
+import requests
+
+from tests.support.server import ROOT, ServerProcess, running_server, wait_for
+from tests.support.tiny_bert import build_tiny_bert
+
+HI = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def srv(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    folder = tmp_path_factory.mktemp("models")
+    models = ROOT / "bench" / "gpu" / "models.py"
+    vocab, free = folder / "vocab.gguf", folder / "free.gguf"
+    for args in (["vocab", str(default_model), str(vocab)], ["build", "nearfree", str(vocab),
+                                                            str(free)]):
+        subprocess.run([sys.executable, str(models), *args], check=True, cwd=ROOT,
+                       capture_output=True, timeout=120)
+    embed = build_tiny_bert(folder / "embed.gguf")
+    preset = folder / "models.ini"
+    preset.write_text("[smol]\npin = true\naliases = smol-chat\n\n[embed]\nembeddings = only\n")
+    env = {"MODELS": f"smol={default_model},free={free},embed={embed}",
+           "MODELS_PRESET": str(preset), "MODELS_MAX": "2", "CTX_SIZE": "512", "PARALLEL": "2"}
+    with running_server(env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(srv: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url("/v1"), api_key="x", max_retries=0, timeout=120)
+
+
+def statuses(srv: ServerProcess) -> dict[str, dict[str, Any]]:
+    data = requests.get(srv.url("/v1/models"), timeout=30).json()["data"]
+    return {m["id"]: m["status"] for m in data}
+
+
+def loaded(srv: ServerProcess) -> set[str]:
+    return {n for n, s in statuses(srv).items() if s["value"] == "loaded"}
+
+
+def engine_pid(srv: ServerProcess, name: str) -> int:
+    return requests.get(srv.url("/health"), timeout=30).json()["models"][name]["engine_process"]
+
+
+def chat(client: openai.OpenAI, model: str, n: int = 4) -> str:
+    resp = client.chat.completions.create(model=model, messages=HI, max_tokens=n)
+    assert resp.model in (model, "smol")
+    return resp.choices[0].message.content or ""
+
+
+def test_the_default_is_preloaded_and_the_others_wait(srv):
+    health = requests.get(srv.url("/health"), timeout=30).json()
+    assert health["status"] == "ok" and health["default"] == "smol"
+    assert statuses(srv) == {"smol": {"value": "loaded"}, "free": {"value": "unloaded"},
+                             "embed": {"value": "unloaded"}}
+    card = requests.get(srv.url("/v1/models/smol-chat"), timeout=30).json()
+    assert card["id"] == "smol" and card["pinned"] is True and card["meta"]["n_ctx"] == 512
+
+
+def test_the_openai_client_switches_models_and_the_lru_idle_one_goes(srv, client):
+    chat(client, "free")  # loaded on demand
+    assert loaded(srv) == {"smol", "free"}
+    assert chat(client, "smol-chat")
+    # MODELS_MAX=2: embed's load evicts free (idle, least recently used); smol is pinned
+    emb = client.embeddings.create(model="embed", input=["hello", "world"])
+    assert len(emb.data) == 2 and len(emb.data[0].embedding) > 0
+    assert wait_for(lambda: loaded(srv) == {"smol", "embed"}, 60, "free evicted")
+    chat(client, "free")  # back again: embed goes this time, smol stays
+    assert wait_for(lambda: loaded(srv) == {"smol", "free"}, 60, "embed evicted")
+
+
+def test_an_unknown_model_is_a_404_naming_the_models(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        chat(client, "nope")
+    assert err.value.code == "model_not_found"
+    assert "smol, free, embed" in str(err.value)
+
+
+def test_the_router_routes_load_and_unload(srv):
+    resp = requests.post(srv.url("/models/load"), json={"model": "embed"}, timeout=120)
+    assert resp.status_code == 200 and resp.json()["success"] is True
+    assert wait_for(lambda: loaded(srv) == {"smol", "embed"}, 60, "embed loaded")
+    resp = requests.post(srv.url("/models/unload"), json={"model": "embed"}, timeout=60)
+    assert resp.json() == {"success": True, "result": "unloaded"}
+    assert wait_for(lambda: loaded(srv) == {"smol"}, 60, "embed unloaded")
+    listed = requests.get(srv.url("/models"), timeout=30).json()["data"]
+    assert [m["id"] for m in listed] == ["smol", "free", "embed"]
+
+
+def test_ollama_ps_keep_alive_0_and_empty_requests(srv):
+    client = ollama.Client(host=srv.base)
+    client.generate(model="free", prompt="")  # an empty generate loads it
+    assert wait_for(lambda: "free" in loaded(srv), 60, "free loaded")
+    ps = {m.model: m for m in client.ps().models}
+    assert set(ps) == {"smol:latest", "free:latest"} and ps["free:latest"].expires_at
+    tags = [m.model for m in client.list().models]
+    assert tags == ["smol:latest", "free:latest", "embed:latest"]
+    reply = client.chat(model="free", messages=HI, keep_alive=0, options={"num_predict": 4})
+    assert reply.done
+    assert wait_for(lambda: "free" not in loaded(srv), 60, "free unloaded after its answer")
+    client.generate(model="free", prompt="")
+    assert wait_for(lambda: "free" in loaded(srv), 60, "free loaded")
+    client.generate(model="free", prompt="", keep_alive=0)  # ... and an empty one unloads
+    assert wait_for(lambda: "free" not in loaded(srv), 60, "free unloaded")
+
+
+def test_a_killed_engine_leaves_the_other_models_stream_whole(srv, client):
+    chat(client, "free")
+    victim = engine_pid(srv, "free")
+    assert victim != engine_pid(srv, "smol")
+    started, texts = threading.Event(), []
+
+    def stream() -> None:
+        out = client.chat.completions.create(model="smol", messages=HI, max_tokens=120,
+                                             stream=True, extra_body={"ignore_eos": True})
+        for chunk in out:
+            started.set()
+            if chunk.choices and chunk.choices[0].delta.content:
+                texts.append(chunk.choices[0].delta.content)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(60)
+    os.kill(victim, signal.SIGKILL)
+    reader.join(120)
+    assert not reader.is_alive() and len(texts) >= 100  # every token, no error
+    assert chat(client, "free") is not None  # its next request waits for its restart
+    assert engine_pid(srv, "free") != victim
