@@ -108,7 +108,8 @@ class Predict:
                 return api.respond(api.serve(streams[0].body, self.facts(api, headers, None)))
             except Exception as exc:  # noqa: BLE001
                 return api.error_response(exc)
-        self.models.default_service.info()  # 503 for the whole envelope while loading
+        if not self.models.pooled:  # several models: each instance loads the one it names
+            self.models.default_service.info()  # 503 for the whole envelope while loading
         gone = gone_probe()
         slots: list[dict[str, Any] | None] = [
             None if isinstance(item, vertex.Instance) else openai.error_body(item)

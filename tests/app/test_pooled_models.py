@@ -206,3 +206,15 @@ def test_ollamas_empty_requests_load_and_keep_alive_0_unloads(served):
                                           "keep_alive": 0})
     assert resp.status_code == 200 and "beta says hello" in resp.get_json()["message"]["content"]
     wait_for(lambda: statuses(client)["beta"] == {"value": "unloaded"})
+
+
+def test_a_vertex_envelope_loads_what_its_instances_name(served):
+    client, _, _ = served
+    client.post("/models/unload", json={"model": "alpha"})
+    wait_for(lambda: statuses(client)["alpha"] == {"value": "unloaded"})
+    body = {"instances": [{"messages": HI, "model": "gamma"}, {"messages": HI, "model": "beta"}]}
+    resp = client.post("/predict", json=body)
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    preds = resp.get_json()["predictions"]
+    assert ["gamma says" in str(preds[0]), "beta says" in str(preds[1])] == [True, True]
+    assert statuses(client)["alpha"] == {"value": "unloaded"}
