@@ -88,7 +88,8 @@ def context_warning(info) -> str:
 def model_status(snapshot: dict[str, Any], model: str | None) -> dict[str, Any]:
     """The ``model_status`` event body for a load-state snapshot."""
     stage = snapshot["stage"]
-    body = {"status": {"ready": "loaded", "failed": "failed"}.get(stage, "loading"), "stage": stage}
+    status = {"ready": "loaded", "failed": "failed", "unloaded": "unloaded"}.get(stage, "loading")
+    body = {"status": status, "stage": stage}
     body.update({k: snapshot[k] for k in ("progress", "detail", "error", "elapsed_s")
                  if k in snapshot})
     if model is not None:

@@ -218,3 +218,14 @@ def test_a_vertex_envelope_loads_what_its_instances_name(served):
     preds = resp.get_json()["predictions"]
     assert ["gamma says" in str(preds[0]), "beta says" in str(preds[1])] == [True, True]
     assert statuses(client)["alpha"] == {"value": "unloaded"}
+
+
+def test_the_load_events_of_an_unloaded_default_end_at_once(served):
+    client, _, _ = served
+    client.post("/models/unload", json={"model": "alpha"})
+    wait_for(lambda: statuses(client)["alpha"] == {"value": "unloaded"})
+    text = client.get("/models/sse").get_data(as_text=True)
+    assert text.count("event: model_status") == 1 and '"status": "unloaded"' in text.replace(
+        '"status":"unloaded"', '"status": "unloaded"')
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'model_load_state{stage="unloaded"} 1.0' in metrics
