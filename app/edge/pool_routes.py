@@ -83,11 +83,18 @@ def health(pool: PooledModels) -> tuple[Response, int]:
                             if k not in ("name", "last_used", "expires_at") and v is not None}
                    for s in statuses},
     }
-    for name, model in body["models"].items():  # each engine process's id, while it has one
+    limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
+    for name, model in body["models"].items():  # each engine process's id, and a stall
         engine = pool.pool.engine(name)
-        pid = getattr(engine, "pid", None) if engine is not None else None
+        if engine is None:
+            continue
+        pid = getattr(engine, "pid", None)
         if isinstance(pid, int):
             model["engine_process"] = pid
+        if model["status"] == "loaded" and engine.state.ready:
+            stalled = engine.stalled(limit)  # said, not a 503: the other models serve
+            if stalled:
+                model["stalled"] = stalled
     if pool.preload_error:
         body["error"] = pool.preload_error
     hub = current_app.extensions.get("vertex_gguf_streams")
@@ -96,7 +103,6 @@ def health(pool: PooledModels) -> tuple[Response, int]:
     boot = current_app.extensions.get("vertex_gguf_boot")
     if boot is not None:
         body.update(boot.report())
-    limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
     body["prep_threads"], stall = bridge.prep_threads(limit)
     if stall and ready:
         ready = False

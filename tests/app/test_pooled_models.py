@@ -229,3 +229,12 @@ def test_the_load_events_of_an_unloaded_default_end_at_once(served):
         '"status":"unloaded"', '"status": "unloaded"')
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'model_load_state{stage="unloaded"} 1.0' in metrics
+
+
+def test_a_stalled_model_is_said_on_health_while_the_others_serve(served):
+    client, _, made = served
+    made[0].stall = "a step has run for 99 s"
+    resp = client.get("/health")
+    assert resp.status_code == 200
+    assert resp.get_json()["models"]["alpha"]["stalled"] == "a step has run for 99 s"
+    assert chat(client, "beta").status_code == 200
