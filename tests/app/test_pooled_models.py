@@ -238,3 +238,11 @@ def test_a_stalled_model_is_said_on_health_while_the_others_serve(served):
     assert resp.status_code == 200
     assert resp.get_json()["models"]["alpha"]["stalled"] == "a step has run for 99 s"
     assert chat(client, "beta").status_code == 200
+
+
+def test_a_draining_server_loads_nothing_new(served):
+    client, pool, _ = served
+    pool.drain()
+    resp = chat(client, "gamma")
+    assert resp.status_code == 503 and statuses(client)["gamma"] == {"value": "unloaded"}
+    assert client.post("/models/load", json={"model": "gamma"}).status_code == 503

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from app.base.errors import ModelNotReady
+from app.base.errors import ModelNotReady, ShuttingDown
 from app.base.threads import start_native_thread
 from app.core.models import Listed, ModelLease, Models
 from app.core.pool import ModelPool, ModelStatus, PoolEngine
@@ -117,6 +117,7 @@ class PooledModels(Models):
         self.services = {spec.name: make_service(self.engines[spec.name], spec.settings)
                          for spec in catalog.models}
         self.preload_error: str | None = None
+        self.draining = False
         self.preloaded = not any(spec.preload for spec in catalog.models)
 
     def _make(self, spec: ModelSpec, on_fatal: Callable[[str], None]) -> PoolEngine:
@@ -136,10 +137,14 @@ class PooledModels(Models):
     def lease(self, name: str | None, keep_alive: float | None = None) -> ModelLease:
         """The pool's lease (a load first when the model is not loaded: the pool's waits park
         the calling greenlet, never the hub), carrying the model's Service."""
+        if self.draining:  # SIGTERM: nothing new loads; the load balancer retries elsewhere
+            raise ShuttingDown("server is shutting down")
         held = self.pool.acquire(name, keep_alive)
         return ModelLease(self.services[held.name], held.release)
 
     def load(self, name: str | None, keep_alive: float | None = None) -> str:
+        if self.draining:
+            raise ShuttingDown("server is shutting down")
         return self.pool.load(name, keep_alive)
 
     def unload(self, name: str | None) -> str:
@@ -197,7 +202,9 @@ class PooledModels(Models):
         self.pool.shutdown()
 
     def drain(self) -> None:
-        """SIGTERM: every loaded model refuses new requests; those in flight go on."""
+        """SIGTERM: every loaded model refuses new requests, no model loads; those in flight
+        go on."""
+        self.draining = True
         for engine in self._engines():
             engine.drain()
 
