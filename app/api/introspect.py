@@ -26,6 +26,11 @@ from app.settings import Settings, max_tokens_bounds, slots_endpoint_on
 
 
 def _service() -> Service:
+    """The default model's; with several models, the one ``?model=`` names (never loaded
+    here: 503 model_not_ready while it is not)."""
+    pool = current_app.extensions.get("vertex_gguf_pool")
+    if pool is not None and request.args.get("model"):
+        return pool.service_named(request.args["model"])
     return current_app.extensions["vertex_gguf"]
 
 

@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 
 
 def _service() -> Service:
+    """The default model's; with several models, the one ``?model=`` names (never loaded
+    here: 503 model_not_ready while it is not)."""
+    pool = current_app.extensions.get("vertex_gguf_pool")
+    if pool is not None and request.args.get("model"):
+        return pool.service_named(request.args["model"])
     return current_app.extensions["vertex_gguf"]
 
 
@@ -212,6 +217,11 @@ def control() -> Response:
         raise BadRequest("'id' (the id of a running response) is required", param="id")
     if body.get("action") != "reasoning_end":
         raise BadRequest("action must be 'reasoning_end'", param="action")
+    pool = pool_routes.pooled()
+    if pool is not None:  # several models: the run is on whichever model started it
+        found = any(svc.control(body["id"], reqctx.cache_scope())
+                    for svc in pool.services.values())
+        return jsonify({"success": found})
     return jsonify({"success": _service().control(body["id"], reqctx.cache_scope())})
 
 

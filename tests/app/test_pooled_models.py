@@ -246,3 +246,16 @@ def test_a_draining_server_loads_nothing_new(served):
     resp = chat(client, "gamma")
     assert resp.status_code == 503 and statuses(client)["gamma"] == {"value": "unloaded"}
     assert client.post("/models/load", json={"model": "gamma"}).status_code == 503
+
+
+def test_the_introspection_routes_take_a_model_by_query(served):
+    client, _, _ = served
+    assert client.get("/props?model=beta").status_code == 503  # not loaded, and not loaded here
+    assert client.get("/props?model=nope").status_code == 404
+    chat(client, "beta")
+    props = client.get("/props?model=beta-alias")
+    assert props.status_code == 200
+    assert client.post("/tokenize?model=beta", json={"content": "hi"}).status_code == 200
+    assert client.post("/v1/chat/completions/control",
+                       json={"id": "chatcmpl-none", "action": "reasoning_end"}).get_json() == {
+        "success": False}

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from app.base.errors import ModelNotReady, ShuttingDown
+from app.base.errors import ModelNotFound, ModelNotReady, ShuttingDown
 from app.base.threads import start_native_thread
 from app.core.models import Listed, ModelLease, Models
 from app.core.pool import ModelPool, ModelStatus, PoolEngine
@@ -163,6 +163,15 @@ class PooledModels(Models):
             out.append(Listed(status.name, spec.aliases, status, info, spec.size,
                               spec.files[0] if spec.files else spec.source, expires))
         return out
+
+    def service_named(self, name: str) -> Service:
+        """The Service of the model ``name`` names, loaded or not (a route that takes
+        ``?model=`` and holds no lease: /props, /slots, /tokenize, /models/sse)."""
+        spec = self.catalog.get(name)
+        if spec is None:
+            raise ModelNotFound(f"The model {name[:100]!r} does not exist: the models are "
+                                f"{', '.join(self.catalog.names)}", param="model")
+        return self.services[spec.name]
 
     def canonical(self, name: str | None) -> str | None:
         spec = self.catalog.get(name)
