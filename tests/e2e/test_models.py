@@ -129,21 +129,26 @@ def test_a_killed_engine_leaves_the_other_models_stream_whole(srv, client):
     chat(client, "free")
     victim = engine_pid(srv, "free")
     assert victim != engine_pid(srv, "smol")
-    started, texts = threading.Event(), []
+    started, texts, errors = threading.Event(), [], []
 
     def stream() -> None:
-        out = client.chat.completions.create(model="smol", messages=HI, max_tokens=120,
-                                             stream=True, extra_body={"ignore_eos": True})
-        for chunk in out:
+        try:
+            out = client.chat.completions.create(model="smol", messages=HI, max_tokens=60,
+                                                 stream=True, extra_body={"ignore_eos": True})
+            for chunk in out:
+                started.set()
+                if chunk.choices and chunk.choices[0].delta.content:
+                    texts.append(chunk.choices[0].delta.content)
+        except Exception as exc:  # noqa: BLE001 - said by the assertion below
+            errors.append(repr(exc))
             started.set()
-            if chunk.choices and chunk.choices[0].delta.content:
-                texts.append(chunk.choices[0].delta.content)
 
     reader = threading.Thread(target=stream)
     reader.start()
-    assert started.wait(60)
+    assert started.wait(120)
     os.kill(victim, signal.SIGKILL)
-    reader.join(120)
-    assert not reader.is_alive() and len(texts) >= 100  # every token, no error
+    reader.join(300)
+    assert not reader.is_alive() and not errors, errors
+    assert len(texts) >= 50  # every token (a piece may hold two)
     assert chat(client, "free") is not None  # its next request waits for its restart
     assert engine_pid(srv, "free") != victim
