@@ -122,6 +122,7 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
     Service per model with its own plan options. ``on_fatal``: a preload that failed."""
     from app.base.boot import Boot
     from app.core.service import Service
+    from app.model.catalog import memory
     from app.model.catalog.pooled import PooledModels
 
     def make_service(engine: Any, settings: Settings) -> Service:
@@ -132,7 +133,10 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
         boot.record("ready", "")  # what the crash guard reads of this worker
 
     make = make_engine or (lambda settings, fatal: _engine(settings, Boot(), fatal))
-    return PooledModels(catalog, make, make_service, on_fatal=on_fatal, on_ready=on_ready)
+    room = memory.room(catalog.base, catalog.models)  # measured once, now: the room for models
+    return PooledModels(catalog, make, make_service, on_fatal=on_fatal, on_ready=on_ready,
+                        estimate=partial(memory.estimate, config_of=engine_config),
+                        budget=None if room is None else lambda: room)
 
 
 def create_app(

@@ -1,0 +1,118 @@
+"""The pool's memory budget (issue 50, docs/models.md): what each model will take, estimated
+from its GGUF header as the single-model memory check does (app.engine.memory_check), and the
+room there is for models, measured once at start.
+
+``estimate(spec, config_of)`` reads the model's own settings (its CTX_SIZE, PARALLEL, KV cache
+types, GPU_LAYERS, EMBEDDINGS, draft model, projector, LoRA adapters) and its files' headers,
+never the weights. A model whose files are not here yet (``gs://``, not downloaded) counts the
+bytes of its files as listed (``spec.size``), or nothing when that is unknown.
+
+``room(settings)`` is what is free at start less MEMORY_MARGIN_GB, capped by MEMORY_BUDGET_GB:
+the web process's own memory is used already when it is measured, and a model loaded later is
+counted by its estimate, never measured again. Host RAM needs no llama.cpp (the cgroup's room,
+MemAvailable). A GPU's free memory is ggml's, and the web process never loads llama.cpp (the
+engines run in processes of their own): where a GPU is present and a model may offload to it,
+the budget is off (MODELS_MAX alone bounds the pool) and a log line says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from app.engine import memory_budget, memory_check
+from app.engine.config import EngineConfig
+from app.model.catalog.spec import ModelSpec
+from app.model.gguf_header import GgufError, read_header, read_model
+from app.settings import Settings, lora_entries
+
+log = logging.getLogger(__name__)
+
+ConfigOf = Callable[[Settings], EngineConfig]
+
+# where a GPU shows itself without a driver library: NVIDIA's driver, AMD's ROCm
+GPU_MARKERS = ("/proc/driver/nvidia/gpus", "/dev/nvidiactl", "/dev/kfd")
+
+
+def _local(source: str | None, base: str | None = None) -> str | None:
+    """The local file ``source`` names (a path or file:// URI; relative: under ``base``), or
+    None: remote (gs://, http) or not there."""
+    if not source:
+        return None
+    if "://" in source and not source.startswith("file://"):
+        return None
+    path = Path(source[len("file://"):] if source.startswith("file://") else source)
+    if not path.is_absolute() and base is not None:
+        root = Path(base[len("file://"):] if base.startswith("file://") else base)
+        path = (root if root.is_dir() else root.parent) / path
+    return str(path) if path.is_file() else None
+
+
+def files_of(spec: ModelSpec) -> memory_check.Files | None:
+    """The headers a load of ``spec`` reads, or None when one of its files is not here."""
+    s = spec.settings
+    model = _local(spec.files[0] if spec.files else spec.source, spec.source)
+    if model is None:
+        return None
+    projector = None
+    if spec.projector and s.mmproj != "none":
+        projector = _local(spec.projector, spec.source)
+        if projector is None:
+            return None
+    draft = _local(s.draft_model) if s.draft_model else None
+    if s.draft_model and draft is None:
+        return None
+    adapters = [_local(src) for _, src, _ in lora_entries(s.lora_adapters)]
+    if any(a is None for a in adapters):
+        return None
+    return memory_check.Files(read_model(model), draft=read_model(draft) if draft else None,
+                              projector=read_header(projector) if projector else None,
+                              adapters=[read_header(a) for a in adapters if a])
+
+
+def estimate(spec: ModelSpec, config_of: ConfigOf) -> dict[str, int] | int | None:
+    """Bytes per device the model will take (the memory check's footprint of its own settings,
+    every layer on the CPU: see ``room``), else the bytes of its files, else None."""
+    s = spec.settings
+    if s.memory_check == "off":
+        return None
+    try:
+        files = files_of(spec)
+    except (GgufError, OSError, ValueError) as exc:
+        log.info("model %s: no memory estimate from its header (%s)", spec.name, exc)
+        files = None
+    if files is None:
+        return spec.size
+    fp = memory_check.footprint(config_of(s), files)
+    return {dev: fp.need(dev) for dev in fp.devices}
+
+
+def gpu_present(markers: Iterable[str] = GPU_MARKERS) -> bool:
+    return any(os.path.exists(m) for m in markers)
+
+
+def room(settings: Settings, specs: Iterable[ModelSpec] = (),
+         gpu: Callable[[], bool] = gpu_present) -> dict[str, int] | None:
+    """The bytes per device every loaded model may take together, measured now (at start);
+    None: no budget (MEMORY_CHECK=off, or a GPU this process cannot measure)."""
+    if settings.memory_check == "off":
+        log.info("memory budget: off (MEMORY_CHECK=off): MODELS_MAX alone bounds the models")
+        return None
+    if gpu() and any(spec.settings.gpu_layers != 0 for spec in specs):
+        log.warning("memory budget: off: a GPU is present and its free memory is measured "
+                    "through llama.cpp, which the web process never loads; MODELS_MAX alone "
+                    "bounds the models (each engine's own MEMORY_CHECK still runs at its load)")
+        return None
+    host = memory_budget.host()
+    budget = memory_budget.budget([host], settings.memory_margin_gb, settings.memory_budget_gb)
+    cpu = budget.of("CPU")
+    if cpu is None:
+        log.warning("memory budget: off: host memory is unknown (%s)", host.source)
+        return None
+    log.info("memory budget: CPU %.2f GiB for models (%.2f GiB free at start by %s, less "
+             "the %.2f GiB margin%s); GPUs are not counted", cpu / memory_budget.GIB,
+             host.free / memory_budget.GIB, host.source, settings.memory_margin_gb,
+             ", capped by MEMORY_BUDGET_GB" if "CPU" in budget.caps else "")
+    return {"CPU": cpu}
