@@ -8,6 +8,7 @@ in their own processes: tests/e2e/test_models.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -259,3 +260,47 @@ def test_the_introspection_routes_take_a_model_by_query(served):
     assert client.post("/v1/chat/completions/control",
                        json={"id": "chatcmpl-none", "action": "reasoning_end"}).get_json() == {
         "success": False}
+
+
+def test_the_memory_budget_evicts_for_room_and_refuses_a_model_past_it(monkeypatch):
+    """MEMORY_BUDGET_GB=CPU=1: two models of 0.6 GiB (their files' bytes: these sources are not
+    here to read) do not fit together, so the second evicts the first; one of 3 GiB never
+    fits: a 503 model_too_large naming what it needs and what is free, in each API's shape."""
+    from app.engine import memory_budget
+    from app.engine.memory_budget import GIB, Free
+
+    monkeypatch.setattr(memory_budget, "host", lambda root="/": Free(
+        "CPU", 64 * GIB, 128 * GIB, "test"))
+    monkeypatch.setattr("app.model.catalog.memory.gpu_present", lambda *a: False)
+    sizes = {"alpha": int(0.6 * GIB), "beta": int(0.6 * GIB), "gamma": 3 * GIB}
+    specs = tuple(dataclasses.replace(spec(n, preload=n == "alpha"), size=sizes[n])
+                  for n in NAMES)
+    base = Settings(memory_budget_gb="CPU=1")
+    cat = Catalog(base=base, models=specs, default="alpha", max_loaded=0, keep_alive=300.0)
+    made: list[Engine] = []
+
+    def engine(s: Settings, on_fatal: Any) -> Engine:
+        made.append(Engine(s, on_fatal))
+        return made[-1]
+
+    app = create_app(base, catalog=cat, make_engine=engine)
+    client, pool = app.test_client(), app.extensions["vertex_gguf_pool"]
+    try:
+        wait_for(lambda: client.get("/health").status_code == 200)
+        assert chat(client, "beta").status_code == 200
+        wait_for(lambda: statuses(client)["alpha"] == {"value": "unloaded"})
+        assert statuses(client)["beta"] == {"value": "loaded"}
+        assert made[0].stopped is True
+        resp = chat(client, "gamma")
+        assert resp.status_code == 503
+        err = resp.get_json()["error"]
+        assert err["code"] == "model_too_large"
+        assert "needs 3.22 GB" in err["message"] and "budget of 1.07 GB" in err["message"]
+        resp = client.post("/v1/messages", json={"model": "gamma", "max_tokens": 8,
+                                                 "messages": HI})
+        body = resp.get_json()
+        assert resp.status_code == 503 and body["type"] == "error"
+        assert "needs 3.22 GB" in body["error"]["message"]
+        assert statuses(client)["beta"] == {"value": "loaded"}  # nothing evicted for it
+    finally:
+        pool.shutdown()

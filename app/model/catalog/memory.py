@@ -94,13 +94,13 @@ def gpu_present(markers: Iterable[str] = GPU_MARKERS) -> bool:
 
 
 def room(settings: Settings, specs: Iterable[ModelSpec] = (),
-         gpu: Callable[[], bool] = gpu_present) -> dict[str, int] | None:
+         gpu: Callable[[], bool] | None = None) -> dict[str, int] | None:
     """The bytes per device every loaded model may take together, measured now (at start);
     None: no budget (MEMORY_CHECK=off, or a GPU this process cannot measure)."""
     if settings.memory_check == "off":
         log.info("memory budget: off (MEMORY_CHECK=off): MODELS_MAX alone bounds the models")
         return None
-    if gpu() and any(spec.settings.gpu_layers != 0 for spec in specs):
+    if (gpu or gpu_present)() and any(spec.settings.gpu_layers != 0 for spec in specs):
         log.warning("memory budget: off: a GPU is present and its free memory is measured "
                     "through llama.cpp, which the web process never loads; MODELS_MAX alone "
                     "bounds the models (each engine's own MEMORY_CHECK still runs at its load)")
