@@ -272,6 +272,15 @@ def test_an_unknown_footprint_is_asked_once_and_again_after_the_load():
     assert status(pool, "a")["bytes"] == 2 * GB and calls == ["a", "a"]
 
 
+def test_a_files_size_estimate_is_replaced_by_the_header_s_after_the_load():
+    answers = iter([GB, 3 * GB])  # a gs:// model: its listed size, then its downloaded header
+
+    pool = make_pool(catalog(spec("a")), Factory(), estimate=lambda s: next(answers))
+    assert status(pool, "a")["bytes"] == GB
+    use(pool, "a")
+    assert status(pool, "a")["bytes"] == 3 * GB
+
+
 def test_a_model_that_cannot_fit_even_alone_is_too_large_and_shows_failed():
     f = Factory()
     sizes = {"pinned": 6 * GB, "big": 5 * GB, "huge": 11 * GB}

@@ -60,6 +60,17 @@ def test_a_model_not_here_counts_its_files_bytes_or_nothing(tmp_path):
     assert memory.estimate(spec(str(tmp_path / "gone.gguf"), size=7), engine_config) == 7
 
 
+def test_a_gs_model_in_the_download_cache_is_read_from_there(tiny, tmp_path):
+    cached = tmp_path / "gcs" / "bucket" / "dir" / "m.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(tiny.read_bytes())
+    sp = spec("gs://bucket/dir/m.gguf", size=5, model_cache_dir=str(tmp_path))
+    fp = mc.footprint(engine_config(sp.settings), mc.Files(read_model(tiny)))
+    assert memory.estimate(sp, engine_config) == {dev: fp.need(dev) for dev in fp.devices}
+    gone = spec("gs://bucket/dir/other.gguf", size=5, model_cache_dir=str(tmp_path))
+    assert memory.estimate(gone, engine_config) == 5
+
+
 def test_a_file_that_is_no_gguf_counts_its_bytes(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf at all")

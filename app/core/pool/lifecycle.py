@@ -193,9 +193,9 @@ class Lifecycle:
             log.exception("shutting an engine down failed")
 
     def _estimate(self, e: Entry, again: bool = False) -> None:
-        """The footprint, read outside the lock (a GGUF's header): once, and ``again`` after a
-        load while unknown (a gs:// model's file is here now)."""
-        if e.need is not None or self._estimate_fn is None or (e.estimated and not again):
+        """The footprint, read outside the lock (a GGUF's header): once, and ``again`` after
+        each load (a gs:// model's file is here now: its header says more than its size)."""
+        if self._estimate_fn is None or (e.estimated and not again):
             return
         e.estimated = True
         try:

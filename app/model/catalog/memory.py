@@ -4,8 +4,10 @@ room there is for models, measured once at start.
 
 ``estimate(spec, config_of)`` reads the model's own settings (its CTX_SIZE, PARALLEL, KV cache
 types, GPU_LAYERS, EMBEDDINGS, draft model, projector, LoRA adapters) and its files' headers,
-never the weights. A model whose files are not here yet (``gs://``, not downloaded) counts the
-bytes of its files as listed (``spec.size``), or nothing when that is unknown.
+never the weights. A ``gs://`` model's files are read from the download cache (MODEL_CACHE_DIR)
+once there; a model whose files are not here yet counts the bytes of its files as listed
+(``spec.size``), or nothing when that is unknown. The pool estimates again after each load, so
+a model downloaded by its first load is counted by its header from then on.
 
 ``room(settings)`` is what is free at start less MEMORY_MARGIN_GB, capped by MEMORY_BUDGET_GB:
 the web process's own memory is used already when it is measured, and a model loaded later is
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from app.engine import memory_budget, memory_check
 from app.engine.config import EngineConfig
+from app.model import gcs, gcs_download
 from app.model.catalog.spec import ModelSpec
 from app.model.gguf_header import GgufError, read_header, read_model
 from app.settings import Settings, lora_entries
@@ -36,11 +39,18 @@ ConfigOf = Callable[[Settings], EngineConfig]
 GPU_MARKERS = ("/proc/driver/nvidia/gpus", "/dev/nvidiactl", "/dev/kfd")
 
 
-def _local(source: str | None, base: str | None = None) -> str | None:
-    """The local file ``source`` names (a path or file:// URI; relative: under ``base``), or
-    None: remote (gs://, http) or not there."""
+def _local(source: str | None, base: str | None = None, cache: Path | None = None) -> str | None:
+    """The local file ``source`` names (a path or file:// URI; relative: under ``base``; a
+    gs:// object: its copy in the cache ``cache``, once downloaded), or None: not here."""
     if not source:
         return None
+    if source.startswith("gs://") and cache is not None:
+        try:
+            bucket, name = gcs.parse_uri(source)
+            path = gcs_download.cache_path(cache, gcs.GcsObject(bucket, name, 0, 0, ""))
+        except gcs.GcsError:
+            return None
+        return str(path) if path.is_file() else None  # renamed in only once verified
     if "://" in source and not source.startswith("file://"):
         return None
     path = Path(source[len("file://"):] if source.startswith("file://") else source)
@@ -53,18 +63,19 @@ def _local(source: str | None, base: str | None = None) -> str | None:
 def files_of(spec: ModelSpec) -> memory_check.Files | None:
     """The headers a load of ``spec`` reads, or None when one of its files is not here."""
     s = spec.settings
-    model = _local(spec.files[0] if spec.files else spec.source, spec.source)
+    cache = Path(s.model_cache_dir)
+    model = _local(spec.files[0] if spec.files else spec.source, spec.source, cache)
     if model is None:
         return None
     projector = None
     if spec.projector and s.mmproj != "none":
-        projector = _local(spec.projector, spec.source)
+        projector = _local(spec.projector, spec.source, cache)
         if projector is None:
             return None
-    draft = _local(s.draft_model) if s.draft_model else None
+    draft = _local(s.draft_model, cache=cache) if s.draft_model else None
     if s.draft_model and draft is None:
         return None
-    adapters = [_local(src) for _, src, _ in lora_entries(s.lora_adapters)]
+    adapters = [_local(src, cache=cache) for _, src, _ in lora_entries(s.lora_adapters)]
     if any(a is None for a in adapters):
         return None
     return memory_check.Files(read_model(model), draft=read_model(draft) if draft else None,
