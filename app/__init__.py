@@ -133,10 +133,12 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
         boot.record("ready", "")  # what the crash guard reads of this worker
 
     make = make_engine or (lambda settings, fatal: _engine(settings, Boot(), fatal))
-    room = memory.room(catalog.base, catalog.models)  # measured once, now: the room for models
+    room = memory.measure(catalog.base, catalog.models)  # once, now: the room for models
+    budget = room.budget
     return PooledModels(catalog, make, make_service, on_fatal=on_fatal, on_ready=on_ready,
-                        estimate=partial(memory.estimate, config_of=engine_config),
-                        budget=None if room is None else lambda: room)
+                        estimate=partial(memory.estimate, config_of=engine_config,
+                                         gpus=room.gpus),
+                        budget=None if budget is None else lambda: budget)
 
 
 def create_app(

@@ -91,36 +91,60 @@ def _host(monkeypatch, free_gib: float, total_gib: float = 64) -> None:
         "CPU", int(free_gib * GIB), int(total_gib * GIB), "test"))
 
 
+def room(settings: Settings, specs=(), **kw):
+    return memory.measure(settings, specs, **kw).budget
+
+
 def test_the_room_is_free_host_memory_less_the_margin(monkeypatch):
     _host(monkeypatch, 10)
-    room = memory.room(Settings(memory_margin_gb=1.5), gpu=lambda: False)
-    assert room == {"CPU": int(8.5 * GIB)}
+    assert room(Settings(memory_margin_gb=1.5), gpu=lambda: False) == {"CPU": int(8.5 * GIB)}
 
 
 def test_memory_budget_gb_caps_the_room(monkeypatch):
     _host(monkeypatch, 10)
-    room = memory.room(Settings(memory_budget_gb="CPU=2"), gpu=lambda: False)
-    assert room == {"CPU": 2 * GIB}
+    assert room(Settings(memory_budget_gb="CPU=2"), gpu=lambda: False) == {"CPU": 2 * GIB}
 
 
 def test_memory_check_off_is_no_budget(monkeypatch):
     _host(monkeypatch, 10)
-    assert memory.room(Settings(memory_check="off"), gpu=lambda: False) is None
+    assert room(Settings(memory_check="off"), gpu=lambda: False) is None
 
 
-def test_a_gpu_the_web_process_cannot_measure_is_no_budget(monkeypatch, tiny, caplog):
+def test_a_gpu_is_read_by_a_probe_and_counted_per_device(monkeypatch, tiny):
+    _host(monkeypatch, 10)
+    gpus = [Free("CUDA0", 20 * GIB, 24 * GIB, "test")]
+    offloads = [spec(str(tiny))]
+    got = memory.measure(Settings(memory_budget_gb="CUDA0=8"), offloads, gpu=lambda: True,
+                         probe=lambda: gpus)
+    assert got.budget == {"CPU": int(9.5 * GIB), "CUDA0": 8 * GIB}
+    assert got.gpus == tuple(gpus)
+    # the estimate splits the layers over the GPUs seen, as the memory check does
+    sp = offloads[0]
+    need = memory.estimate(sp, engine_config, got.gpus)
+    files = mc.Files(read_model(tiny), gpus=("CUDA0",), gpu_free=(float(20 * GIB),))
+    fp = mc.footprint(engine_config(sp.settings), files)
+    assert need == {dev: fp.need(dev) for dev in fp.devices} and need["CUDA0"] > 0
+
+
+def test_a_gpu_that_cannot_be_read_is_no_budget(monkeypatch, tiny, caplog):
     _host(monkeypatch, 10)
     offloads = [spec(str(tiny))]
-    assert memory.room(Settings(), offloads, gpu=lambda: True) is None
-    assert "GPU" in caplog.text and "MODELS_MAX alone" in caplog.text
-    # every model on the CPU (GPU_LAYERS=0): the host's room is all that counts
+    assert room(Settings(), offloads, gpu=lambda: True, probe=lambda: None) is None
+    assert "could not be read" in caplog.text and "MODELS_MAX alone" in caplog.text
+    # every model on the CPU (GPU_LAYERS=0): no probe, the host's room is all that counts
     cpu_only = [spec(str(tiny), gpu_layers=0)]
-    assert memory.room(Settings(), cpu_only, gpu=lambda: True) == {"CPU": int(9.5 * GIB)}
+    assert room(Settings(), cpu_only, gpu=lambda: True,
+                probe=lambda: pytest.fail("probed")) == {"CPU": int(9.5 * GIB)}
 
 
 def test_unknown_host_memory_is_no_budget(monkeypatch):
     monkeypatch.setattr(memory_budget, "host", lambda root="/": Free("CPU", 0, 0, "unknown"))
-    assert memory.room(Settings(), gpu=lambda: False) is None
+    assert room(Settings(), gpu=lambda: False) is None
+
+
+def test_the_probe_process_reads_the_gpus_this_build_sees():
+    """A CPU build (this machine's) sees none; the probe imports llama.cpp in its own process."""
+    assert memory.probe_gpus() == []
 
 
 def test_the_real_host_is_read_without_llama_cpp():
@@ -129,6 +153,6 @@ def test_the_real_host_is_read_without_llama_cpp():
     import sys
 
     code = ("import sys; from app.settings import Settings; from app.model.catalog import memory; "
-            "r = memory.room(Settings(), gpu=lambda: False); "
+            "r = memory.measure(Settings(), gpu=lambda: False).budget; "
             "assert r is None or r['CPU'] >= 0; assert 'llama_cpp' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -9,23 +9,29 @@ once there; a model whose files are not here yet counts the bytes of its files a
 (``spec.size``), or nothing when that is unknown. The pool estimates again after each load, so
 a model downloaded by its first load is counted by its header from then on.
 
-``room(settings)`` is what is free at start less MEMORY_MARGIN_GB, capped by MEMORY_BUDGET_GB:
-the web process's own memory is used already when it is measured, and a model loaded later is
-counted by its estimate, never measured again. Host RAM needs no llama.cpp (the cgroup's room,
-MemAvailable). A GPU's free memory is ggml's, and the web process never loads llama.cpp (the
-engines run in processes of their own): where a GPU is present and a model may offload to it,
-the budget is off (MODELS_MAX alone bounds the pool) and a log line says so.
+``measure(settings, specs)`` is what is free at start less MEMORY_MARGIN_GB, capped by
+MEMORY_BUDGET_GB: the web process's own memory is used already when it is measured, and a model
+loaded later is counted by its estimate, never measured again. Host RAM needs no llama.cpp (the
+cgroup's room, MemAvailable). A GPU's free memory is ggml's, and the web process never loads
+llama.cpp (the engines run in processes of their own): where a GPU is present and a model may
+offload to it, a short-lived process reads it (``probe_gpus``); when that fails the budget is
+off (MODELS_MAX alone bounds the pool) and a log line says so.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine import memory_budget, memory_check
 from app.engine.config import EngineConfig
+from app.engine.memory_budget import GIB, Free
 from app.model import gcs, gcs_download
 from app.model.catalog.spec import ModelSpec
 from app.model.gguf_header import GgufError, read_header, read_model
@@ -83,9 +89,11 @@ def files_of(spec: ModelSpec) -> memory_check.Files | None:
                               adapters=[read_header(a) for a in adapters if a])
 
 
-def estimate(spec: ModelSpec, config_of: ConfigOf) -> dict[str, int] | int | None:
+def estimate(spec: ModelSpec, config_of: ConfigOf,
+             gpus: Sequence[Free] = ()) -> dict[str, int] | int | None:
     """Bytes per device the model will take (the memory check's footprint of its own settings,
-    every layer on the CPU: see ``room``), else the bytes of its files, else None."""
+    its layers split over ``gpus`` as llama.cpp would: ``Room.gpus``), else the bytes of its
+    files, else None."""
     s = spec.settings
     if s.memory_check == "off":
         return None
@@ -96,6 +104,8 @@ def estimate(spec: ModelSpec, config_of: ConfigOf) -> dict[str, int] | int | Non
         files = None
     if files is None:
         return spec.size
+    files.gpus = tuple(g.device for g in gpus)
+    files.gpu_free = tuple(float(g.free) for g in gpus)
     fp = memory_check.footprint(config_of(s), files)
     return {dev: fp.need(dev) for dev in fp.devices}
 
@@ -104,26 +114,70 @@ def gpu_present(markers: Iterable[str] = GPU_MARKERS) -> bool:
     return any(os.path.exists(m) for m in markers)
 
 
-def room(settings: Settings, specs: Iterable[ModelSpec] = (),
-         gpu: Callable[[], bool] | None = None) -> dict[str, int] | None:
-    """The bytes per device every loaded model may take together, measured now (at start);
-    None: no budget (MEMORY_CHECK=off, or a GPU this process cannot measure)."""
+# run in a process of its own: llama.cpp's ggml lists the GPUs and reads their free memory, the
+# very reading (and device names) an engine's MEMORY_CHECK uses; the web process imports none
+PROBE = ("import json; from llama_cpp import llama_cpp as ll; from app.engine import memory_budget;"
+         " ll.llama_backend_init(); gpus = memory_budget.gpus(ll) "
+         "if ll.llama_supports_gpu_offload() else []; "
+         "print(json.dumps([[g.device, g.free, g.total] for g in gpus]))")
+
+
+def probe_gpus(timeout: float = 120.0) -> list[Free] | None:
+    """Each GPU's free memory as ggml reads it, from a short-lived process (its CUDA context is
+    in use while it reads: the reading errs low by that); None: it could not tell."""
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                              timeout=timeout, check=True)
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        return [Free(str(dev), int(free), int(total), "ggml_backend_dev_memory, read at start")
+                for dev, free, total in rows]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError) as exc:
+        detail = getattr(exc, "stderr", None) or ""
+        log.warning("memory budget: the GPUs could not be read (%s) %s", exc,
+                    detail.strip().splitlines()[-1] if detail.strip() else "")
+        return None
+
+
+@dataclass(frozen=True)
+class Room:
+    """The room for models, measured at start: bytes per device (None: no budget), and the GPUs
+    seen (their free memory splits a model's layers, as llama.cpp's default split does)."""
+
+    budget: dict[str, int] | None
+    gpus: tuple[Free, ...] = ()
+
+
+def measure(settings: Settings, specs: Iterable[ModelSpec] = (),
+            gpu: Callable[[], bool] | None = None,
+            probe: Callable[[], list[Free] | None] | None = None) -> Room:
+    """What every loaded model may take together, per device, measured now (at start): host
+    memory free (the cgroup's room, MemAvailable) and, where a GPU is present and a model may
+    offload to it, each GPU's free memory read by a probe process; less MEMORY_MARGIN_GB,
+    capped by MEMORY_BUDGET_GB. No budget with MEMORY_CHECK=off, or GPUs that cannot be read."""
     if settings.memory_check == "off":
         log.info("memory budget: off (MEMORY_CHECK=off): MODELS_MAX alone bounds the models")
-        return None
+        return Room(None)
+    gpus: list[Free] = []
     if (gpu or gpu_present)() and any(spec.settings.gpu_layers != 0 for spec in specs):
-        log.warning("memory budget: off: a GPU is present and its free memory is measured "
-                    "through llama.cpp, which the web process never loads; MODELS_MAX alone "
-                    "bounds the models (each engine's own MEMORY_CHECK still runs at its load)")
-        return None
+        read = (probe or probe_gpus)()
+        if read is None:
+            log.warning("memory budget: off: a GPU is present and its free memory could not be "
+                        "read; MODELS_MAX alone bounds the models (each engine's own "
+                        "MEMORY_CHECK still runs at its load)")
+            return Room(None)
+        gpus = read
     host = memory_budget.host()
-    budget = memory_budget.budget([host], settings.memory_margin_gb, settings.memory_budget_gb)
-    cpu = budget.of("CPU")
-    if cpu is None:
+    budget = memory_budget.budget([host, *gpus], settings.memory_margin_gb,
+                                  settings.memory_budget_gb)
+    if budget.of("CPU") is None:
         log.warning("memory budget: off: host memory is unknown (%s)", host.source)
-        return None
-    log.info("memory budget: CPU %.2f GiB for models (%.2f GiB free at start by %s, less "
-             "the %.2f GiB margin%s); GPUs are not counted", cpu / memory_budget.GIB,
-             host.free / memory_budget.GIB, host.source, settings.memory_margin_gb,
-             ", capped by MEMORY_BUDGET_GB" if "CPU" in budget.caps else "")
-    return {"CPU": cpu}
+        return Room(None)
+    out = {dev: n for dev in budget.free if (n := budget.of(dev)) is not None}
+    said = "; ".join(
+        f"{dev} {out[dev] / GIB:.2f} GiB ({f.free / GIB:.2f} GiB free by {f.source}, less the "
+        f"{settings.memory_margin_gb:.2f} GiB margin"
+        f"{', capped by MEMORY_BUDGET_GB' if dev in budget.caps else ''})"
+        for dev, f in budget.free.items())
+    log.info("memory budget for models: %s%s", said,
+             "" if gpus else "; no GPU counted")
+    return Room(out, tuple(gpus))
