@@ -304,3 +304,26 @@ def test_the_memory_budget_evicts_for_room_and_refuses_a_model_past_it(monkeypat
         assert statuses(client)["beta"] == {"value": "loaded"}  # nothing evicted for it
     finally:
         pool.shutdown()
+
+
+def test_a_preload_past_the_memory_budget_is_a_start_up_error(monkeypatch):
+    from app.engine import memory_budget
+    from app.engine.memory_budget import GIB, Free
+
+    monkeypatch.setattr(memory_budget, "host", lambda root="/": Free(
+        "CPU", 64 * GIB, 128 * GIB, "test"))
+    monkeypatch.setattr("app.model.catalog.memory.gpu_present", lambda *a: False)
+    specs = (dataclasses.replace(spec("alpha", preload=True), size=3 * GIB),)
+    base = Settings(memory_budget_gb="CPU=1")
+    cat = Catalog(base=base, models=specs, default="alpha", max_loaded=0, keep_alive=300.0)
+    fatal: list[str] = []
+    app = create_app(base, catalog=cat, make_engine=lambda s, f: Engine(s, f),
+                     on_fatal=fatal.append)
+    client, pool = app.test_client(), app.extensions["vertex_gguf_pool"]
+    try:
+        wait_for(lambda: bool(fatal))
+        assert "needs 3.22 GB" in fatal[0]
+        body = client.get("/health").get_json()
+        assert client.get("/health").status_code == 503 and "needs 3.22 GB" in str(body)
+    finally:
+        pool.shutdown()
