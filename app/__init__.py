@@ -127,7 +127,7 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
 
     def make_service(engine: Any, settings: Settings) -> Service:
         return Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
-                       metrics=metrics)
+                       metrics=metrics.for_model(engine.pool_name))  # counted by model
 
     def on_ready() -> None:
         boot.record("ready", "")  # what the crash guard reads of this worker
@@ -184,8 +184,8 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    # this app's own registry: tests build many apps in one process
-    metrics = Metrics(CollectorRegistry())
+    # this app's own registry: tests build many apps in one process; labelled by model in a pool
+    metrics = Metrics(CollectorRegistry(), by_model=pooled)
     app.extensions["vertex_gguf_metrics"] = metrics
     pool = None
     if pooled:
@@ -193,7 +193,9 @@ def create_app(
         pool = _pool(catalog, make_engine, metrics, on_fatal, boot)
         app.extensions["vertex_gguf_pool"] = pool
         engine = pool.default_engine  # a view of the default model's engine, loaded or not
-    metrics.watch(engine, boot)
+        metrics.watch_pool(pool.statuses, pool.pool.engine, boot)  # every model's, by model
+    else:
+        metrics.watch(engine, boot)
     if pool is not None:
         service = pool.default_service
         served: Models = pool

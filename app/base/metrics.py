@@ -14,6 +14,13 @@ Where each figure is taken, at the narrowest point that knows it:
 
 ``api`` is the route the request came through: chat, completions, messages, responses,
 embeddings, rerank, score, predict (every Vertex AI predict call, whatever its instances are).
+
+A server of several models (``Metrics(by_model=True)``, docs/models.md) adds a ``model`` label:
+to every per-API metric (the model the request leased: a Service counts through its model's
+:class:`ModelMetrics`; a request that leased none, a 404 for an unknown model or a 401, has
+``model=""``), and to the engine gauges of every model that has an engine (:class:`PoolCollector`,
+beside each model's pool status and leases). A single-model server has no ``model`` label: its
+names and labels are as they always were.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
+from app.base import reqctx
 from app.base.errors import GenerationTimeout, ServiceError
 
 if TYPE_CHECKING:  # the core imports this module: Flask only where HTTP is
@@ -107,10 +115,14 @@ class ApiMetrics:
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, by_model: bool = False):
+        """``by_model``: several models served (a pool): every per-API metric has a ``model``
+        label after its others."""
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.by_model = by_model
         r = self.registry
-        api = ["api"]
+        tail = ["model"] if by_model else []
+        api = ["api", *tail]
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds",
             "Seconds from submitting a generation to its first token (queue and prefill "
@@ -138,17 +150,17 @@ class Metrics:
             "request's tokens so far included).", api, registry=r)
         self.requests = Counter(
             PREFIX + "requests", "HTTP requests to the generation and embedding routes, by "
-            "status code, counted when the response ends.", ["api", "status"], registry=r)
+            "status code, counted when the response ends.", ["api", "status", *tail], registry=r)
         self.finished = Counter(
             PREFIX + "request_finished", "Generations ended, by finish reason: stop, length, "
-            "tool_calls, abort (client gone), error, timeout.", ["api", "finish_reason"],
-            registry=r)
+            "tool_calls, abort (client gone), error, timeout.",
+            ["api", "finish_reason", *tail], registry=r)
         self.disconnects = Counter(
             PREFIX + "client_disconnects", "Requests whose client went away before the answer "
             "was complete (the generation is cancelled).", api, registry=r)
         self.timeouts = Counter(
             PREFIX + "timeouts", "Requests that ran past REQUEST_TIMEOUT.", api, registry=r)
-        self._apis: dict[str, ApiMetrics] = {}
+        self._apis: dict[tuple[str, str], ApiMetrics] = {}
         self._later: deque[Callable[[], None]] = deque()
 
     def later(self, update: Callable[[], None]) -> None:
@@ -170,40 +182,63 @@ class Metrics:
             except Exception:  # noqa: BLE001 - metrics never break a response
                 log.warning("metrics: a queued update failed", exc_info=True)
 
-    def api(self, label: str) -> ApiMetrics:
-        found = self._apis.get(label)
+    def _values(self, label: str, model: str | None, *more: str) -> tuple[str, ...]:
+        """A child's label values: ``model`` last where models are labelled."""
+        return (label, *more, model or "") if self.by_model else (label, *more)
+
+    def api(self, label: str, model: str | None = None) -> ApiMetrics:
+        """The children of API ``label``; ``model``: the model the request runs on (read only
+        where models are labelled)."""
+        key = (label, (model or "") if self.by_model else "")
+        found = self._apis.get(key)
         if found is None:
             finished: dict[str, Any] = {}
 
             def finish(reason: str) -> Any:
                 child = finished.get(reason)
                 if child is None:
-                    child = finished[reason] = self.finished.labels(label, reason)
+                    child = finished[reason] = self.finished.labels(
+                        *self._values(label, model, reason))
                 return child
 
-            found = self._apis[label] = ApiMetrics(
-                ttft=self.ttft.labels(label),
-                itl=self.itl.labels(label),
-                queue=self.queue.labels(label),
-                prompt_tokens=self.prompt_tokens.labels(label),
-                cached_tokens=self.cached_tokens.labels(label),
-                generation_tokens=self.generation_tokens.labels(label),
-                disconnects=self.disconnects.labels(label),
-                timeouts=self.timeouts.labels(label),
+            values = self._values(label, model)
+            found = self._apis[key] = ApiMetrics(
+                ttft=self.ttft.labels(*values),
+                itl=self.itl.labels(*values),
+                queue=self.queue.labels(*values),
+                prompt_tokens=self.prompt_tokens.labels(*values),
+                cached_tokens=self.cached_tokens.labels(*values),
+                generation_tokens=self.generation_tokens.labels(*values),
+                disconnects=self.disconnects.labels(*values),
+                timeouts=self.timeouts.labels(*values),
                 finished=finish,
                 later=self.later,
             )
         return found
 
+    def for_model(self, model: str) -> ModelMetrics:
+        """What one model's Service counts into (a pool's: each model's own)."""
+        return ModelMetrics(self, model)
+
     def request_done(self, label: str, started: float, status: int,
-                     ended: float | None = None) -> None:
-        self.e2e.labels(label).observe((ended or time.monotonic()) - started)
-        self.requests.labels(label, str(status)).inc()
+                     ended: float | None = None, model: str | None = None) -> None:
+        self.e2e.labels(*self._values(label, model)).observe(
+            (ended or time.monotonic()) - started)
+        self.requests.labels(*self._values(label, model, str(status))).inc()
 
     def watch(self, engine: Any, boot: Any = None) -> None:
         """The engine's gauges, read at each scrape; with ``boot`` (app.process.crash_guard.Boot), the
         worker deaths the master saw before this worker and whether it runs in safe mode."""
         self.registry.register(EngineCollector(engine))
+        if boot is not None:
+            self.registry.register(BootCollector(boot))
+
+    def watch_pool(self, statuses: Callable[[], list[Any]], engine_of: Callable[[str], Any],
+                   boot: Any = None) -> None:
+        """A pool's models: each one's status and leases, and the engine gauges of each that
+        has an engine, labelled by model (``statuses()``: app.core.pool.ModelStatus, every model;
+        ``engine_of(name)``: its engine now, or None)."""
+        self.registry.register(PoolCollector(statuses, engine_of))
         if boot is not None:
             self.registry.register(BootCollector(boot))
 
@@ -213,6 +248,87 @@ class Metrics:
         self.flush()
         encode, content_type = choose_encoder(accept or "")
         return Response(encode(self.registry), headers={"Content-Type": content_type})
+
+
+class ModelMetrics:
+    """One model's view of a pool's :class:`Metrics`, as a Service holds it: each API's
+    children labelled with the model; everything else is the Metrics' own."""
+
+    def __init__(self, metrics: Metrics, model: str):
+        self.metrics = metrics
+        self.model = model
+
+    def api(self, label: str, model: str | None = None) -> ApiMetrics:
+        return self.metrics.api(label, model or self.model)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.metrics, attr)
+
+
+# a pooled model's status, as the pool says it (app.core.pool.ModelStatus.status)
+POOL_STATUSES = ("loaded", "loading", "unloaded", "failed")
+
+
+class PoolCollector:
+    """A pool's models at scrape time: each model's status (one series per status, 1 for its
+    own), leases, waiting requests and estimated footprint; and the :class:`EngineCollector`
+    gauges of every model that has an engine (loading, loaded or unloading), with a ``model``
+    label added to each of their series."""
+
+    def __init__(self, statuses: Callable[[], list[Any]], engine_of: Callable[[str], Any]):
+        self.statuses = statuses
+        self.engine_of = engine_of
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        statuses = self.statuses()
+        status = GaugeMetricFamily(
+            PREFIX + "model_status", "1 for the pool status the model is in (loaded, loading, "
+            "unloaded, failed), 0 for the others.", labels=["model", "status"])
+        leases = GaugeMetricFamily(
+            PREFIX + "model_leases", "Requests holding the model (it is neither evicted nor "
+            "unloaded while any does).", labels=["model"])
+        waiting = GaugeMetricFamily(
+            PREFIX + "model_load_waiting", "Requests waiting for the model to load (or for room "
+            "to load it, or its restart).", labels=["model"])
+        unloading = GaugeMetricFamily(
+            PREFIX + "model_unloading", "1 while the model takes no new requests and unloads "
+            "once idle.", labels=["model"])
+        need = GaugeMetricFamily(
+            PREFIX + "model_estimated_bytes", "The model's estimated memory footprint (weights, "
+            "KV cache, compute buffers), where it is known.", labels=["model"])
+        for s in statuses:
+            for value in POOL_STATUSES:
+                status.add_metric([s.name, value], 1.0 if s.status == value else 0.0)
+            leases.add_metric([s.name], float(s.leases))
+            waiting.add_metric([s.name], float(s.waiting))
+            unloading.add_metric([s.name], 1.0 if s.unloading else 0.0)
+            if s.bytes is not None:
+                need.add_metric([s.name], float(s.bytes))
+        yield from (status, leases, waiting, unloading, need)
+        merged: dict[str, Metric] = {}
+        for s in statuses:
+            engine = self.engine_of(s.name)
+            if engine is None:
+                continue
+            try:
+                families = list(EngineCollector(engine).collect())
+            except Exception:  # noqa: BLE001 - an engine going away mid-scrape: the others
+                log.debug("metrics: model %s's figures unavailable", s.name, exc_info=True)
+                continue
+            for family in families:
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(family.name, family.documentation,
+                                                        family.type)
+                for sample in family.samples:
+                    into.add_sample(sample.name, {**sample.labels, "model": s.name},
+                                    sample.value)
+        yield from merged.values()
 
 
 class EngineCollector:
@@ -353,11 +469,15 @@ def install(app: Flask, metrics: Metrics, endpoints: dict[str, str]) -> None:
             return resp
         label, started = mark
         metrics.flush()
+        # the model the request leased (app.model.catalog.pooled), read at its end
+        info = reqctx.current() if metrics.by_model else None
         if resp.is_streamed:  # counted when the stream ends, however it ends
             resp.response = _on_end(resp.response, lambda: metrics.later(
-                partial(metrics.request_done, label, started, resp.status_code, time.monotonic())))
+                partial(metrics.request_done, label, started, resp.status_code, time.monotonic(),
+                        info.model if info is not None else None)))
         else:
-            metrics.request_done(label, started, resp.status_code)
+            metrics.request_done(label, started, resp.status_code,
+                                 model=info.model if info is not None else None)
         return resp
 
     app.add_url_rule("/metrics", "metrics",

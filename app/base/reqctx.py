@@ -37,6 +37,7 @@ class RequestInfo:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None
+    model: str | None = None  # the model it leased first (a server of several models)
 
 
 _current: contextvars.ContextVar[RequestInfo | None] = contextvars.ContextVar(

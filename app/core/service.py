@@ -21,7 +21,7 @@ import gevent
 from app import formats
 from app.base import bridge
 from app.base.errors import BadRequest, ClientGone, EmbeddingOnly, ModelNotFound, ModelNotReady
-from app.base.metrics import ABORT, Metrics
+from app.base.metrics import ABORT, Metrics, ModelMetrics
 from app.core.decode import ReplyStream
 from app.core.events import (
     ChoiceEnd,
@@ -68,7 +68,7 @@ def now_ns() -> int:
 
 class Service:
     def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | ModelMetrics | None = None):
         self.engine = engine
         self.metrics = metrics if metrics is not None else Metrics()  # its own registry
         self.options = options

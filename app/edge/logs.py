@@ -216,7 +216,7 @@ class RequestLog:
         if environ.get("CONTENT_LENGTH"):
             http["requestSize"] = str(environ["CONTENT_LENGTH"])
         fields: dict[str, Any] = {"httpRequest": http}
-        extra = {"api": info.api, "prompt_tokens": info.prompt_tokens,
+        extra = {"api": info.api, "model": info.model, "prompt_tokens": info.prompt_tokens,
                  "completion_tokens": info.completion_tokens,
                  "cached_tokens": info.cached_tokens, "finish_reason": info.finish_reason}
         fields.update({k: v for k, v in extra.items() if v is not None})

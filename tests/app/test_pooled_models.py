@@ -229,7 +229,7 @@ def test_the_load_events_of_an_unloaded_default_end_at_once(served):
     assert text.count("event: model_status") == 1 and '"status": "unloaded"' in text.replace(
         '"status":"unloaded"', '"status": "unloaded"')
     metrics = client.get("/metrics").get_data(as_text=True)
-    assert 'model_load_state{stage="unloaded"} 1.0' in metrics
+    assert 'model_status{model="alpha",status="unloaded"} 1.0' in metrics
 
 
 def test_a_stalled_model_is_said_on_health_while_the_others_serve(served):

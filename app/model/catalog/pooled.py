@@ -23,6 +23,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from app.base import reqctx
 from app.base.errors import ModelNotFound, ModelNotReady, ShuttingDown
 from app.base.threads import start_native_thread
 from app.core.models import Listed, ModelLease, Models
@@ -74,6 +75,11 @@ class SpecEngine:
     def __init__(self, name: str, current: Callable[[], Any]) -> None:
         self._name = name
         self._current = current
+
+    @property
+    def pool_name(self) -> str:
+        """The model's name in the catalog (what its metrics are labelled with)."""
+        return self._name
 
     @property
     def engine(self) -> Any:
@@ -140,12 +146,17 @@ class PooledModels(Models):
         if self.draining:  # SIGTERM: nothing new loads; the load balancer retries elsewhere
             raise ShuttingDown("server is shutting down")
         held = self.pool.acquire(name, keep_alive)
+        _note(held.name)
         return ModelLease(self.services[held.name], held.release)
 
     def load(self, name: str | None, keep_alive: float | None = None) -> str:
         if self.draining:
             raise ShuttingDown("server is shutting down")
-        return self.pool.load(name, keep_alive)
+        result = self.pool.load(name, keep_alive)
+        spec = self.catalog.get(name)
+        if spec is not None:
+            _note(spec.name)
+        return result
 
     def unload(self, name: str | None) -> str:
         return self.pool.unload(name)
@@ -223,3 +234,11 @@ class PooledModels(Models):
 
     def _engines(self) -> list[Any]:
         return [e for e in (self.pool.engine(n) for n in self.catalog.names) if e is not None]
+
+
+def _note(name: str) -> None:
+    """The request's model, for its metrics' and access log's ``model`` (the first it
+    leased: a predict envelope's instances may name several)."""
+    info = reqctx.current()
+    if info is not None and info.model is None:
+        info.model = name
