@@ -29,7 +29,7 @@ from app.base.errors import (
     as_service_error,
 )
 from app.base.metrics import API_LABELS
-from app.core.models import ModelLease, Models
+from app.core.models import Listed, ModelLease, Models
 from app.core.service import Service
 from app.engine.types import ModelInfo
 from app.protocol import jsonbody
@@ -120,6 +120,19 @@ def error_response(exc: BaseException,
     resp.status_code = status_of(err)
     resp.headers.update(headers_of(err))
     return resp
+
+
+def listed_item(models: Models, name: str) -> Listed | None:
+    """The model of a pool's listing that ``name`` names (a name or an alias, as a request
+    would name it), or None."""
+    canonical = models.canonical(name)
+    return next((i for i in models.listing() if i.name == canonical), None)
+
+
+def shown_name(item: Listed, asked: str) -> str:
+    """The name a card shows: the one asked for when it is one of the model's names, else
+    the model's own (an alias matched ignoring case)."""
+    return asked if asked in (item.name, *item.aliases) else item.name
 
 
 @dataclass(frozen=True)
@@ -242,6 +255,17 @@ class Api:
 
     @classmethod
     def model_card(cls, info: ModelInfo, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def listed_list(cls, items: list[Listed]) -> dict[str, Any]:
+        """A server of several models' list in this API's shape: every model, loaded or not
+        (Models.listing)."""
+        raise NotImplementedError
+
+    @classmethod
+    def listed_card(cls, item: Listed, name: str) -> dict[str, Any]:
+        """One model of such a list, under ``name`` (its name or one of its aliases)."""
         raise NotImplementedError
 
     # ---- HTTP -------------------------------------------------------------------------------

@@ -146,10 +146,12 @@ def models() -> Response:
     ``/v1/models`` beside a custom base URL), else OpenAI's. Several models: every one, with
     its status (app.edge.pool_routes)."""
     pool = pool_routes.pooled()
-    if pool is not None and speaker(request.headers) is None:
-        return pool_routes.models_list(pool)
-    info = _service().info()
     api = speaker(request.headers)
+    if pool is not None:
+        if api is None:
+            return pool_routes.models_list(pool)
+        return jsonify(api.listed_list(pool.listing()))  # every model, in its API's shape
+    info = _service().info()
     if api is not None:
         return jsonify(api.model_list(info))
     return jsonify(openai.models_list(info, _length()))
@@ -160,10 +162,12 @@ def model(model_id: str) -> Response:
     (OpenAI's card keeps the id as its id, and has LoRA adapters' cards; the others show the
     name asked for)."""
     pool = pool_routes.pooled()
-    if pool is not None and speaker(request.headers) is None:
-        return pool_routes.model_card(pool, model_id)
-    info = _service().info()
     api = speaker(request.headers)
+    if pool is not None:
+        if api is None:
+            return pool_routes.model_card(pool, model_id)
+        return _listed_card(api, pool, api.model_name(model_id))
+    info = _service().info()
     name = api.model_name(model_id) if api is not None else model_id
     if api is None and any(name == a for a, _ in info.adapters):
         return jsonify(openai.adapter_card(info, name))
@@ -178,6 +182,18 @@ def model(model_id: str) -> Response:
     if api is not None:
         return jsonify(api.model_card(info, name))
     return jsonify(openai.model_card(info, _length()))
+
+
+def _listed_card(api: Any, pool: Any, name: str) -> Response:
+    """A pool's model's card in the shape of the API the caller speaks (a 404 in its shape)."""
+    item = base.listed_item(pool, name)
+    if item is None:
+        err = ModelNotFound(f"The model {name[:100]!r} does not exist: the models are "
+                            f"{', '.join(pool.catalog.names)}", param="model")
+        resp = jsonify(api.error_body(err))
+        resp.status_code = 404
+        return resp
+    return jsonify(api.listed_card(item, base.shown_name(item, name)))
 
 
 def lora_adapters() -> Response:

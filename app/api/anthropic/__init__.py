@@ -36,6 +36,7 @@ from app.api.generation import GenerationApi
 from app.base.errors import ServiceError
 from app.core.events import Result
 from app.core.input import ChatInput
+from app.core.models import Listed
 from app.core.service import Run
 from app.engine.types import ModelInfo
 
@@ -93,6 +94,14 @@ class Messages(GenerationApi):
     @classmethod
     def model_card(cls, info: ModelInfo, name: str) -> dict[str, Any]:
         return models.model_card(info, name)
+
+    @classmethod
+    def listed_list(cls, items: list[Listed]) -> dict[str, Any]:
+        return models.listed_models(items)
+
+    @classmethod
+    def listed_card(cls, item: Listed, name: str) -> dict[str, Any]:
+        return models.listed_card(item, name)
 
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, MessageReq]:
         req = parse(MessagesRequest, body)

@@ -18,7 +18,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from app.api.base import Facts, read_body
+from app.api.base import Facts, listed_item, read_body, shown_name
 from app.api.embeddings import EmbeddingApi
 from app.api.gemini import parsing
 from app.api.gemini.stream import Chunks, error_body, whole
@@ -27,6 +27,7 @@ from app.base.errors import BadRequest, ModelNotFound, ServiceError
 from app.core.embed import EmbedInput, EmbedResult, Vector
 from app.core.events import Result
 from app.core.input import ChatInput
+from app.core.models import Listed
 from app.core.service import Run
 from app.engine.types import ModelInfo
 from app.protocol.sse import HEADERS
@@ -51,18 +52,26 @@ def named_model(body: Any, params: Mapping[str, Any]) -> str:
     return model_of(str(raw or ""))
 
 
-def card(info: ModelInfo, name: str) -> dict[str, Any]:
-    """A model as the Gemini API describes one."""
-    return {"name": f"models/{name}", "baseModelId": name, "version": "001",
-            "displayName": name, "description": f"{name}, served by vertex-gguf",
-            "inputTokenLimit": info.n_ctx, "outputTokenLimit": info.n_ctx,
-            "supportedGenerationMethods": ["generateContent", "streamGenerateContent",
-                                           "countTokens", "embedContent",
-                                           "batchEmbedContents"]}
+def card(info: ModelInfo | None, name: str) -> dict[str, Any]:
+    """A model as the Gemini API describes one; without its ModelInfo (a pool's model that is
+    not loaded) its token limits are not known, and not said."""
+    out: dict[str, Any] = {"name": f"models/{name}", "baseModelId": name, "version": "001",
+                           "displayName": name, "description": f"{name}, served by vertex-gguf"}
+    if info is not None:
+        out["inputTokenLimit"] = out["outputTokenLimit"] = info.n_ctx
+    out["supportedGenerationMethods"] = ["generateContent", "streamGenerateContent",
+                                         "countTokens", "embedContent", "batchEmbedContents"]
+    return out
 
 
 def models_list(info: ModelInfo) -> dict[str, Any]:
     return {"models": [card(info, n) for n in info.names]}
+
+
+def listed_models(items: list[Listed]) -> dict[str, Any]:
+    """Every model of a pool, loaded or not, one entry per name it answers to."""
+    return {"models": [card(item.info, name) for item in items
+                       for name in (item.name, *item.aliases)]}
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -111,6 +120,14 @@ class Gemini(GenerationApi):
     @classmethod
     def model_card(cls, info: ModelInfo, name: str) -> dict[str, Any]:
         return card(info, name)
+
+    @classmethod
+    def listed_list(cls, items: list[Listed]) -> dict[str, Any]:
+        return listed_models(items)
+
+    @classmethod
+    def listed_card(cls, item: Listed, name: str) -> dict[str, Any]:
+        return card(item.info, name)
 
     def looks_like(self, body: dict[str, Any]) -> bool:
         return "contents" in body
@@ -193,11 +210,18 @@ class Gemini(GenerationApi):
         return jsonify({"totalTokens": count})
 
     def models_view(self) -> Response:
+        if self.models.pooled:  # several models: every one, loaded or not
+            return jsonify(self.listed_list(self.models.listing()))
         return jsonify(self.model_list(self.models.default_service.info()))
 
     def model_view(self, model: str) -> Response:
-        info = self.models.default_service.info()
         name = self.model_name(model)
+        if self.models.pooled:
+            item = listed_item(self.models, name)
+            if item is None:
+                raise ModelNotFound(f"models/{name} is not found")
+            return jsonify(self.listed_card(item, shown_name(item, name)))
+        info = self.models.default_service.info()
         if name not in info.names:
             raise ModelNotFound(f"models/{name} is not found")
         return jsonify(self.model_card(info, name))
