@@ -78,6 +78,7 @@ def test_geminis_card_answers_for_any_model_and_alias():
             missing = client.get(path, headers=headers)
             assert missing.status_code == 404, path
             assert missing.get_json()["error"]["status"] == "NOT_FOUND"
+            assert "alpha, beta, gamma" in missing.get_json()["error"]["message"], path
         assert statuses(client)["gamma"] == "unloaded"
     finally:
         pool.shutdown()

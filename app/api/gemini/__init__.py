@@ -219,7 +219,8 @@ class Gemini(GenerationApi):
         if self.models.pooled:
             item = listed_item(self.models, name)
             if item is None:
-                raise ModelNotFound(f"models/{name} is not found")
+                names = ", ".join(i.name for i in self.models.listing())
+                raise ModelNotFound(f"models/{name} is not found: the models are {names}")
             return jsonify(self.listed_card(item, shown_name(item, name)))
         info = self.models.default_service.info()
         if name not in info.names:
