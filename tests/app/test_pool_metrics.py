@@ -6,6 +6,7 @@ model that has an engine carry its name. A single-model server has no ``model`` 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -133,3 +134,17 @@ def test_a_single_model_server_has_no_model_label():
     assert value(s, P + "slots_total") > 0
     assert not [k for k in s if "model" in dict(k[1])]
     assert not [k for k in s if k[0].startswith((P + "model_status", P + "model_leases"))]
+
+
+def test_the_access_log_names_the_model(caplog):
+    client, pool = served()
+    try:
+        with caplog.at_level(logging.INFO, logger="vertex_gguf.access"):
+            chat(client, "beta-alias").close()  # the access line is written at the close
+            chat(client, "delta").close()
+        lines = [r for r in caplog.records if r.name == "vertex_gguf.access"]
+        assert "model=beta" in lines[-2].getMessage()
+        assert lines[-2].json_fields["model"] == "beta"
+        assert "model=" not in lines[-1].getMessage()  # leased none
+    finally:
+        pool.shutdown()
