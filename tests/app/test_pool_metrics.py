@@ -7,10 +7,13 @@ model that has an engine carry its name. A single-model server has no ``model`` 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.base.metrics import PoolCollector
 from app.engine.fake import FakeEngine
 from tests.support.app import make_client
 from tests.support.pooled_app import HI, chat, served, wait_for
@@ -148,3 +151,23 @@ def test_the_access_log_names_the_model(caplog):
         assert "model=" not in lines[-1].getMessage()  # leased none
     finally:
         pool.shutdown()
+
+
+def test_an_engines_counters_keep_their_type_and_names_under_the_model_label():
+    class Drafting(FakeEngine):
+        def stats(self) -> dict[str, int]:
+            return {"waiting": 1, "draft_tokens": 10, "draft_tokens_accepted": 7}
+
+    engine = Drafting()
+    models = [SimpleNamespace(name=n, status=s, leases=0, waiting=0, unloading=False, bytes=b)
+              for n, s, b in (("a", "loaded", 5), ("b", "unloaded", None))]
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(lambda: models, lambda n: engine if n == "a" else None))
+    text = generate_latest(registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families[P + "spec_draft_tokens"].type == "counter"
+    assert 'vertex_gguf_spec_draft_tokens_total{model="a"} 10.0' in text
+    assert 'vertex_gguf_spec_draft_tokens_accepted_total{model="a"} 7.0' in text
+    assert 'vertex_gguf_num_requests_waiting{model="a"} 1.0' in text
+    assert 'vertex_gguf_model_estimated_bytes{model="a"} 5.0' in text
+    assert 'model="b"' not in text.split(P + "model_estimated_bytes gauge")[1]
