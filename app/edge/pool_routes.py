@@ -69,11 +69,12 @@ def item_settings(name: str) -> Any:
         "vertex_gguf_settings"]
 
 
-def health(pool: PooledModels) -> tuple[Response, int]:
+def health(pool: PooledModels, server_facts: dict[str, Any]) -> tuple[Response, int]:
     """200 once every preloaded model is loaded (Vertex AI and Cloud Run route traffic only
     then), 503 before, and when a preload failed or the web process's preparation threads are
-    stuck; every model's status in the body. A model that failed or restarts after a crash
-    later is its own requests' error, not the server's: health stays 200 for the others."""
+    stuck; every model's status in the body, then ``server_facts`` (routes._server_facts).
+    A model that failed or restarts after a crash later is its own requests' error, not the
+    server's: health stays 200 for the others."""
     statuses = pool.statuses()
     ready = pool.ready()
     body: dict[str, Any] = {
@@ -97,12 +98,7 @@ def health(pool: PooledModels) -> tuple[Response, int]:
                 model["stalled"] = stalled
     if pool.preload_error:
         body["error"] = pool.preload_error
-    hub = current_app.extensions.get("vertex_gguf_streams")
-    if hub is not None:
-        body["streams"] = hub.stats()
-    boot = current_app.extensions.get("vertex_gguf_boot")
-    if boot is not None:
-        body.update(boot.report())
+    body.update(server_facts)
     body["prep_threads"], stall = bridge.prep_threads(limit)
     if stall and ready:
         ready = False

@@ -38,13 +38,27 @@ def _service() -> Service:
 _last_stall_log = [0.0]
 
 
+def _server_facts() -> dict[str, Any]:
+    """What health says of this web process whatever its models: the resumable streams, and
+    earlier workers' deaths and safe mode (app.process.crash_guard; absent when nothing
+    happened)."""
+    facts: dict[str, Any] = {}
+    hub = current_app.extensions.get("vertex_gguf_streams")
+    if hub is not None:
+        facts["streams"] = hub.stats()
+    boot = current_app.extensions.get("vertex_gguf_boot")
+    if boot is not None:
+        facts.update(boot.report())
+    return facts
+
+
 def health() -> tuple[Response, int]:
     """200 once the model is ready; 503 while loading, and when the engine is stuck (a step or
     a request's preparation running past WATCHDOG_SECONDS, or every request-preparation thread
     held that long), so the platform restarts it. Several models: app.edge.pool_routes."""
     pool = pool_routes.pooled()
     if pool is not None:
-        return pool_routes.health(pool)
+        return pool_routes.health(pool, _server_facts())
     engine = _service().engine
     state = engine.state
     body = state.snapshot()
@@ -63,13 +77,7 @@ def health() -> tuple[Response, int]:
     embedder = getattr(engine, "embedder", None)
     if embedder is not None:
         body["embeddings"] = embedder.stats()
-    hub = current_app.extensions.get("vertex_gguf_streams")
-    if hub is not None:
-        body["streams"] = hub.stats()
-    # earlier workers' deaths and safe mode (app.process.crash_guard): absent when nothing happened
-    boot = current_app.extensions.get("vertex_gguf_boot")
-    if boot is not None:
-        body.update(boot.report())
+    body.update(_server_facts())
     ok = state.ready
     limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
     body["prep_threads"], pool_stall = bridge.prep_threads(limit)  # stray: callers had a 503
