@@ -32,6 +32,7 @@ class EngineConfig:
     sleep_idle_seconds: float
     parallel: int
     prefill_chunk: int
+    warm_up: Literal["auto", "full", "light"]  # auto, in the engine: full
     served_model_name: str | None
     model_tags: str | None
     max_prompt_bytes: int  # 0: context x longest token

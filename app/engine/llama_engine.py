@@ -399,7 +399,7 @@ class LlamaEngine:
         sched, info = self._sched, self._info
         assert sched is not None  # a generative model has a context
         warm_up(sched, self._m.tok, self.config.parallel, self.config.prefill_chunk,
-                self._enter, self._step_once)
+                self._enter, self._step_once, light=self.config.warm_up == "light")
         opening = self.config.opening
         if opening is not None and info is not None:
             prime(lambda: opening(info), self._enter, self._step_once)

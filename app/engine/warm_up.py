@@ -19,26 +19,29 @@ log = logging.getLogger(__name__)
 
 
 def warm_up(sched: Scheduler, tok: Tokenizer, parallel: int, prefill_chunk: int,
-            enter: Callable[[Job], None], step: Callable[[], object]) -> None:
+            enter: Callable[[Job], None], step: Callable[[], object],
+            light: bool = False) -> None:
     """Run what the first burst of requests will: a full prefill chunk, then every slot
     generating in one batch (llama.cpp sizes its buffers and the OS maps the KV cache's pages
-    on first use, which the first burst paid for before). Its KV is dropped after: no prompt
-    will reuse it. Raises ModelLoadError when it fails."""
+    on first use, which the first burst paid for before). ``light`` (WARM_UP=light, and a
+    model loaded on demand): one short prompt and one token, which proves the model
+    generates and leaves the rest to the request waiting for it. Its KV is dropped after: no
+    prompt will reuse it. Raises ModelLoadError when it fails."""
     events: list[Event] = []
     # a prompt must leave room in its slot's context for the 4 tokens it generates: a
     # PREFILL_CHUNK larger than CTX_SIZE is a valid setting (the chunk is a step's budget
     # across slots), and once made the warm-up itself overflow and the load fail
     room = max(1, sched.n_ctx - 8)
-    size = min(prefill_chunk, room)
+    size = min(8 if light else prefill_chunk, room)
     text = "The quick brown fox jumps over the lazy dog. " * (size // 4 + 1)
     long = tok.tokens(text, add_bos=tok.add_bos)[:size]
     jobs = []
-    for i in range(parallel):
+    for i in range(1 if light else parallel):
         prompt = tuple(long) if i == 0 else tuple(long[: min(8 + i, room)])
         # the last slot samples under a grammar, through its slow path: the first grammar
         # request after ready then pays no first-use cost (imports, buffers) of its own
-        grammar = '"zq" [a-z]*' if i == parallel - 1 else None
-        params = SamplingParams(max_tokens=4, temperature=0.0,
+        grammar = '"zq" [a-z]*' if i == parallel - 1 and not light else None
+        params = SamplingParams(max_tokens=1 if light else 4, temperature=0.0,
                                 grammar=f"root ::= {grammar}" if grammar else None)
         job = Job(request=GenerationRequest(prompt, params, cache_prompt=False),
                   sink=events.append)

@@ -183,6 +183,17 @@ class LlamaSettings(BaseModel):
         le=65536,
         **env("PREFILL_CHUNK"),
     )
+    warm_up: Literal["auto", "full", "light"] = Field(
+        "auto",
+        description="What a load runs before the model is ready. full: a whole PREFILL_CHUNK "
+        "prompt and every slot generating, so the first burst of requests pays no first-use "
+        "cost (buffers sized, pages mapped; on a CPU the prompt alone costs a fraction of a "
+        "second); light: one short prompt and one token, which proves the model generates "
+        "and keeps short the wait of the request that asked for the model (llama-server's "
+        "warm-up is as light). auto: full for a model loaded before the server is ready "
+        "(MODEL, MODELS_PRELOAD), light for one loaded on demand by a request.",
+        **env("WARM_UP"),
+    )
     max_queue: int = Field(
         64,
         description="Requests that may wait while every slot is busy; past it, 429.",

@@ -111,6 +111,34 @@ def test_a_request_loads_the_model_it_names(served):
     assert card["id"] == "beta" and card["meta"]["n_ctx"] and card["aliases"][0] == "beta"
 
 
+def test_a_preload_warms_up_fully_and_a_model_a_request_waits_for_lightly(served):
+    """WARM_UP=auto: nothing waits on a preload (health says 503 until it is done), a
+    request waits on an on-demand load: a light warm-up keeps that wait short."""
+    client, _, made = served
+    assert chat(client, "beta").status_code == 200
+    assert {e.settings.served_model_name.split(",")[0]: e.settings.warm_up
+            for e in made} == {"alpha": "full", "beta": "light"}
+
+
+def test_a_warm_up_a_models_settings_name_is_kept():
+    specs = (spec("alpha", preload=True),
+             dataclasses.replace(spec("gamma"), settings=Settings(
+                 served_model_name="gamma", warm_up="full")))
+    cat = Catalog(base=Settings(), models=specs, default="alpha", max_loaded=0,
+                  keep_alive=300.0)
+    made: list[Engine] = []
+    app = create_app(Settings(), catalog=cat,
+                     make_engine=lambda s, fatal: made.append(Engine(s, fatal)) or made[-1])
+    app.testing = True
+    client, pool = app.test_client(), app.extensions["vertex_gguf_pool"]
+    try:
+        wait_for(lambda: client.get("/health").status_code == 200)
+        assert chat(client, "gamma").status_code == 200
+        assert [e.settings.warm_up for e in made] == ["full", "full"]
+    finally:
+        pool.shutdown()
+
+
 def test_an_unknown_model_is_a_404_naming_the_models(served):
     client, _, _ = served
     resp = chat(client, "delta")

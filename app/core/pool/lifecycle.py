@@ -48,7 +48,7 @@ class Lifecycle:
                  clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[[Callable[[], None]], Any] = start_native_thread,
                  max_waiters: int = 64, wait_timeout: float = 300.0, retry_after: int = 5,
-                 load_timeout: float | None = None, poll: float = 0.1) -> None:
+                 load_timeout: float | None = None, poll: float = 0.02) -> None:
         self.catalog = catalog
         self._make = make
         self._estimate_fn = estimate

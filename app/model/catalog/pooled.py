@@ -127,9 +127,13 @@ class PooledModels(Models):
         self.preloaded = not any(spec.preload for spec in catalog.models)
 
     def _make(self, spec: ModelSpec, on_fatal: Callable[[str], None]) -> PoolEngine:
-        """The model's engine: in its own process, whatever ENGINE_PROCESS says."""
-        return self._make_engine(spec.settings.model_copy(update={"engine_process": "on"}),
-                                 on_fatal)
+        """The model's engine: in its own process, whatever ENGINE_PROCESS says. WARM_UP=auto:
+        a full warm-up while the preloads load (no request waits: the server is not ready
+        yet), a light one once a request is what asks for the model (it waits for the load)."""
+        update: dict[str, Any] = {"engine_process": "on"}
+        if spec.settings.warm_up == "auto":
+            update["warm_up"] = "light" if self.preloaded else "full"
+        return self._make_engine(spec.settings.model_copy(update=update), on_fatal)
 
     # ---- the Models seam ------------------------------------------------------------------
     @property
