@@ -72,7 +72,8 @@ def item_settings(name: str) -> Any:
 def health(pool: PooledModels, server_facts: dict[str, Any]) -> tuple[Response, int]:
     """200 once every preloaded model is loaded (Vertex AI and Cloud Run route traffic only
     then), 503 before, and when a preload failed or the web process's preparation threads are
-    stuck; every model's status in the body, then ``server_facts`` (routes._server_facts).
+    stuck; every model's status in the body (in safe mode, what it changed of the model's own
+    settings), then ``server_facts`` (routes._server_facts).
     A model that failed or restarts after a crash later is its own requests' error, not the
     server's: health stays 200 for the others."""
     statuses = pool.statuses()
@@ -84,6 +85,11 @@ def health(pool: PooledModels, server_facts: dict[str, Any]) -> tuple[Response, 
                             if k not in ("name", "last_used", "expires_at") and v is not None}
                    for s in statuses},
     }
+    safe = server_facts.get("safe_mode")
+    for spec in pool.catalog.models:  # safe mode: what it changed of each model's settings
+        if safe is not None and spec.safe_mode:
+            body["models"][spec.name]["safe_mode"] = {"reason": safe["reason"],
+                                                      "changed": dict(spec.safe_mode)}
     limit = current_app.extensions["vertex_gguf_settings"].watchdog_seconds
     for name, model in body["models"].items():  # each engine process's id, and a stall
         engine = pool.pool.engine(name)

@@ -377,5 +377,12 @@ def apply_safe_mode(settings: Any, boot: Boot) -> Any:
     return settings.model_copy(update=changes) if changes else settings
 
 
+def apply_safe_mode_to_models(catalog: Any, boot: Boot) -> Any:
+    """Several models (an app.model.catalog Catalog): a worker in safe mode starts each
+    model's engine process in safe mode too, each model by the rule above applied to its own
+    settings (the risky settings its preset and the environment left at auto)."""
+    return catalog.in_safe_mode(safe_changes) if boot.safe_reason else catalog
+
+
 def _settings_text(changes: dict[str, str]) -> str:
     return ", ".join(f"{k.upper()}={v}" for k, v in changes.items()) or "nothing to change"

@@ -10,7 +10,7 @@ from gunicorn.app.base import BaseApplication
 from app.base import cxx_runtime
 from app.base.boot import Boot
 from app.edge import auth
-from app.process.crash_guard import CrashGuard, apply_safe_mode
+from app.process.crash_guard import CrashGuard, apply_safe_mode, apply_safe_mode_to_models
 from app.process.gunicorn_conf import exit_worker_on_load_failure, options
 from app.settings import Settings
 
@@ -39,7 +39,7 @@ class Server(BaseApplication):
         if self.catalog is not None:
             return create_app(settings, engine=self.make_engine(settings, boot),
                               on_fatal=exit_worker_on_load_failure, boot=boot,
-                              catalog=self.catalog)
+                              catalog=apply_safe_mode_to_models(self.catalog, boot))
         return create_app(settings, engine=self.make_engine(settings, boot),
                           on_fatal=exit_worker_on_load_failure, boot=boot)
 

@@ -2,7 +2,7 @@
 app.process.wsgi:app``. Settings come from the environment."""
 
 from app import create_app
-from app.process.crash_guard import apply_safe_mode
+from app.process.crash_guard import apply_safe_mode, apply_safe_mode_to_models
 from app.process.gunicorn_conf import exit_worker_on_load_failure, shared_guard
 from app.settings import Settings
 from app.settings.models import catalog_settings_set, not_served_yet
@@ -19,7 +19,7 @@ if catalog_settings_set(_settings):  # several models (docs/models.md)
     except CatalogError as exc:
         raise SystemExit(f"vertex-gguf: {exc}") from None
     app = create_app(apply_safe_mode(_settings, _boot), on_fatal=exit_worker_on_load_failure,
-                     boot=_boot, catalog=_catalog)
+                     boot=_boot, catalog=apply_safe_mode_to_models(_catalog, _boot))
 else:
     app = create_app(apply_safe_mode(_settings, _boot), on_fatal=exit_worker_on_load_failure,
                      boot=_boot)

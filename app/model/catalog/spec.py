@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from app.settings import Settings
 
@@ -35,6 +36,9 @@ class ModelSpec:
     keep_alive: float = 300.0  # seconds after its last request before it unloads; inf: never
     preset_keys: tuple[str, ...] = ()  # the preset keys applied to it, as written
     note: str = ""  # a remark for people (the embedded default model not yet fetched)
+    # what safe mode changed of ``settings`` (a worker died while loading: app.process
+    # .crash_guard); /props and /health say it per model
+    safe_mode: dict[str, str] = field(default_factory=dict)
 
     @property
     def role(self) -> str:
@@ -63,7 +67,8 @@ class Catalog:
     keep_alive: float  # KEEP_ALIVE, the default of every model
     cache_max_bytes: int | None = None  # MODEL_CACHE_MAX_GB
     single: bool = False
-    _by_name: dict[str, ModelSpec] = field(default_factory=dict, repr=False, compare=False)
+    _by_name: dict[str, ModelSpec] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     def __post_init__(self) -> None:
         for spec in self.models:
@@ -81,3 +86,15 @@ class Catalog:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(spec.name for spec in self.models)
+
+    def in_safe_mode(self, changes_of: Callable[[Settings], dict[str, str]]) -> Catalog:
+        """The catalog with what ``changes_of`` says safe mode changes applied to every
+        model's own settings (its engine process starts from them) and to the base, each
+        model's changes kept on its spec."""
+        models = []
+        for spec in self.models:
+            changes = changes_of(spec.settings)
+            models.append(replace(spec, settings=spec.settings.model_copy(update=changes),
+                                  safe_mode=changes) if changes else spec)
+        base = self.base.model_copy(update=changes_of(self.base))
+        return replace(self, base=base, models=tuple(models))
