@@ -34,8 +34,26 @@ def _service() -> Service:
     return current_app.extensions["vertex_gguf"]
 
 
-def _settings() -> Settings:
-    return current_app.extensions["vertex_gguf_settings"]
+def _model() -> tuple[Service, Settings, dict[str, str] | None]:
+    """The Service and Settings of the model the request names: with several models the one
+    ``?model=`` names (else the default model), each with the settings of its own preset, and
+    what safe mode changed of them; with one, the server's (None: no model of its own)."""
+    pool = current_app.extensions.get("vertex_gguf_pool")
+    if pool is None:
+        return (current_app.extensions["vertex_gguf"],
+                current_app.extensions["vertex_gguf_settings"], None)
+    spec = pool.spec_named(request.args.get("model") or None)
+    return pool.service_named(spec.name), spec.settings, spec.safe_mode
+
+
+def _boot_report(safe_mode: dict[str, str] | None) -> dict[str, Any]:
+    """Earlier workers' deaths and safe mode; a pool's model: what safe mode changed of its
+    own settings."""
+    boot = current_app.extensions.get("vertex_gguf_boot")
+    report = boot.report() if boot is not None else {}
+    if safe_mode is not None and "safe_mode" in report:
+        report["safe_mode"] = {**report["safe_mode"], "changed": dict(safe_mode)}
+    return report
 
 
 def _off_hub(svc: Service, answer: Callable[[], dict[str, Any]]) -> Response:
@@ -132,14 +150,14 @@ def detokenize() -> Response:
 
 
 def props() -> Response:
-    svc = _service()
+    """llama-server's /props, for the model ``?model=`` names: its own settings (context,
+    slots, GPU layers, formats, defaults...), not the server's."""
+    svc, settings, safe_mode = _model()
     info = svc.info()
     total = len(svc.engine.slots())
-    boot = current_app.extensions.get("vertex_gguf_boot")
-    settings = _settings()
     length = max_tokens_bounds(settings)
     body = introspect.props(info, openai.model_meta(info, length), total, settings,
-                            boot.report() if boot is not None else {})
+                            _boot_report(safe_mode))
     # how replies are read: the tool-call format and thought syntax, the control tokens
     body["formats"] = formats.summary(info.chat_template, info.control_texts,
                                       settings.tool_format, settings.reasoning_format)
@@ -152,9 +170,9 @@ def props() -> Response:
 def slots() -> Response:
     """Each slot's state; a 501 when SLOTS_ENDPOINT is off (llama-server's --no-slots), a 503
     with ``?fail_on_no_slot`` when every slot is busy (as llama-server's)."""
-    if not slots_endpoint_on(_settings()):
+    svc, settings, _ = _model()
+    if not slots_endpoint_on(settings):
         raise NotSupported("This server does not support slots endpoint (SLOTS_ENDPOINT is off)")
-    svc = _service()
     svc.info()
     rows = svc.engine.slots()
     if "fail_on_no_slot" in request.args and all(r["is_processing"] for r in rows):

@@ -179,14 +179,21 @@ class PooledModels(Models):
                               spec.files[0] if spec.files else spec.source, expires))
         return out
 
-    def service_named(self, name: str) -> Service:
-        """The Service of the model ``name`` names, loaded or not (a route that takes
-        ``?model=`` and holds no lease: /props, /slots, /tokenize, /models/sse)."""
+    def service_named(self, name: str | None) -> Service:
+        """The Service of the model ``name`` names (None: the default), loaded or not (a route
+        that takes ``?model=`` and holds no lease: /props, /slots, /tokenize, /models/sse)."""
+        return self.services[self.spec_named(name).name]
+
+    def spec_named(self, name: str | None) -> ModelSpec:
+        """The catalog's entry for the model ``name`` names (None: the default): its own
+        settings, which /props and /slots show rather than the server's; a 404 naming the
+        models for a name none answers to."""
         spec = self.catalog.get(name)
         if spec is None:
+            assert name is not None
             raise ModelNotFound(f"The model {name[:100]!r} does not exist: the models are "
                                 f"{', '.join(self.catalog.names)}", param="model")
-        return self.services[spec.name]
+        return spec
 
     def canonical(self, name: str | None) -> str | None:
         spec = self.catalog.get(name)
