@@ -3,11 +3,13 @@ process: the default model (pinned, preloaded), the near-free model (bench/gpu/m
 shape on the default model's vocabulary) and a tiny embedding model, with MODELS_MAX=2.
 Loading on demand, the openai client switching models per request, an unknown model's 404,
 eviction of the least recently used idle model and never the pinned one, llama-server's
-router routes, Ollama's ps, keep_alive 0 and empty requests, and a model's engine process
-killed while another model streams. The in-process tier: tests/app/test_pooled_models.py."""
+router routes, Ollama's ps, keep_alive 0 and empty requests, /props of each model (its own
+preset's context), and a model's engine process killed (SIGKILL) or crashed (SIGSEGV) mid-stream
+while another model streams. The in-process tier: tests/app/test_pooled_models.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -38,7 +40,8 @@ def srv(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Server
                        capture_output=True, timeout=120)
     embed = build_tiny_bert(folder / "embed.gguf")
     preset = folder / "models.ini"
-    preset.write_text("[smol]\npin = true\naliases = smol-chat\n\n[embed]\nembeddings = only\n")
+    preset.write_text("[smol]\npin = true\naliases = smol-chat\n\n[free]\nctx-size = 256\n\n"
+                      "[embed]\nembeddings = only\n")
     env = {"MODELS": f"smol={default_model},free={free},embed={embed}",
            "MODELS_PRESET": str(preset), "MODELS_MAX": "2", "CTX_SIZE": "512", "PARALLEL": "2"}
     with running_server(env) as server:
@@ -125,15 +128,41 @@ def test_ollama_ps_keep_alive_0_and_empty_requests(srv):
     assert wait_for(lambda: "free" not in loaded(srv), 60, "free unloaded")
 
 
-def test_a_killed_engine_leaves_the_other_models_stream_whole(srv, client):
+def test_props_shows_the_named_models_own_preset(srv, client):
+    chat(client, "free")  # loaded: /props never loads a model
+    free = requests.get(srv.url("/props?model=free"), timeout=30).json()
+    assert free["model_alias"] == "free"
+    assert free["n_ctx"] == 256 and free["settings"]["ctx_size"] == 256  # its preset's
+    smol = requests.get(srv.url("/props"), timeout=30).json()  # the default model's
+    assert smol["model_alias"] == "smol"
+    assert smol["n_ctx"] == 512 and smol["settings"]["ctx_size"] == 512  # CTX_SIZE's
+
+
+def stream_raw(srv: ServerProcess, model: str, n: int) -> Any:
+    """A chat stream's SSE lines, read as they come (the error event in OpenAI's shape)."""
+    resp = requests.post(srv.url("/v1/chat/completions"), stream=True, timeout=120, json={
+        "model": model, "messages": HI, "max_tokens": n, "stream": True, "ignore_eos": True})
+    assert resp.status_code == 200
+    return resp.iter_lines(decode_unicode=True)
+
+
+@pytest.mark.parametrize(("sig", "said"), [(signal.SIGKILL, "was killed (SIGKILL"),
+                                           (signal.SIGSEGV, "died from SIGSEGV")])
+def test_a_killed_engine_leaves_the_other_models_stream_whole(srv, client, sig, said):
+    """A model's engine process dies (killed, or a native crash) with a request of its own
+    in flight while another model streams: that request ends with its error event, the other
+    stream ends whole, and the dead model's next request waits for its new engine process.
+    The victim is the real model (smol), slow enough to be mid-stream when it dies."""
     chat(client, "free")
-    victim = engine_pid(srv, "free")
-    assert victim != engine_pid(srv, "smol")
+    victim, other = engine_pid(srv, "smol"), engine_pid(srv, "free")
+    assert victim != other
+    lines = stream_raw(srv, "smol", 400)
+    assert next(line for line in lines if line.startswith("data: {"))  # smol is streaming
     started, texts, errors = threading.Event(), [], []
 
     def stream() -> None:
         try:
-            out = client.chat.completions.create(model="smol", messages=HI, max_tokens=60,
+            out = client.chat.completions.create(model="free", messages=HI, max_tokens=200,
                                                  stream=True, extra_body={"ignore_eos": True},
                                                  stream_options={"include_usage": True})
             for chunk in out:
@@ -149,9 +178,15 @@ def test_a_killed_engine_leaves_the_other_models_stream_whole(srv, client):
     reader = threading.Thread(target=stream)
     reader.start()
     assert started.wait(120)
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, sig)
+    rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2][6:])["error"]
+    assert error["code"] == "engine_error"
+    assert f"engine process {victim} {said}" in error["message"]
     reader.join(300)
     assert not reader.is_alive() and not errors, errors
-    assert texts == ["length", 60]  # every token: a loaded machine may send several per chunk
-    assert chat(client, "free") is not None  # its next request waits for its restart
-    assert engine_pid(srv, "free") != victim
+    assert texts == ["length", 200]  # every token: a loaded machine may send several per chunk
+    assert chat(client, "smol") is not None  # its next request waits for its restart
+    assert engine_pid(srv, "smol") != victim
+    assert engine_pid(srv, "free") == other  # the other model's engine process lived on
