@@ -127,7 +127,8 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
 
     def make_service(engine: Any, settings: Settings) -> Service:
         return Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,
-                       metrics=metrics.for_model(engine.pool_name))  # counted by model
+                       metrics=metrics.for_model(engine.pool_name),  # counted by model
+                       settings=settings)
 
     def on_ready() -> None:
         boot.record("ready", "")  # what the crash guard reads of this worker
@@ -201,7 +202,8 @@ def create_app(
         served: Models = pool
     else:
         service = Service(engine, plan_options(settings),
-                          prepare_timeout=settings.prepare_timeout, metrics=metrics)
+                          prepare_timeout=settings.prepare_timeout, metrics=metrics,
+                          settings=settings)
         served = (models or OneModel)(service)
     app.extensions["vertex_gguf"] = service  # the default model's: /health, /props, cards
     app.extensions["vertex_gguf_models"] = served

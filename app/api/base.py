@@ -202,6 +202,16 @@ class Api:
         leased none (the introspection routes parse as a chat does)."""
         return facts.service if facts.service is not None else self.models.default_service
 
+    def settings_of(self, facts: Facts) -> Settings:
+        """The settings of the request's model (see :meth:`service_of`): a pool's model reads
+        its own preset's (sampling defaults, limits, reasoning field...), never the server's."""
+        return self.model_settings(self.service_of(facts))
+
+    def model_settings(self, service: Service) -> Settings:
+        """The settings ``service``'s model was made with; the server's for a Service made
+        without (a test's). ``self.settings`` is for what is read before any model is known."""
+        return service.settings if service.settings is not None else self.settings
+
     # ---- what an API says ---------------------------------------------------------------
     def looks_like(self, body: dict[str, Any]) -> bool:
         """Whether a raw Vertex body (no @requestFormat) is this API's request."""

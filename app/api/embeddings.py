@@ -22,11 +22,9 @@ from app.api.base import Answer, Api, Facts, json_off_hub
 from app.base import reqctx
 from app.base.errors import BadRequest, ServiceError, as_service_error
 from app.core.embed import Embeddings, EmbedInput, EmbedResult, Vector
-from app.core.models import Models
 from app.core.service import Service
 from app.protocol import openai, validate
 from app.protocol.http_status import status_of
-from app.settings import Settings
 
 # Token ids are ints, never bools or floats; texts are strings, never numbers.
 TokenList = Annotated[list[StrictInt], Field(min_length=1)]
@@ -40,12 +38,13 @@ class EmbeddingApi(Api):
     ``parse``, ``render``, ``floats`` and ``error_body``."""
 
     def embeddings(self, service: Service) -> Embeddings:
-        """The embedding core over a leased model's service (a few attributes: made per
-        call)."""
+        """The embedding core over a leased model's service, with that model's normalization
+        and input limit (a few attributes: made per call)."""
+        settings = self.model_settings(service)
         return Embeddings(
             service,
-            normalize=self.settings.embedding_normalize,
-            max_inputs=self.settings.embedding_max_inputs,
+            normalize=settings.embedding_normalize,
+            max_inputs=settings.embedding_max_inputs,
             timeout=self.settings.request_timeout or None,
         )
 
@@ -209,10 +208,6 @@ class VertexEmbeddings(EmbeddingApi):
     answers_many = True
     request_formats = ("text_embeddings", "text-embedding", "vertex_embeddings")
 
-    def __init__(self, settings: Settings, models: Models):
-        super().__init__(settings, models)
-        self.prefixes = settings.embedding_task_prefixes
-
     def looks_like(self, body: dict[str, Any]) -> bool:
         return (isinstance(body.get("content"), str)
                 and not {"messages", "prompt", "input"} & body.keys())
@@ -225,6 +220,8 @@ class VertexEmbeddings(EmbeddingApi):
                           "status": GOOGLE_STATUS.get(status, "UNKNOWN")}}
 
     def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, VertexInstance]:
+        """The instance's text without its task's prefix: that is its model's
+        (EMBEDDING_TASK_PREFIXES), added once the model is leased (:meth:`answer_many`)."""
         inst: VertexInstance = validate.parse(VertexInstance, body)
         task = inst.task_type
         if task is not None and task.upper() not in TASK_TYPES:
@@ -236,7 +233,6 @@ class VertexEmbeddings(EmbeddingApi):
         if not inst.content:
             raise BadRequest("content is empty: there is nothing to embed", param="content")
         text = inst.content if inst.title is None else f"{inst.title}\n\n{inst.content}"
-        text = self.prefixes.get((task or "").upper(), "") + text
         return EmbedInput((text,), model=inst.model, dimensions=inst.outputDimensionality,
                           truncate=inst.autoTruncate), inst
 
@@ -263,29 +259,32 @@ class VertexEmbeddings(EmbeddingApi):
         holding its model while it runs; a bad instance fails only its own slot (the one
         answer path of EmbeddingApi fails the whole)."""
         slots: list[dict[str, Any] | None] = [None] * len(bodies)
-        groups: dict[_Group, list[tuple[int, str | tuple[int, ...]]]] = {}
+        groups: dict[_Group, list[tuple[int, str, str]]] = {}  # (slot, text, task type)
         for i, body in enumerate(bodies):
             try:
-                inp, _ = self.parse(body, facts)
+                inp, inst = self.parse(body, facts)
             except Exception as exc:  # noqa: BLE001 - a bad instance fails its own slot
                 slots[i] = self.error_body(as_service_error(exc))
                 continue
             key = (inp.model, inp.truncate, inp.dimensions)
-            groups.setdefault(key, []).append((i, inp.inputs[0]))
+            groups.setdefault(key, []).append((i, str(inp.inputs[0]),
+                                               (inst.task_type or "").upper()))
 
-        def run(key: _Group, members: list) -> None:
+        def run(key: _Group, members: list[tuple[int, str, str]]) -> None:
             model, truncate, dims = key
-            inp = EmbedInput(tuple(x for _, x in members), model=model, truncate=truncate,
-                             dimensions=dims)
             try:
                 with self.models.lease(model or None) as lease:
+                    prefixes = self.model_settings(lease.service).embedding_task_prefixes
+                    inp = EmbedInput(tuple(prefixes.get(task, "") + text
+                                           for _, text, task in members),
+                                     model=model, truncate=truncate, dimensions=dims)
                     result = self.embeddings(lease.service).run(inp, facts.gone, facts.label)
             except Exception as exc:  # noqa: BLE001 - a request-wide error fills its slots
                 err = self.error_body(as_service_error(exc))
-                for i, _ in members:
+                for i, _, _ in members:
                     slots[i] = err
                 return
-            for (i, _), item in zip(members, result.items, strict=True):
+            for (i, _, _), item in zip(members, result.items, strict=True):
                 slots[i] = (self.error_body(item) if isinstance(item, ServiceError)
                             else _prediction(item))
 

@@ -72,9 +72,9 @@ class GenerationApi(Api):
         # a stream whose wire has no keep-alive (NDJSON) never sends one
         self.heartbeat = (policy_of(settings).heartbeat_seconds or None) if self.keepalive else None
 
-    def images(self) -> Collected:
-        """A collector for one request's images (IMAGE_MAX_BYTES each)."""
-        return Collected(self.settings.image_max_bytes)
+    def images(self, facts: Facts) -> Collected:
+        """A collector for one request's images (its model's IMAGE_MAX_BYTES each)."""
+        return Collected(self.settings_of(facts).image_max_bytes)
 
     # ---- what an API says ---------------------------------------------------------------
     def wants_stream(self, body: Any, facts: Facts) -> bool:

@@ -35,10 +35,11 @@ class RerankApi(Api):
     ``render`` and ``error_body``."""
 
     def reranker(self, service: Service) -> Reranker:
-        """The rerank core over a leased model's service (a few attributes: made per call)."""
-        s = self.settings
+        """The rerank core over a leased model's service, with that model's limits (a few
+        attributes: made per call)."""
+        s = self.model_settings(service)
         return Reranker(service, s.rerank_max_documents, s.rerank_max_bytes,
-                        s.request_timeout or None)
+                        self.settings.request_timeout or None)
 
     def parse(self, body: Any, facts: Facts) -> tuple[RerankInput, Any]:
         """The core's input and whatever ``render`` needs of the request (a worker thread)."""

@@ -49,6 +49,7 @@ from app.engine.types import (
 )
 from app.formats.memo import Memo, resuming
 from app.formats.think import THINK
+from app.settings import Settings
 
 # How often a run whose reader is not streaming checks that its client is still connected.
 GONE_POLL = 0.5
@@ -68,8 +69,12 @@ def now_ns() -> int:
 
 class Service:
     def __init__(self, engine: Engine, options: PlanOptions, prepare_timeout: float,
-                 metrics: Metrics | ModelMetrics | None = None):
+                 metrics: Metrics | ModelMetrics | None = None,
+                 settings: Settings | None = None):
         self.engine = engine
+        # the settings the model was made with (a pool's model: its preset's): what an API
+        # reads of the model per request (Api.settings_of); None: the server's
+        self.settings = settings
         self.metrics = metrics if metrics is not None else Metrics()  # its own registry
         self.options = options
         self.prepare_timeout = prepare_timeout

@@ -106,7 +106,8 @@ class Messages(GenerationApi):
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, MessageReq]:
         req = parse(MessagesRequest, body)
         display = req.thinking.display if req.thinking else None
-        return (chat_input(req, self.settings.max_tools, self.settings.image_max_bytes),
+        settings = self.settings_of(facts)
+        return (chat_input(req, settings.max_tools, settings.image_max_bytes),
                 MessageReq(req.model, display in ("omitted", "updates")))
 
     def render(self, req: MessageReq, run: Run, result: Result) -> dict[str, Any]:
@@ -133,12 +134,14 @@ class Messages(GenerationApi):
     def count_tokens(self, body: Any, facts: Facts) -> dict[str, int]:
         """``{"input_tokens": N}``: the prompt this body would be, tokenized as its model
         would tokenize it."""
-        def build() -> tuple[ChatInput, None]:
-            return chat_input(parse(CountTokensRequest, body), self.settings.max_tools,
-                              self.settings.image_max_bytes), None
-
         lease, facts = self.lease(body, facts)
         with lease:
+            settings = self.settings_of(facts)  # its model's limits
+
+            def build() -> tuple[ChatInput, None]:
+                return chat_input(parse(CountTokensRequest, body), settings.max_tools,
+                                  settings.image_max_bytes), None
+
             return {"input_tokens": lease.service.count_tokens(build)}
 
     def count_view(self) -> Any:

@@ -146,15 +146,16 @@ class Gemini(GenerationApi):
         body = parsing.check_keys(body, "", parsing.REQUEST_FIELDS, parsing.IGNORED,
                                   parsing.UNSUPPORTED)
         model = named_model(body, facts.params)
+        settings = self.settings_of(facts)
         params, output, n, thoughts, budget = parsing.generation(
-            parsing.get(body, "generationConfig"), self.settings.grammar_max_properties)
-        images = self.images()
+            parsing.get(body, "generationConfig"), settings.grammar_max_properties)
+        images = self.images(facts)
         messages = parsing.messages(parsing.get(body, "contents"), images)
         system = parsing.system_text(parsing.get(body, "systemInstruction"))
         if system:
             messages.insert(0, {"role": "system", "content": system})
-        offered = parsing.parse_tools(parsing.get(body, "tools"), self.settings.max_tools,
-                                      self.settings.grammar_max_properties)
+        offered = parsing.parse_tools(parsing.get(body, "tools"), settings.max_tools,
+                                      settings.grammar_max_properties)
         choice, offered = parsing.tool_choice(parsing.get(body, "toolConfig"), offered)
         inp = ChatInput(messages=messages, params=params, tools=offered, tool_choice=choice,
                         output=output, reasoning_budget=budget, n=n,
@@ -242,10 +243,6 @@ class GeminiEmbed(EmbeddingApi):
     paths = ()
     request_formats = ("gemini_embed",)
 
-    def __init__(self, settings: Any, models: Any):
-        super().__init__(settings, models)
-        self.prefixes = settings.embedding_task_prefixes
-
     def requested_model(self, body: Any, facts: Facts) -> str | None:
         return named_model(body, facts.params) or None
 
@@ -253,7 +250,8 @@ class GeminiEmbed(EmbeddingApi):
     def error_body(err: ServiceError) -> dict[str, Any]:
         return error_body(err)
 
-    def _one(self, req: Any, where: str) -> tuple[str, int | None]:
+    @staticmethod
+    def _one(req: Any, where: str, prefixes: dict[str, str]) -> tuple[str, int | None]:
         req = parsing.check_keys(req, where, frozenset({"model", "content", "taskType", "title",
                                                         "outputDimensionality"}), {}, {})
         content = parsing.get(req, "content")
@@ -267,22 +265,23 @@ class GeminiEmbed(EmbeddingApi):
         if title:
             text = f"{title}\n\n{text}"
         dims = parsing.get(req, "outputDimensionality")
-        return self.prefixes.get(task, "") + text, dims
+        return prefixes.get(task, "") + text, dims
 
     def parse(self, body: Any, facts: Facts) -> tuple[EmbedInput, bool]:
         """The input, and whether it is a batch. The model is the route's, else (a predict
         instance) the body's."""
         batch = bool(facts.params.get("batch"))
         model = named_model(body, facts.params)
+        prefixes = self.settings_of(facts).embedding_task_prefixes  # its model's
         if batch:
             body = parsing.check_keys(body, "", frozenset({"requests"}), {}, {})
             reqs = parsing.get(body, "requests")
             if not isinstance(reqs, list) or not reqs:
                 raise BadRequest("requests: a non-empty list", param="requests")
-            items = [self._one(r, f"requests.{i}") for i, r in enumerate(reqs)]
+            items = [self._one(r, f"requests.{i}", prefixes) for i, r in enumerate(reqs)]
         else:
             items = [self._one({k: v for k, v in body.items() if k != "model"}
-                               if isinstance(body, dict) else body, "")]
+                               if isinstance(body, dict) else body, "", prefixes)]
         dims = {d for _, d in items}
         if len(dims) > 1:
             raise BadRequest("requests: one outputDimensionality for all", param="requests")

@@ -149,12 +149,12 @@ class OllamaChat(_Ollama):
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, OllamaReq]:
         req: ChatRequest = parse(ChatRequest, body)
         params = self._sampling(req, facts)
-        images = self.images()
+        images = self.images(facts)
         inp = ChatInput(
             messages=chat_messages(req.messages, images.take),
             media=tuple(images.items),
             params=params,
-            tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
+            tools=tools.validate_tools(req.tools or [], self.settings_of(facts).max_tools),
             output=req.output(),
             model=model_of(req.model),
             **req.thinking(),
@@ -201,7 +201,7 @@ class OllamaGenerate(_Ollama):
                                  param="raw")
             return TextInput(req.prompt, params, model=model_of(req.model)), reply
         messages = ([{"role": "system", "content": req.system}] if req.system else [])
-        images = self.images()
+        images = self.images(facts)
         marks = image_marks(req.images, "images", images.take)
         turn = {"role": "user", "content": marks + clean(req.prompt)}
         inp = ChatInput(messages=[*messages, turn], params=params, output=req.output(),

@@ -87,7 +87,6 @@ def capabilities(info: ModelInfo, embeds: bool) -> list[str]:
 def register(bp: Blueprint, api: Any) -> None:
     """The model routes, on the chat API's blueprint (its error shape is Ollama's), over the
     default model's service (asked at each request: the models may change)."""
-    settings = api.settings
 
     def svc() -> Service:
         return api.models.default_service
@@ -145,8 +144,9 @@ def register(bp: Blueprint, api: Any) -> None:
                  "expires_at": rfc3339(i.expires_at) if i.expires_at is not None else FOREVER}
                 for i in api.models.listing()
                 if i.info is not None and i.status.status == "loaded"]})
-        info = svc().info()
-        idle = settings.sleep_idle_seconds
+        service = svc()
+        info = service.info()
+        idle = api.model_settings(service).sleep_idle_seconds  # its engine's
         expires = rfc3339(time.time() + idle) if idle else FOREVER
         return jsonify({"models": [{**entry(info, name), "expires_at": expires,
                                     "size_vram": info.size if info.gpu_offload else 0}

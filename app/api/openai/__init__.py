@@ -103,12 +103,13 @@ class ChatCompletions(_OpenAI):
 
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, ChatReq]:
         req = openai.parse(openai.ChatRequest, body)
-        images = self.images()
+        settings = self.settings_of(facts)
+        images = self.images(facts)
         inp = ChatInput(
             messages=req.template_messages(images.part),
             media=tuple(images.items),
             params=req.sampling(),
-            tools=tools.validate_tools(req.tools or [], self.settings.max_tools),
+            tools=tools.validate_tools(req.tools or [], settings.max_tools),
             tool_choice=tool_choice(req.tool_choice),
             parallel_tool_calls=req.parallel_tool_calls,
             output=output_format(req.response_format),
@@ -123,18 +124,17 @@ class ChatCompletions(_OpenAI):
             model=req.model,
         )
         return inp, ChatReq(req.stream_options, bool(req.logprobs),
-                            req.return_tokens_as_token_ids)
+                            req.return_tokens_as_token_ids, settings.reasoning_field)
 
     def render(self, req: ChatReq, run: Run, result: Result) -> dict[str, Any]:
-        field = self.settings.reasoning_field
-        choices = [(chat_message(a, field), a.reason, chat_scores(req, a.logprobs or []))
-                   for a in result.answers]
+        choices = [(chat_message(a, req.reasoning_field), a.reason,
+                    chat_scores(req, a.logprobs or [])) for a in result.answers]
         body = openai.chat_completion(run.id, run.created, run.model, choices,
                                       _usage(result.usage), result.usage.timings())
         return LargeAnswer(body) if req.logprobs else body
 
     def renderer(self, req: ChatReq, run: Run, facts: Facts) -> ChatChunks:
-        return ChatChunks(req, run, self._writer(req, run, facts), self.settings.reasoning_field)
+        return ChatChunks(req, run, self._writer(req, run, facts), req.reasoning_field)
 
 
 class Completions(_OpenAI):

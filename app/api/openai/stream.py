@@ -163,6 +163,8 @@ class ChatReq:
     stream_options: openai.StreamOptions | None
     logprobs: bool = False
     as_ids: bool = False  # return_tokens_as_token_ids
+    # where a thought goes (REASONING_FIELD): the request's model's, read when it was parsed
+    reasoning_field: str = "reasoning_content"
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ class Responses(GenerationApi):
     # ---- parsing --------------------------------------------------------------------------
     def parse(self, body: Any, facts: Facts) -> tuple[ChatInput, ResponsesReq]:
         req = parse_request(body)
+        settings = self.settings_of(facts)  # its model's: a preset's defaults are echoed
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             prev = self.store.get(reqctx.cache_scope(), req.previous_response_id)
@@ -112,14 +113,14 @@ class Responses(GenerationApi):
                     f"Previous response with id {req.previous_response_id!r} not found.",
                     param="previous_response_id", code="previous_response_not_found")
             history = forget_images(copy.deepcopy(prev.messages))
-        images = self.images()
+        images = self.images(facts)
         history += input_messages(req.input, images.part)
         messages = list(history)
         if req.instructions:
             messages.insert(0, {"role": "system", "content": req.instructions})
         if not messages:
             raise BadRequest("input: is empty", param="input")
-        offered, tools_echo, wires = parse_tools(req.tools or [], self.settings.max_tools)
+        offered, tools_echo, wires = parse_tools(req.tools or [], settings.max_tools)
         choice = tool_choice(req.tool_choice, bool(offered))
         fmt, fmt_echo = output_format(req.text.format if req.text else None)
         effort = req.reasoning.effort if req.reasoning else None
@@ -150,12 +151,12 @@ class Responses(GenerationApi):
             "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": effort, "summary": summary},
             "store": store,
-            "temperature": (self.settings.default_temperature if inp.params.temperature is None
+            "temperature": (settings.default_temperature if inp.params.temperature is None
                             else inp.params.temperature),
             "text": text_echo,
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
             "tools": tools_echo,
-            "top_p": (self.settings.default_top_p if inp.params.top_p is None
+            "top_p": (settings.default_top_p if inp.params.top_p is None
                       else inp.params.top_p),
             "truncation": "disabled",
             "user": req.user,
