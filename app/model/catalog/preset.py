@@ -57,6 +57,9 @@ SERVER_WIDE: dict[str, str] = {
         "admin_api_key", "slots_endpoint", "strict_model_name")},
     **{f: f"read before a request's model is known, {_SHARED}" for f in (
         "max_json_depth", "body_timeout", "header_timeout", "client_timeout")},
+    # also each request's cap on its n choices: one value, so the envelope's and n's agree
+    "slots_per_request": "read before a request's model is known (a Vertex envelope's "
+                         f"instances, which may name several models, run under it), {_SHARED}",
     **{f: f"where images may come from and the memory decoding them takes, {_SHARED}" for f in (
         "image_buckets", "image_url_hosts", "image_url_networks", "image_fetch_timeout",
         "image_decode_budget")},
