@@ -123,6 +123,8 @@ def where(models: Path, section: str, key: str, line: int) -> str:
     ("models_max = 2", "chat", "models_max", 3, "the catalog's own"),
     ("model_cache_dir = /x", "chat", "model_cache_dir", 3, "the download cache's"),
     ("image_url_hosts = a.com", "chat", "image_url_hosts", 3, "where images may come from"),
+    ("slots-per-request = 2", "chat", "slots-per-request", 3,
+     "read before a request's model is known (a Vertex envelope's instances"),
     ("served_model_name = x", "chat", "served_model_name", 3, "its aliases key"),
     ("ctx_size = 1\nc = 2", "chat", "c", 4, "sets what key ctx_size (line 3) already set"),
     ("aliases = a,,b", "chat", "aliases", 3, "an empty name"),
