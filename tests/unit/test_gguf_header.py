@@ -211,3 +211,17 @@ def test_a_long_array_is_summarized_and_a_short_one_decoded(tmp_path):
     assert h.count("x.long") == 5000 and isinstance(h.get("x.long"), ArrayInfo)
     assert h.count("x.words") == 5000
     assert [t.name for t in h.tensors] == ["t"]
+
+
+@pytest.mark.parametrize("tail", [
+    struct.pack("<Q", 1 << 20),  # the last string's length runs past the end
+    b"\x05\0\0",  # the file ends inside a length
+])
+def test_a_long_string_array_cut_short_is_refused_by_name(tmp_path, tail):
+    """A vocabulary (skipped, not decoded) whose strings run past the end of the file."""
+    words = b"".join(struct.pack("<Q", 2) + b"w%d" % (i % 10) for i in range(5000))
+    data = _header(n_kv=1) + _kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 5001))
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(data + words + tail)  # no padding: the end is where the array says
+    with pytest.raises(GgufError, match="element of tokenizer.ggml.tokens runs past the end"):
+        read_header(p)
