@@ -44,6 +44,7 @@ from app.base.threads import (
 )
 from app.engine.admission import Admission
 from app.engine.config import EngineConfig
+from app.engine.file_holds import FileHolds, collecting
 from app.engine.handle import JobHandle, new_channel
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
@@ -82,6 +83,7 @@ class LlamaEngine:
         # DRAFT_MODEL's local path, fetched and checked the same way; None: none
         self._resolve_draft = resolve_draft or (lambda state: None)
         self._draft: str | None = None
+        self._holds = FileHolds()  # the resolved files, held until the engine stops
         # LORA_ADAPTERS, each a local file; [] without
         self._resolve_adapters = resolve_adapters or (lambda state: [])
         self._adapters: list[AdapterFile] = []
@@ -333,11 +335,12 @@ class LlamaEngine:
     # ---- engine thread ---------------------------------------------------------------------
     def _thread_main(self) -> None:
         try:
-            path = self._resolve_model(self.state)
-            self._path = path  # a reload after sleep reads this local file, never the network
-            self._mmproj = self._resolve_projector(self.state)
-            self._draft = self._resolve_draft(self.state)
-            self._adapters = self._resolve_adapters(self.state)
+            with collecting(self._holds):  # held until the engine stops (app.engine.file_holds)
+                path = self._resolve_model(self.state)
+                self._path = path  # a reload after sleep reads this local file, not the network
+                self._mmproj = self._resolve_projector(self.state)
+                self._draft = self._resolve_draft(self.state)
+                self._adapters = self._resolve_adapters(self.state)
             self._load(path)
             if self._generates:
                 self._warm_up()
@@ -349,6 +352,7 @@ class LlamaEngine:
             log.error("model load failed: %s", msg)
             if self._on_fatal:
                 self._on_fatal(msg)
+            self._holds.release()
             self._stopped.set()
             return
         for i in range(PREP_THREADS):
@@ -373,6 +377,7 @@ class LlamaEngine:
             self._prep_wake.set()
             self._fail_everything(ShuttingDown("server is shutting down"))  # late arrivals
             self._free()
+            self._holds.release()
             self._stopped.set()
 
     def _load(self, path: str) -> None:

@@ -19,6 +19,7 @@ from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, cuda_check, llama_log, memory_check, placement
 from app.engine.config import EngineConfig
 from app.engine.embed import POOLING_IDS
+from app.engine.file_holds import FileHolds
 from app.engine.llama_embed import (
     DEFAULT_MAX_CTX,
     GENERATIVE_MAX_CTX,
@@ -72,6 +73,9 @@ class LlamaModel:
         self._kv_mib = 0.0  # the generation context's KV cache, as llama.cpp's log gave it
         self.memory: dict | None = None  # the memory check's verdict and what was allocated
         self._verdict: memory_check.Verdict | None = None
+        # shared locks on the files llama.cpp opens, from load to free: the bounded download
+        # cache (MODEL_CACHE_MAX_GB) never deletes a file in use (app.engine.file_holds)
+        self._holds = FileHolds()
 
     # ---- open ------------------------------------------------------------------------------
     def load(self, path: str, turns: DecodeTurns, job_over: Callable[[Job], None],
@@ -86,6 +90,7 @@ class LlamaModel:
         with open(path, "rb") as fh:
             if fh.read(4) != b"GGUF":
                 raise ModelLoadError(f"model {path}: not a GGUF file (bad magic)")
+        self._holds.hold_all([path, mmproj, draft, *(a.path for a in adapters or [])])
         ll.llama_backend_init()
 
         self._stage("loading", progress=0.0, detail=os.path.basename(path))
@@ -412,6 +417,7 @@ class LlamaModel:
         if self.model:
             ll.llama_model_free(self.model)
             self.model = None
+        self._holds.release()
 
 
 def _model_name(path: str) -> str:

@@ -39,6 +39,7 @@ from app.base.state import LoadState
 from app.base.threads import ThreadEvent, allocate_lock, start_native_thread
 from app.engine.config import EngineConfig
 from app.engine.embed import EmbedHandle, EmbedInfo, EmbedRequest
+from app.engine.file_holds import FileHolds, collecting
 from app.engine.handle import ChannelHandle
 from app.engine.lora import AdapterFile
 from app.engine.spawn import EXIT_WAIT, Launch, Link, spawn
@@ -352,11 +353,16 @@ class RemoteEngine:
 
     # ---- the supervisor: one thread, which reads each engine process's messages ---------------
     def _main(self) -> None:
+        # the downloaded files stay held while this engine lives, across its processes' loads,
+        # restarts and sleeps: the bounded download cache never deletes them (file_holds)
+        holds = FileHolds()
         try:
-            resolve_model, projector, draft, adapters = self._resolve
-            paths = (resolve_model(self.state), projector(self.state), draft(self.state),
-                     tuple(adapters(self.state)))
+            with collecting(holds):
+                resolve_model, projector, draft, adapters = self._resolve
+                paths = (resolve_model(self.state), projector(self.state), draft(self.state),
+                         tuple(adapters(self.state)))
         except Exception as exc:  # noqa: BLE001 - a load failure ends the process, as in-process
+            holds.release()
             msg = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
             self._fail(msg)
             self._stopped.set()
@@ -368,6 +374,7 @@ class RemoteEngine:
             log.exception("the engine process supervisor failed")
             self._fail(f"engine supervisor failed: {type(exc).__name__}: {exc}")
         finally:
+            holds.release()
             self._stopped.set()
 
     def _fail(self, msg: str) -> None:
