@@ -46,14 +46,15 @@ class LoadState:
             self.detail = detail
         self.version += 1
 
-    def set_download(self, done: int, total: int, rate: float, eta: float | None) -> None:
+    def set_download(self, done: int, total: int, rate: float, eta: float | None,
+                     detail: str | None = None) -> None:
         self.download = {
             "downloaded_bytes": done,
             "total_bytes": total,
             "mb_per_s": round(rate / 1e6, 2),
             "eta_s": None if eta is None else round(eta, 1),
         }
-        self.set("downloading", progress=done / total if total else 1.0)
+        self.set("downloading", progress=done / total if total else 1.0, detail=detail)
 
     def fail(self, error: str) -> None:
         self.error = error

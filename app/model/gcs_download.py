@@ -8,7 +8,9 @@ What the objects are (which GGUF a ``gs://`` URI names, its shards, the client) 
 - Every object is checked against its crc32c before it is renamed into the cache; a mismatch
   deletes the partial file and fails loudly.
 - Cache entries are keyed by bucket, object and generation (a sidecar ``.meta.json``): a restart
-  with the same object downloads nothing, a new generation downloads again.
+  with the same object downloads nothing, a new generation downloads again. One caller at a
+  time downloads an object (the others wait, then find it cached), and MODEL_CACHE_MAX_GB
+  bounds the cache: :mod:`app.model.gcs_cache`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import base64
 import concurrent.futures as cf
 import glob
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -28,7 +29,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.engine import file_holds
 from app.model.gcs import GcsError, GcsObject, describe, is_permanent, list_models, make_client
+from app.model.gcs_cache import (
+    cache_path,
+    is_cached,
+    meta_path,
+    room,
+    single_flight,
+    touch,
+    write_meta,
+)
 from app.settings import Settings, setting_default
 
 log = logging.getLogger(__name__)
@@ -46,6 +57,7 @@ class DownloadOptions:
     slice_bytes: int = setting_default("download_slice_mb") << 20
     model_file: str | None = setting_default("model_file")
     emulator_host: str | None = setting_default("storage_emulator_host")
+    cache_max_bytes: int | None = None  # MODEL_CACHE_MAX_GB; None: no bound
     progress_interval: float = 3.0
 
     @classmethod
@@ -58,46 +70,12 @@ class DownloadOptions:
             slice_bytes=settings.download_slice_mb << 20,
             model_file=settings.model_file,
             emulator_host=settings.storage_emulator_host,
+            cache_max_bytes=int(settings.model_cache_max_gb * 1e9)
+            if settings.model_cache_max_gb else None,
         )
 
 
-# ---- cache ---------------------------------------------------------------------------------
-
-
-def cache_path(cache_dir: Path, obj: GcsObject) -> Path:
-    """Where an object is cached. Object names are arbitrary bytes in Cloud Storage: a name
-    with a ``..`` or empty segment, a leading ``/``, a backslash or a NUL would step outside
-    the cache (or onto another object's file), so it is refused."""
-    name = obj.name
-    segments = name.split("/")
-    if (not name or "\\" in name or "\x00" in name or name.startswith("/")
-            or any(seg in ("", ".", "..") for seg in segments)):
-        raise GcsError(
-            f"model {obj.uri}: the object name cannot be a cache path (no '..', '.', empty or "
-            "leading '/' segments, backslashes or NUL)"
-        )
-    root = (Path(cache_dir) / "gcs").resolve()
-    path = root / obj.bucket / name
-    if not path.resolve().is_relative_to(root):
-        raise GcsError(f"model {obj.uri}: the object's cache path leaves the cache directory")
-    return path
-
-
-def _meta_path(path: Path) -> Path:
-    return path.with_name(path.name + ".meta.json")
-
-
-def is_cached(cache_dir: Path, obj: GcsObject) -> bool:
-    path = cache_path(cache_dir, obj)
-    try:
-        meta = json.loads(_meta_path(path).read_text())
-        return (
-            meta.get("generation") == obj.generation
-            and meta.get("crc32c") == obj.crc32c
-            and path.stat().st_size == obj.size
-        )
-    except (OSError, ValueError):
-        return False
+# ---- cache (app.model.gcs_cache) ------------------------------------------------------------
 
 
 def _cached_and_intact(cache_dir: Path, obj: GcsObject) -> bool:
@@ -111,16 +89,9 @@ def _cached_and_intact(cache_dir: Path, obj: GcsObject) -> bool:
     except GcsError as exc:
         log.warning("%s; downloading it again", exc)
         path.unlink(missing_ok=True)
-        _meta_path(path).unlink(missing_ok=True)
+        meta_path(path).unlink(missing_ok=True)
         return False
     return True
-
-
-def _write_meta(path: Path, obj: GcsObject) -> None:
-    meta = {"uri": obj.uri, "generation": obj.generation, "crc32c": obj.crc32c, "size": obj.size}
-    tmp = _meta_path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, _meta_path(path))
 
 
 # ---- download ------------------------------------------------------------------------------
@@ -161,6 +132,8 @@ class Progress:
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._on_update = on_update
+        # what the fetch waits for instead of downloading (another download of its object)
+        self.waiting: str | None = None
 
     def add(self, n: int) -> None:
         with self._lock:
@@ -300,14 +273,16 @@ def verify(obj: GcsObject, path: Path) -> None:
 
 
 def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, progress: Progress) -> None:
-    """Fetch one object to ``dest`` (via a temporary name), verified against its checksum."""
+    """Fetch one object to ``dest`` (via a temporary name), verified against its checksum. With
+    MODEL_CACHE_MAX_GB, room is made first and the temporary file reserves it at full size."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_parts(dest)
     tmp = dest.with_name(f".{dest.name}.part-{socket.gethostname()}-{os.getpid()}")
     blob = client.bucket(obj.bucket).blob(obj.name, generation=obj.generation)
     done_before = progress.done
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with room(opts.cache_dir, obj.size, opts.cache_max_bytes, obj.uri, dest):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, obj.size)
             if obj.size >= 2 * opts.slice_bytes and opts.workers > 1:
@@ -335,7 +310,7 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
             os.close(fd)
         verify(obj, tmp)
         os.replace(tmp, dest)
-        _write_meta(dest, obj)
+        write_meta(dest, obj)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         progress.add(-(progress.done - done_before))
@@ -349,29 +324,27 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
 def fetch_model(
     uri: str, opts: DownloadOptions, on_progress: Callable[[Progress], None] | None = None
 ) -> Path:
-    """Resolve ``uri`` to its object(s), download what the cache lacks; the first shard's path."""
+    """Resolve ``uri`` to its object(s), download what the cache lacks; the first shard's path.
+
+    Each object is checked and downloaded under its single-flight lock (gcs_cache): a caller
+    that finds another download of it under way waits (``Progress.waiting`` says so) and then
+    finds it cached. Each object ready is held (app.engine.file_holds) until the fetch returns,
+    and by the engine resolving it, if any, until it stops: eviction never deletes it."""
     client = make_client(opts.emulator_host)
     objects = list_models(client, uri, opts.model_file)
     paths = [cache_path(opts.cache_dir, o) for o in objects]
-    missing = [o for o in objects if not _cached_and_intact(opts.cache_dir, o)]
-    if not missing:
-        log.info("model %s: cache hit (%s)", uri, paths[0])
-        return paths[0]
-    need = sum(o.size for o in missing)
+    counted = [o for o in objects if not is_cached(opts.cache_dir, o)]
+    need = sum(o.size for o in counted)
     root = Path(opts.cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root).free
-    if need + SPACE_MARGIN > free:
+    if need and need + SPACE_MARGIN > free:
         raise GcsError(
             f"model {uri}: needs {need / 1e6:.1f} MB in {root} but only {free / 1e6:.1f} MB are "
             "free (on Cloud Run the filesystem is memory: raise the instance memory or mount a "
             "volume as MODEL_CACHE_DIR)"
         )
     progress = Progress(need)
-    log.info(
-        "model %s: downloading %d object(s), %.1f MB, %d workers, %d MB slices",
-        uri, len(missing), need / 1e6, opts.workers, opts.slice_bytes >> 20,
-    )
     stop = threading.Event()
 
     def watch() -> None:
@@ -380,23 +353,50 @@ def fetch_model(
         while not stop.wait(0.25):
             if on_progress:
                 on_progress(progress)
-            if time.monotonic() - last_log >= opts.progress_interval:
+            if progress.total and time.monotonic() - last_log >= opts.progress_interval:
                 last_log = time.monotonic()
                 log.info("model %s: %s", uri, progress.line())
 
+    def waiting(obj: GcsObject, now: bool) -> None:
+        progress.waiting = f"waiting for another download of {obj.uri}" if now else None
+        if now:
+            log.info("model %s: %s (another model, thread or process is downloading it)",
+                     uri, progress.waiting)
+
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    mine = file_holds.FileHolds()  # this fetch's objects, until it returns
+    fetched = 0
     try:
-        for obj in missing:
-            download_object(client, obj, cache_path(opts.cache_dir, obj), opts, progress)
+        for obj, path in zip(objects, paths, strict=True):
+            with single_flight(path, on_wait=lambda now, obj=obj: waiting(obj, now)):
+                if _cached_and_intact(opts.cache_dir, obj):
+                    touch(path)
+                    if obj in counted:
+                        progress.add(obj.size)  # another caller downloaded it meanwhile
+                else:
+                    if obj not in counted:
+                        progress.total += obj.size  # gone since the first look
+                    if not fetched:
+                        log.info("model %s: downloading %s, %d workers, %d MB slices", uri,
+                                 f"{len(counted) or 1} object(s), {progress.total / 1e6:.1f} MB",
+                                 opts.workers, opts.slice_bytes >> 20)
+                    download_object(client, obj, path, opts, progress)
+                    fetched += obj.size
+                mine.hold(str(path))
+                file_holds.keep(str(path))
     finally:
+        mine.release()
         stop.set()
         watcher.join()
     if on_progress:
         on_progress(progress)
+    if not fetched:
+        log.info("model %s: cache hit (%s)", uri, paths[0])
+        return paths[0]
     elapsed = time.monotonic() - progress.started
     log.info(
         "model %s: downloaded and verified %.1f MB in %.1f s (%.1f MB/s)",
-        uri, need / 1e6, elapsed, need / 1e6 / max(elapsed, 1e-9),
+        uri, fetched / 1e6, elapsed, fetched / 1e6 / max(elapsed, 1e-9),
     )
     return paths[0]

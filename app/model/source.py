@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from app.base.errors import ModelLoadError
@@ -10,7 +11,7 @@ from app.base.state import LoadState
 from app.engine.lora import AdapterFile
 from app.model import gcs
 from app.model.default import SHA256, default_model_path, sha256_of
-from app.model.gcs_download import DownloadOptions, fetch_model
+from app.model.gcs_download import DownloadOptions, Progress, fetch_model
 from app.settings import Settings, lora_entries
 
 
@@ -32,11 +33,8 @@ def resolve(settings: Settings, state: LoadState) -> str:
         return str(path)
     if source.startswith("gs://"):
         state.set("downloading", progress=0.0, detail=source)
-        path = fetch_model(
-            source,
-            DownloadOptions.from_settings(settings),
-            on_progress=lambda p: state.set_download(p.done, p.total, p.rate, p.eta),
-        )
+        path = fetch_model(source, DownloadOptions.from_settings(settings),
+                           on_progress=partial(_on_progress, state, source))
         return str(path)
     if source.startswith("file://"):
         source = source[len("file://"):]
@@ -100,7 +98,8 @@ def _one_file(source: str, setting: str, opts: DownloadOptions, state: LoadState
     if source.startswith("gs://"):
         state.set("downloading", progress=0.0, detail=source)
         try:
-            return str(fetch_model(source, replace(opts, model_file=None)))
+            return str(fetch_model(source, replace(opts, model_file=None),
+                                   on_progress=partial(_on_progress, state, source)))
         except gcs.GcsError as exc:
             raise ModelLoadError(str(exc).replace("model ", f"{setting} ", 1)) from None
     path = Path(source[len("file://"):] if source.startswith("file://") else source)
@@ -120,3 +119,10 @@ def _local_dir_model(path: Path, model_file: str | None, source: str) -> Path:
     except gcs.GcsError as exc:
         raise ModelLoadError(str(exc)) from None
     return path / chosen[0].name
+
+
+def _on_progress(state: LoadState, source: str, progress: Progress) -> None:
+    """A download's figures to /health and /models/sse; while it waits for another download of
+    the same object (another model naming it), the detail says so."""
+    detail = f"{source}: {progress.waiting}" if progress.waiting else source
+    state.set_download(progress.done, progress.total, progress.rate, progress.eta, detail)

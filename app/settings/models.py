@@ -97,9 +97,10 @@ class CatalogSettings(BaseModel):
     )
     model_cache_max_gb: float | None = Field(
         None,
-        description="Most GB (10^9 bytes) the download cache (MODEL_CACHE_DIR) may hold: past it, "
-        "the least recently used files of models that are not loaded are deleted. Unset: no "
-        "bound.",
+        description="Most GB (10^9 bytes) the download cache of gs:// models (MODEL_CACHE_DIR) "
+        "may hold: before a download, the least recently used cached files that no loaded "
+        "model holds are deleted to make room; when the files in use leave none, the load "
+        "fails saying what is in use. Unset: no bound.",
         gt=0,
         le=1 << 20,
         **env("MODEL_CACHE_MAX_GB"),
@@ -148,9 +149,6 @@ def not_served_yet(settings: BaseModel) -> str | None:
     given = catalog_settings_set(settings)
     if not given:
         return None
-    if getattr(settings, "model_cache_max_gb", None) is not None:
-        return ("MODEL_CACHE_MAX_GB set: bounding the download cache is not built yet "
-                "(docs/models.md); unset it (the cache is unbounded, as with MODEL alone)")
     if getattr(settings, "engine_process", "auto") == "off":
         return (f"ENGINE_PROCESS=off with {', '.join(given)}: several models each run in an "
                 "engine process of their own (one model's crash must not end the others'); "

@@ -2,8 +2,9 @@
 
 It forwards everything, counts media downloads (what proves a cache hit), and can misbehave on
 purpose: answer 503 to the first N downloads, cut a download's connection half-way, flip a byte
-of every download (a crc32c mismatch), or cap each connection's bandwidth (the emulator on
-loopback has no per-connection limit; real GCS does, which is what sliced downloads beat).
+of every download (a crc32c mismatch), cap each connection's bandwidth (the emulator on
+loopback has no per-connection limit; real GCS does, which is what sliced downloads beat), or
+hold every download until a test opens the gate (a download under way, for as long as it needs).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Faults:
         self.cut_media = 0  # cut this many media responses half-way
         self.corrupt = False  # flip one byte of every media response body
         self.bytes_per_second = 0  # per-connection cap; 0 = none
+        self.gate: threading.Event | None = None  # media requests wait until it is set (<= 60 s)
         self.sent: list[tuple[str, str]] = []  # (method, path) of every request, as it came
         self.lock = threading.Lock()
 
@@ -83,6 +85,8 @@ class GcsProxy:
         media = "alt=media" in h.path and h.command == "GET"
         with f.lock:
             f.sent.append((h.command, h.path))
+        if media and f.gate is not None:
+            f.gate.wait(60)
         if media and f.take("fail_media"):
             payload = b'{"error": {"code": 503, "message": "injected"}}'
             h.send_response(503)

@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.edge.routes", "app.edge.pool_routes", "app.edge.auth", "app.process.gunicorn_conf",
      "app.model.source", "app.model.catalog"),  # the HTTP edge; where the models come from
     ("app.api",),  # one module per wire API
-    ("app.core", "app.edge.logs", "app.model.gcs_download", "app.model.gcs", "app.model.remote",
+    ("app.core", "app.edge.logs", "app.model.gcs_download", "app.model.gcs_cache",
+     "app.model.gcs", "app.model.remote",
      "app.model.http_get"),  # the protocol-neutral middle; logs; download; images named by URL
     ("app.protocol", "app.settings"),  # wire shapes; the settings table
     ("app.formats",),  # the model's text: tool-call and reasoning formats, reply parsing

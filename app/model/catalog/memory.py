@@ -32,7 +32,7 @@ from pathlib import Path
 from app.engine import memory_budget, memory_check
 from app.engine.config import EngineConfig
 from app.engine.memory_budget import GIB, Free
-from app.model import gcs, gcs_download
+from app.model import gcs, gcs_cache
 from app.model.catalog.spec import ModelSpec
 from app.model.gguf_header import GgufError, read_header, read_model
 from app.settings import Settings, lora_entries
@@ -53,7 +53,7 @@ def _local(source: str | None, base: str | None = None, cache: Path | None = Non
     if source.startswith("gs://") and cache is not None:
         try:
             bucket, name = gcs.parse_uri(source)
-            path = gcs_download.cache_path(cache, gcs.GcsObject(bucket, name, 0, 0, ""))
+            path = gcs_cache.cache_path(cache, gcs.GcsObject(bucket, name, 0, 0, ""))
         except gcs.GcsError:
             return None
         return str(path) if path.is_file() else None  # renamed in only once verified
