@@ -32,6 +32,11 @@ def original(module: str, name: str) -> Any:
 
 _start_new_thread = original("_thread", "start_new_thread")
 original_sleep: Callable[[float], None] = original("time", "sleep")  # for native threads
+# gevent's os.close (25.8.1+) defers the close of a socket or pipe to the calling thread's hub
+# loop once that thread has a hub, which a native thread that once ran greenlet code (a gs://
+# download) never runs again: the descriptor would stay open. Descriptors a native thread
+# closes, and files whose flock must end with the close, go through this one.
+close_fd: Callable[[int], None] = original("os", "close")
 _stack_size = original("_thread", "stack_size")
 allocate_lock: Callable[[], Any] = original("_thread", "allocate_lock")
 _stack_lock = allocate_lock()

@@ -36,7 +36,7 @@ from app.base.errors import (
     ShuttingDown,
 )
 from app.base.state import LoadState
-from app.base.threads import ThreadEvent, allocate_lock, start_native_thread
+from app.base.threads import ThreadEvent, allocate_lock, close_fd, start_native_thread
 from app.engine.config import EngineConfig
 from app.engine.embed import EmbedHandle, EmbedInfo, EmbedRequest
 from app.engine.file_holds import FileHolds, collecting
@@ -406,10 +406,10 @@ class RemoteEngine:
         try:
             proc = self._launch(child_fd, rec, env)
         except BaseException:
-            os.close(fd)
+            close_fd(fd)
             raise
         finally:
-            os.close(child_fd)
+            close_fd(child_fd)
         token.pid = proc.pid
         link = Link(proc, fd)
         with self._lock:

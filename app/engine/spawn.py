@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from app.base.threads import (
     ThreadEvent,
     allocate_lock,
+    close_fd,
     original,
     original_sleep,
     start_native_thread,
@@ -137,4 +138,4 @@ class Link:
         self.closed = True
         self._wake.set()
         self._writer_done.wait(5.0)
-        os.close(self.fd)
+        close_fd(self.fd)
