@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Iterator
 
 from app.base.errors import ModelLoadError
-from app.base.threads import thread_local
+from app.base.threads import close_fd, thread_local
 
 # a split GGUF's shard, as llama.cpp's gguf-split names them (app.model.gcs.SHARD_RE's rule)
 _SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -76,7 +76,7 @@ class FileHolds:
                                      "being loaded (MODEL_CACHE_MAX_GB made room for another "
                                      "model): load it again to download it again")
         except BaseException:
-            os.close(fd)
+            close_fd(fd)
             raise
         self._fds[path] = fd
 
@@ -91,7 +91,7 @@ class FileHolds:
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             with contextlib.suppress(OSError):
-                os.close(fd)
+                close_fd(fd)
 
 
 @contextlib.contextmanager

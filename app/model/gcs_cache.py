@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.base.threads import original_sleep
+from app.base.threads import close_fd, original_sleep
 from app.model.gcs import GcsError, GcsObject
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,9 @@ def _unsupported(exc: OSError) -> bool:
 @contextlib.contextmanager
 def single_flight(path: Path, on_wait: Callable[[bool], None] | None = None) -> Iterator[None]:
     """Hold the entry's ``.NAME.lock`` exclusively: one caller at a time checks the cache for
-    ``path`` and downloads it. A caller that finds it held says so (``on_wait(True)``), looks
-    again every POLL_SECONDS and, once it has it, ``on_wait(False)``: it then re-checks the
+    ``path`` and downloads it. A caller that finds it held looks again every POLL_SECONDS,
+    saying so each time (``on_wait(True)``: called here, on the waiting thread, whose sleep lets
+    no other code of it run), and once it has it ``on_wait(False)``: it then re-checks the
     cache and finds the other caller's download. The wait lasts as long as that download,
     which its own retries bound (a dead holder's lock is released with its process)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +120,7 @@ def single_flight(path: Path, on_wait: Callable[[bool], None] | None = None) -> 
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if not waited and on_wait is not None:
+                if on_wait is not None:
                     on_wait(True)
                 waited = True
                 original_sleep(POLL_SECONDS)
@@ -133,7 +134,7 @@ def single_flight(path: Path, on_wait: Callable[[bool], None] | None = None) -> 
             on_wait(False)
         yield
     finally:
-        os.close(fd)
+        close_fd(fd)
 
 
 # ---- the size bound ------------------------------------------------------------------------
@@ -183,13 +184,13 @@ def _delete(path: Path, own: bool) -> bool:
             meta_path(path).unlink(missing_ok=True)  # no cache hit on a file about to go
             path.unlink()
         finally:
-            os.close(fd)
+            close_fd(fd)
         return True
     except OSError:  # BlockingIOError: in use; or gone meanwhile
         return False
     finally:
         if guard >= 0:
-            os.close(guard)
+            close_fd(guard)
 
 
 def _size(n: float) -> str:
@@ -246,4 +247,4 @@ def room(cache_dir: Path, need: int, bound: int | None, uri: str, own: Path) -> 
         make_room(root, need, bound, uri, own)
         yield
     finally:
-        os.close(fd)
+        close_fd(fd)

@@ -358,10 +358,16 @@ def fetch_model(
                 log.info("model %s: %s", uri, progress.line())
 
     def waiting(obj: GcsObject, now: bool) -> None:
+        """Said at each look while another download of ``obj`` holds its lock: told to the
+        caller from here (a gevent worker's watcher, a greenlet of this native thread, cannot
+        run while this thread sleeps on the lock)."""
+        first = now and progress.waiting is None
         progress.waiting = f"waiting for another download of {obj.uri}" if now else None
-        if now:
+        if first:
             log.info("model %s: %s (another model, thread or process is downloading it)",
                      uri, progress.waiting)
+        if on_progress:
+            on_progress(progress)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
