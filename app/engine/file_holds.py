@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,8 @@ from app.base.threads import close_fd, thread_local
 
 # a split GGUF's shard, as llama.cpp's gguf-split names them (app.model.gcs.SHARD_RE's rule)
 _SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+log = logging.getLogger(__name__)
 
 _collector = thread_local()  # per OS thread: the FileHolds an engine's resolvers fill
 
@@ -63,8 +66,14 @@ class FileHolds:
         except OSError as exc:
             raise ModelLoadError(f"{path}: cannot open it ({exc.strerror})") from None
         try:
-            # blocks only while an eviction holds its exclusive lock, an instant: it never waits
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                # blocks only while an eviction holds its exclusive lock, an instant: it never
+                # waits on anything while it holds it
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            except OSError as exc:  # a filesystem without locks (a FUSE mount): not a cache's
+                log.debug("%s: not held (%s)", path, exc.strerror)
+                close_fd(fd)
+                return
             st = os.fstat(fd)
             try:
                 now = os.stat(path)
@@ -72,9 +81,9 @@ class FileHolds:
             except OSError:
                 same = False
             if st.st_nlink == 0 or not same:
-                raise ModelLoadError(f"{path}: deleted from the download cache while it was "
-                                     "being loaded (MODEL_CACHE_MAX_GB made room for another "
-                                     "model): load it again to download it again")
+                raise ModelLoadError(f"{path}: deleted or replaced while it was being loaded "
+                                     "(MODEL_CACHE_MAX_GB made room for another model in the "
+                                     "download cache?): load it again")
         except BaseException:
             close_fd(fd)
             raise
