@@ -135,7 +135,7 @@ def gap(args: argparse.Namespace) -> None:
         env = {"MODELS": f"a={args.model},big={uri}", "MODELS_PRELOAD": "a",
                "MODELS_PRESET": str(preset), "MODEL_CACHE_DIR": str(cache / "cache"),
                "STORAGE_EMULATOR_HOST": storage.url, "STREAM_HEARTBEAT_SECONDS": "0",
-               "KEEP_ALIVE": "-1"}
+               "KEEP_ALIVE": "-1", **dict(kv.split("=", 1) for kv in args.env)}
         with serve(ROOT, env) as base:
             stream_gaps(base, "a", 32)  # the first stream's one-time costs, not counted
             alone: list[tuple[float, float]] = []
@@ -185,6 +185,14 @@ def gap(args: argparse.Namespace) -> None:
             "b_stages": [(round(t - loaded["start"], 1), s) for t, s in stages],
             "b_answered_tokens": len(after_b) + 1,
         }
+        # each phase of B's arrival (its stages as /v1/models said them, a second apart)
+        bounds = [t for t, _ in stages] + [loaded["end"]]
+        result["by_stage"] = {
+            f"{name} ({bounds[i + 1] - t:.0f} s)": summary(part) for i, (t, name) in
+            enumerate(stages)
+            if (part := [g for g in window if g[1] >= t and g[0] <= bounds[i + 1]])}
+        result["longest_gaps"] = [(round(a - loaded["start"], 2), round((b - a) * 1000))
+                                  for a, b in sorted(window, key=lambda g: g[0] - g[1])[:8]]
         result["max_gap_ratio"] = (result["during_b_arrival"]["max_ms"]
                                    / result["alone"]["max_ms"])
         result["median_gap_ratio"] = (result["during_b_arrival"]["median_ms"]
@@ -267,6 +275,8 @@ def main() -> None:
     g.add_argument("--big-ctx", type=int, default=1024)
     g.add_argument("--alone-streams", type=int, default=4)
     g.add_argument("--tokens", type=int, default=256)
+    g.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting of the server's (LOAD_PRIORITY=normal, ...)")
     s = sub.add_parser("switch", help="time to switch models, against llama-server's router")
     s.add_argument("--models", type=Path, nargs=2,
                    default=[DEFAULT_MODEL, ROOT / "bench/gpu/work/models/small.gguf"])

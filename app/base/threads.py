@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -56,6 +57,39 @@ def start_native_thread(target: Callable[[], None], stack_size: int = 0) -> None
             _start_new_thread(target, ())
         finally:
             _stack_size(old)
+
+
+LOWEST_NICE = 19
+
+
+def run_at_low_priority(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a native thread of its own at the lowest CPU priority (nice 19), the
+    calling thread waiting for it; its result, or its exception raised here. A model's load
+    and warm-up run so beside models already serving: on a busy CPU they take what the others
+    leave. Linux's nice is per thread and an unprivileged one can never lower it again, so a
+    thread of its own: the caller (the engine thread, which serves afterwards) keeps its own,
+    and so do the compute threads its first decode makes (OpenMP's team is per thread that
+    starts it)."""
+    done = allocate_lock()
+    done.acquire()
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            with contextlib.suppress(OSError):  # a platform without per-thread nice: as is
+                os.setpriority(os.PRIO_PROCESS, 0, LOWEST_NICE)  # 0: this thread (Linux)
+            out.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+            out.append((False, exc))
+        finally:
+            done.release()
+
+    _start_new_thread(run, ())
+    done.acquire()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
 
 
 class ThreadEvent:

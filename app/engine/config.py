@@ -33,6 +33,7 @@ class EngineConfig:
     parallel: int
     prefill_chunk: int
     warm_up: Literal["auto", "full", "light"]  # auto, in the engine: full
+    load_priority: Literal["normal", "low"]
     served_model_name: str | None
     model_tags: str | None
     max_prompt_bytes: int  # 0: context x longest token

@@ -40,6 +40,7 @@ from app.base.threads import (
     allocate_lock,
     held_wakes,
     original_sleep,
+    run_at_low_priority,
     start_native_thread,
 )
 from app.engine.admission import Admission
@@ -341,11 +342,10 @@ class LlamaEngine:
                 self._mmproj = self._resolve_projector(self.state)
                 self._draft = self._resolve_draft(self.state)
                 self._adapters = self._resolve_adapters(self.state)
-            self._load(path)
-            if self._generates:
-                self._warm_up()
-            if self._embedder:
-                self._embedder.open()
+            if self.config.load_priority == "low":  # beside models already serving
+                run_at_low_priority(lambda: self._load_and_warm(path))
+            else:
+                self._load_and_warm(path)
         except Exception as exc:  # noqa: BLE001 - every load failure must end the process
             msg = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"
             self.state.fail(msg)
@@ -380,6 +380,13 @@ class LlamaEngine:
             self._holds.release()
             self._stopped.set()
 
+    def _load_and_warm(self, path: str) -> None:
+        self._load(path)
+        if self._generates:
+            self._warm_up()
+        if self._embedder:
+            self._embedder.open()
+
     def _load(self, path: str) -> None:
         """Open the model (LlamaModel.load) and take what the engine reads of it."""
         cxx_runtime.pin()  # done when app was imported; a process that loads llama.cpp needs it
@@ -401,13 +408,25 @@ class LlamaEngine:
         """Before declaring the model ready: the first burst's work done once, then the chat
         template's opening left in the KV cache (app.engine.warm_up); the counters forgotten."""
         self._stage("warming_up", progress=None)
-        sched, info = self._sched, self._info
+        sched, info, m = self._sched, self._info, self._m
         assert sched is not None  # a generative model has a context
-        warm_up(sched, self._m.tok, self.config.parallel, self.config.prefill_chunk,
-                self._enter, self._step_once, light=self.config.warm_up == "light")
-        opening = self.config.opening
-        if opening is not None and info is not None:
-            prime(lambda: opening(info), self._enter, self._step_once)
+        light = self.config.warm_up == "light"
+        if light:  # one compute thread: see below
+            m.ll.llama_set_n_threads(m.ctx, 1, 1)
+        try:
+            warm_up(sched, m.tok, self.config.parallel, self.config.prefill_chunk,
+                    self._enter, self._step_once, light=light)
+            opening = self.config.opening
+            if opening is not None and info is not None:
+                prime(lambda: opening(info), self._enter, self._step_once)
+        finally:
+            # a light warm-up is a model's load beside models that serve: llama.cpp's compute
+            # threads wait for each other spinning, so two models' teams on the same cores
+            # stalled both (a 3 s gap in the other model's stream on 2 cores); one thread
+            # never waits for another. The model serves with all of them.
+            if light:
+                m.ll.llama_set_n_threads(m.ctx, m.n_threads,
+                                         self.config.threads_batch or m.n_threads)
         sched.reset_stats()  # the warm-up's steps measured nothing a request will see
 
     def _enter(self, job: Job) -> None:

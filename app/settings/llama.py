@@ -188,11 +188,21 @@ class LlamaSettings(BaseModel):
         description="What a load runs before the model is ready. full: a whole PREFILL_CHUNK "
         "prompt and every slot generating, so the first burst of requests pays no first-use "
         "cost (buffers sized, pages mapped; on a CPU the prompt alone costs a fraction of a "
-        "second); light: one short prompt and one token, which proves the model generates "
-        "and keeps short the wait of the request that asked for the model (llama-server's "
-        "warm-up is as light). auto: full for a model loaded before the server is ready "
+        "second); light: one short prompt and one token on one compute thread, which proves "
+        "the model generates and keeps short the wait of the request that asked for the "
+        "model (llama-server's warm-up is as light), without llama.cpp's compute threads "
+        "spinning against those of the models serving beside it. auto: full for a model loaded before the server is ready "
         "(MODEL, MODELS_PRELOAD), light for one loaded on demand by a request.",
         **env("WARM_UP"),
+    )
+    load_priority: Literal["normal", "low"] = Field(
+        "normal",
+        description="The CPU priority of a load and its warm-up. low: the lowest (nice 19, on "
+        "a thread of their own: the model serves at normal priority after), for a model "
+        "loaded beside models whose streams matter more than its load time: on a CPU they "
+        "keep the processor, and a load beside models that use every core waits until they "
+        "leave it some (minutes, or for as long as they stay busy); normal: as any thread.",
+        **env("LOAD_PRIORITY"),
     )
     max_queue: int = Field(
         64,

@@ -40,7 +40,9 @@ def srv(default_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Server
                        capture_output=True, timeout=120)
     embed = build_tiny_bert(folder / "embed.gguf")
     preset = folder / "models.ini"
-    preset.write_text("[smol]\npin = true\naliases = smol-chat\n\n[free]\nctx-size = 256\n\n"
+    # free loads at the lowest CPU priority (LOAD_PRIORITY=low): its loads still finish
+    preset.write_text("[smol]\npin = true\naliases = smol-chat\n\n[free]\nctx-size = 256\n"
+                      "load-priority = low\n\n"
                       "[embed]\nembeddings = only\n")
     env = {"MODELS": f"smol={default_model},free={free},embed={embed}",
            "MODELS_PRESET": str(preset), "MODELS_MAX": "2", "CTX_SIZE": "512", "PARALLEL": "2"}
@@ -133,6 +135,7 @@ def test_props_shows_the_named_models_own_preset(srv, client):
     free = requests.get(srv.url("/props?model=free"), timeout=30).json()
     assert free["model_alias"] == "free"
     assert free["n_ctx"] == 256 and free["settings"]["ctx_size"] == 256  # its preset's
+    assert free["settings"]["load_priority"] == "low"
     smol = requests.get(srv.url("/props"), timeout=30).json()  # the default model's
     assert smol["model_alias"] == "smol"
     assert smol["n_ctx"] == 512 and smol["settings"]["ctx_size"] == 512  # CTX_SIZE's

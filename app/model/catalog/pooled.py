@@ -129,7 +129,8 @@ class PooledModels(Models):
     def _make(self, spec: ModelSpec, on_fatal: Callable[[str], None]) -> PoolEngine:
         """The model's engine: in its own process, whatever ENGINE_PROCESS says. WARM_UP=auto:
         a full warm-up while the preloads load (no request waits: the server is not ready
-        yet), a light one once a request is what asks for the model (it waits for the load)."""
+        yet), a light one once a request is what asks for the model (it waits for the load,
+        and models beside it serve)."""
         update: dict[str, Any] = {"engine_process": "on"}
         if spec.settings.warm_up == "auto":
             update["warm_up"] = "light" if self.preloaded else "full"
