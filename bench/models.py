@@ -130,8 +130,9 @@ def gap(args: argparse.Namespace) -> None:
         print(f"uploaded {big.stat().st_size / 1e9:.2f} GB to the emulator in "
               f"{time.monotonic() - t0:.0f} s", flush=True)
         preset = cache / "models.ini"
+        a_threads = f"threads = {args.a_threads}\n" if args.a_threads else ""
         preset.write_text(f"version = 1\n\n[big]\nctx-size = {args.big_ctx}\nparallel = 1\n\n"
-                          "[a]\nparallel = 1\n")
+                          f"[a]\nparallel = 1\n{a_threads}")
         env = {"MODELS": f"a={args.model},big={uri}", "MODELS_PRELOAD": "a",
                "MODELS_PRESET": str(preset), "MODEL_CACHE_DIR": str(cache / "cache"),
                "STORAGE_EMULATOR_HOST": storage.url, "STREAM_HEARTBEAT_SECONDS": "0",
@@ -223,12 +224,15 @@ def switch_times(base: str, names: list[str], rounds: int) -> dict[str, list[flo
     one_token(base, names[-1])  # the last model loaded: the first round starts with a switch
     for _ in range(rounds):
         for name in names:
-            out["switch"].append(one_token(base, name))
+            took = one_token(base, name)
+            out["switch"].append(took)
+            out.setdefault(f"switch to {name}", []).append(took)
             out["loaded"].append(one_token(base, name))
     return out
 
 
 def router_names(base: str) -> list[str]:
+    """The models' names as the server lists them (file names without .gguf on both)."""
     return sorted(m["id"] for m in requests.get(f"{base}/models", timeout=30).json()["data"])
 
 
@@ -275,6 +279,9 @@ def main() -> None:
     g.add_argument("--big-ctx", type=int, default=1024)
     g.add_argument("--alone-streams", type=int, default=4)
     g.add_argument("--tokens", type=int, default=256)
+    g.add_argument("--a-threads", type=int, default=0,
+                   help="model A's compute threads (0: every core); fewer leave cores free, "
+                   "as a GPU machine's do while its models decode on the GPU")
     g.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting of the server's (LOAD_PRIORITY=normal, ...)")
     s = sub.add_parser("switch", help="time to switch models, against llama-server's router")

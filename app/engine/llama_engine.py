@@ -417,7 +417,9 @@ class LlamaEngine:
             warm_up(sched, m.tok, self.config.parallel, self.config.prefill_chunk,
                     self._enter, self._step_once, light=light)
             opening = self.config.opening
-            if opening is not None and info is not None:
+            if opening is not None and info is not None and not light:
+                # (light: the request waiting for the model decodes the opening with its own
+                # prompt, on every compute thread, and leaves it cached for the next)
                 prime(lambda: opening(info), self._enter, self._step_once)
         finally:
             # a light warm-up is a model's load beside models that serve: llama.cpp's compute

@@ -32,7 +32,7 @@ def warm_up(sched: Scheduler, tok: Tokenizer, parallel: int, prefill_chunk: int,
     # PREFILL_CHUNK larger than CTX_SIZE is a valid setting (the chunk is a step's budget
     # across slots), and once made the warm-up itself overflow and the load fail
     room = max(1, sched.n_ctx - 8)
-    size = min(8 if light else prefill_chunk, room)
+    size = min(2 if light else prefill_chunk, room)
     text = "The quick brown fox jumps over the lazy dog. " * (size // 4 + 1)
     long = tok.tokens(text, add_bos=tok.add_bos)[:size]
     jobs = []

@@ -188,10 +188,12 @@ class LlamaSettings(BaseModel):
         description="What a load runs before the model is ready. full: a whole PREFILL_CHUNK "
         "prompt and every slot generating, so the first burst of requests pays no first-use "
         "cost (buffers sized, pages mapped; on a CPU the prompt alone costs a fraction of a "
-        "second); light: one short prompt and one token on one compute thread, which proves "
-        "the model generates and keeps short the wait of the request that asked for the "
-        "model (llama-server's warm-up is as light), without llama.cpp's compute threads "
-        "spinning against those of the models serving beside it. auto: full for a model loaded before the server is ready "
+        "second), then the chat template's opening decoded and left cached; light: a "
+        "two-token prompt and one token on one compute thread (as llama-server's warm-up), "
+        "which proves the model generates and keeps short the wait of the request that "
+        "asked for the model (it decodes the opening with its own prompt), without "
+        "llama.cpp's compute threads spinning against those of the models serving beside "
+        "it. auto: full for a model loaded before the server is ready "
         "(MODEL, MODELS_PRELOAD), light for one loaded on demand by a request.",
         **env("WARM_UP"),
     )

@@ -51,7 +51,7 @@ def test_full_warm_up_runs_the_first_bursts_work():
 def test_light_warm_up_is_one_short_prompt_and_one_token():
     jobs = _run(light=True)
     assert len(jobs) == 1
-    assert 1 <= len(jobs[0].request.prompt) <= 8
+    assert 1 <= len(jobs[0].request.prompt) <= 2  # llama-server's warm-up is 2 tokens
     assert jobs[0].request.params.max_tokens == 1
     assert jobs[0].request.params.grammar is None
 
