@@ -122,8 +122,13 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
     Service per model with its own plan options. ``on_fatal``: a preload that failed."""
     from app.base.boot import Boot
     from app.core.service import Service
+    from app.model import gcs
     from app.model.catalog import memory
     from app.model.catalog.pooled import PooledModels
+
+    if any(gcs.names_gcs(spec.source, spec.settings.mmproj, spec.settings.draft_model,
+                         spec.settings.lora_adapters) for spec in catalog.models):
+        gcs.import_client_library()  # now, not under the interpreter lock of a load's thread
 
     def make_service(engine: Any, settings: Settings) -> Service:
         return Service(engine, plan_options(settings), prepare_timeout=settings.prepare_timeout,

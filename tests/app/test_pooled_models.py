@@ -355,3 +355,24 @@ def test_a_preload_past_the_memory_budget_is_a_start_up_error(monkeypatch):
         assert client.get("/health").status_code == 503 and "needs 3.22 GB" in str(body)
     finally:
         pool.shutdown()
+
+
+@pytest.mark.parametrize(("source", "imported"), [
+    ("gs://bucket/beta/", True), ("/models/beta.gguf", False)])
+def test_the_storage_client_library_is_imported_at_start_when_a_model_is_on_gcs(
+        monkeypatch, source, imported):
+    """Imported by a load's thread instead, the import held the interpreter lock for 0.14 s,
+    a gap in every stream the web process relays."""
+    from app.model import gcs
+
+    calls: list[bool] = []
+    monkeypatch.setattr(gcs, "import_client_library", lambda: calls.append(True))
+    specs = (spec("alpha", preload=True), dataclasses.replace(spec("beta"), source=source))
+    cat = Catalog(base=Settings(), models=specs, default="alpha", max_loaded=0,
+                  keep_alive=300.0)
+    app = create_app(Settings(), catalog=cat,
+                     make_engine=lambda s, fatal: Engine(s, fatal))
+    try:
+        assert calls == ([True] if imported else [])
+    finally:
+        app.extensions["vertex_gguf_pool"].shutdown()
