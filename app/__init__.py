@@ -85,9 +85,11 @@ def _template_text(value: str | None) -> str | None:
     return value
 
 
-def _engine(settings: Settings, boot: Boot, on_fatal: Callable[[str], None] | None) -> Any:
+def _engine(settings: Settings, boot: Boot, on_fatal: Callable[[str], None] | None,
+            launch: Any = None) -> Any:
     """The llama.cpp engine for the configured model: in this process, or in a process of its
-    own (ENGINE_PROCESS=on: app.engine.remote, the crash guard's rules per engine process)."""
+    own (ENGINE_PROCESS=on: app.engine.remote, the crash guard's rules per engine process).
+    ``launch``: how its engine processes start (a pool's spares; default: spawned fresh)."""
     from app.base.state import LoadState
     from app.engine.llama_engine import LlamaEngine
     from app.model import source
@@ -100,6 +102,8 @@ def _engine(settings: Settings, boot: Boot, on_fatal: Callable[[str], None] | No
         from app.process.crash_guard import CrashGuard, safe_changes
 
         make = RemoteEngine
+        if launch is not None:
+            extra["launch"] = launch
         extra["guard"] = CrashGuard(settings.crash_limit, settings.crash_window,
                                     safe_changes(config), settings.crash_backoff_max,
                                     what="engine process")
@@ -138,11 +142,16 @@ def _pool(catalog: Catalog, make_engine: MakeEngine | None, metrics: Any,
     def on_ready() -> None:
         boot.record("ready", "")  # what the crash guard reads of this worker
 
-    make = make_engine or (lambda settings, fatal: _engine(settings, Boot(), fatal))
+    spares = None
+    if make_engine is None:  # llama.cpp's engines: the next one's process started ahead
+        from app.engine.spare import Spares
+
+        spares = Spares()
+    make = make_engine or (lambda settings, fatal: _engine(settings, Boot(), fatal, spares))
     room = memory.measure(catalog.base, catalog.models)  # once, now: the room for models
     budget = room.budget
     return PooledModels(catalog, make, make_service, on_fatal=on_fatal, on_ready=on_ready,
-                        estimate=partial(memory.estimate, config_of=engine_config,
+                        spares=spares, estimate=partial(memory.estimate, config_of=engine_config,
                                          gpus=room.gpus),
                         budget=None if budget is None else lambda: budget)
 

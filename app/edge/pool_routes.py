@@ -102,6 +102,8 @@ def health(pool: PooledModels, server_facts: dict[str, Any]) -> tuple[Response, 
             stalled = engine.stalled(limit)  # said, not a 503: the other models serve
             if stalled:
                 model["stalled"] = stalled
+    if pool.spares is not None:  # the next load's engine process, started ahead
+        body["spare_engine_process"] = pool.spares.pid
     if pool.preload_error:
         body["error"] = pool.preload_error
     body.update(server_facts)

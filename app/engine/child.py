@@ -330,9 +330,11 @@ class Child:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m app.engine.child")
-    ap.add_argument("--fd", type=int, required=True, help="the socket to the web process")
+    ap.add_argument("--fd", type=int, help="the socket to the web process")
     ap.add_argument("--stage-fd", type=int, help="the crash guard's stage record")
     ap.add_argument("--fault-fd", type=int, help="the crash guard's fault record")
+    ap.add_argument("--control-fd", type=int, help="a spare (app.engine.spare): the three "
+                    "above come on this socket when it is taken")
     args = ap.parse_args(argv)
     cxx_runtime.pin()  # done by app/__init__, first; a no-op here
     # a signal to the server's process group is the web process's to act on: it tells this
@@ -340,6 +342,17 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    if args.control_fd is not None:
+        from app.engine.spare import wait_to_be_taken
+
+        fds = wait_to_be_taken(args.control_fd)
+        if fds is None:  # not wanted after all
+            os._exit(0)
+        args.fd = fds[0]
+        if len(fds) == 3:
+            args.stage_fd, args.fault_fd = fds[1], fds[2]
+    if args.fd is None:
+        ap.error("--fd or --control-fd is required")
     record = None
     if args.stage_fd is not None and args.fault_fd is not None:
         record = _Record((args.stage_fd, args.fault_fd))

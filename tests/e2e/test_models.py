@@ -95,6 +95,24 @@ def test_the_openai_client_switches_models_and_the_lru_idle_one_goes(srv, client
     assert wait_for(lambda: loaded(srv) == {"smol", "free"}, 60, "embed evicted")
 
 
+def test_a_load_takes_the_spare_engine_process_started_ahead_and_the_next_one_starts(srv):
+    """The next load's engine process, started ahead with the engine imported (it skips a
+    fresh interpreter: a third of a small model's load), is the one the load runs in."""
+    def spare() -> int | None:
+        return requests.get(srv.url("/health"), timeout=30).json()["spare_engine_process"]
+
+    assert wait_for(lambda: spare() is not None, 60, "a spare started")
+    ahead = spare()
+    requests.post(srv.url("/models/unload"), json={"model": "embed"}, timeout=60)
+    resp = requests.post(srv.url("/models/load"), json={"model": "embed"}, timeout=120)
+    assert resp.status_code == 200
+    assert engine_pid(srv, "embed") == ahead
+    assert wait_for(lambda: spare() not in (None, ahead), 60, "the next spare")
+    emb = requests.post(srv.url("/v1/embeddings"), json={"model": "embed", "input": "hi"},
+                        timeout=60)
+    assert emb.status_code == 200 and emb.json()["data"][0]["embedding"]
+
+
 def test_an_unknown_model_is_a_404_naming_the_models(client):
     with pytest.raises(openai.NotFoundError) as err:
         chat(client, "nope")

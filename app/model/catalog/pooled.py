@@ -109,11 +109,14 @@ class PooledModels(Models):
 
     def __init__(self, catalog: Catalog, make_engine: MakeEngine, make_service: MakeService,
                  on_fatal: Callable[[str], None] | None = None,
-                 on_ready: Callable[[], None] | None = None, **pool_options: Any) -> None:
+                 on_ready: Callable[[], None] | None = None, spares: Any = None,
+                 **pool_options: Any) -> None:
         """``on_fatal``: a preload that failed (a start-up error: the server stops, as a single
         model's failed load stops it); a model failing later is that model's alone.
-        ``on_ready``: the preloads are loaded (at once when there are none)."""
+        ``on_ready``: the preloads are loaded (at once when there are none). ``spares``: the
+        engine processes started ahead (app.engine.spare), closed with the pool."""
         self.catalog = catalog
+        self.spares = spares
         self._on_fatal = on_fatal
         self._on_ready = on_ready
         self._make_engine = make_engine
@@ -231,6 +234,8 @@ class PooledModels(Models):
         return self.pool.statuses()
 
     def shutdown(self) -> None:
+        if self.spares is not None:
+            self.spares.close()
         self.pool.shutdown()
 
     def drain(self) -> None:
