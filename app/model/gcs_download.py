@@ -5,8 +5,9 @@ What the objects are (which GGUF a ``gs://`` URI names, its shards, the client) 
 
 - Large objects download as concurrent ranged slices written in place (``os.pwrite``), each
   slice retried with backoff on transient errors; small ones in one stream.
-- Every object is checked against its crc32c before it is renamed into the cache; a mismatch
-  deletes the partial file and fails loudly.
+- Every object is checked against its crc32c before it is renamed into the cache, made as its
+  bytes arrive (each slice's, joined: app.model.crc32c), so the finished file is not read
+  again; a mismatch deletes the partial file and fails loudly.
 - Cache entries are keyed by bucket, object and generation (a sidecar ``.meta.json``): a restart
   with the same object downloads nothing, a new generation downloads again. One caller at a
   time downloads an object (the others wait, then find it cached), and MODEL_CACHE_MAX_GB
@@ -28,8 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app.engine import file_holds
+from app.model.crc32c import Joiner
 from app.model.gcs import GcsError, GcsObject, describe, is_permanent, list_models, make_client
 from app.model.gcs_cache import (
     cache_path,
@@ -159,18 +162,22 @@ class Progress:
 
 
 class _OffsetWriter:
-    """A file-like object writing at a fixed offset of a shared file descriptor."""
+    """A file-like object writing at a fixed offset of a shared file descriptor, its bytes
+    added to the slice's CRC-32C as they pass (a retry's writer goes on with the same one)."""
 
-    def __init__(self, fd: int, offset: int, progress: Progress):
+    def __init__(self, fd: int, offset: int, progress: Progress, crc: Any = None):
         self.fd = fd
         self.offset = offset
         self.written = 0
         self.progress = progress
+        self.crc = crc
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
         while view:
             n = os.pwrite(self.fd, view, self.offset + self.written)
+            if self.crc is not None:  # (a short write, rare, is the one copy)
+                self.crc.update(data if n == len(data) else bytes(view[:n]))
             self.written += n
             self.progress.add(n)
             view = view[n:]
@@ -181,14 +188,16 @@ class _OffsetWriter:
 
 
 def _download_range(
-    blob, fd: int, start: int, end: int, progress: Progress, uri: str, abort: threading.Event
+    blob, fd: int, start: int, end: int, progress: Progress, uri: str, abort: threading.Event,
+    crc: Any = None,
 ) -> None:
-    """Bytes [start, end] of the object into the file, retried; resumes where it broke off."""
+    """Bytes [start, end] of the object into the file, retried; resumes where it broke off.
+    ``crc``: the slice's CRC-32C (google_crc32c.Checksum), fed every byte in order."""
     pos = start
     for attempt in range(RETRIES):
         if pos > end or abort.is_set():
             return
-        writer = _OffsetWriter(fd, pos, progress)
+        writer = _OffsetWriter(fd, pos, progress, crc)
         try:
             blob.download_to_file(
                 writer, start=pos, end=end, raw_download=True, checksum=None, retry=None
@@ -255,11 +264,14 @@ def md5_of(path: Path) -> str:
     return base64.b64encode(h.digest()).decode()
 
 
-def verify(obj: GcsObject, path: Path) -> None:
-    """The file against the object's crc32c, else its md5; with neither (emulators, some
-    proxies; real Cloud Storage always has a crc32c), loaded with a warning in the log."""
+def verify(obj: GcsObject, path: Path, streamed: int | None = None) -> None:
+    """The file against the object's crc32c (``streamed``: the one its bytes made as they
+    arrived, else read from the file), else its md5; with neither (emulators, some proxies;
+    real Cloud Storage always has a crc32c), loaded with a warning in the log."""
     if obj.crc32c:
-        kind, expected, actual = "crc32c", obj.crc32c, crc32c_of(path)
+        actual = (crc32c_of(path) if streamed is None else
+                  base64.b64encode(streamed.to_bytes(4, "big")).decode())
+        kind, expected = "crc32c", obj.crc32c
     elif obj.md5:
         kind, expected, actual = "md5", obj.md5, md5_of(path)
     else:
@@ -270,6 +282,21 @@ def verify(obj: GcsObject, path: Path) -> None:
             f"model {obj.uri}: {kind} mismatch (expected {expected}, got {actual}): "
             "the file is corrupt and was deleted"
         )
+
+
+def _checksum() -> Any:
+    import google_crc32c
+
+    return google_crc32c.Checksum()
+
+
+def _joined(crcs: dict[int, Any], size: int) -> int:
+    """The object's CRC-32C from its slices' (keyed by their first byte), in order."""
+    joiner = Joiner()
+    starts = sorted(crcs)
+    for start, end in zip(starts, [*starts[1:], size], strict=True):
+        joiner.add(int.from_bytes(crcs[start].digest(), "big"), end - start)
+    return joiner.crc
 
 
 def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, progress: Progress) -> None:
@@ -283,6 +310,9 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
     try:
         with room(opts.cache_dir, obj.size, opts.cache_max_bytes, obj.uri, dest):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # each slice's CRC-32C made as its bytes arrive, joined in order at the end: the
+        # download is verified without reading the finished file again
+        crcs: dict[int, Any] = {}
         try:
             os.ftruncate(fd, obj.size)
             if obj.size >= 2 * opts.slice_bytes and opts.workers > 1:
@@ -290,11 +320,13 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
                     (s, min(s + opts.slice_bytes, obj.size) - 1)
                     for s in range(0, obj.size, opts.slice_bytes)
                 ]
+                crcs = {s: _checksum() for s, _ in ranges}
                 abort = threading.Event()
                 pool = cf.ThreadPoolExecutor(max_workers=opts.workers)
                 try:
                     futures = [
-                        pool.submit(_download_range, blob, fd, s, e, progress, obj.uri, abort)
+                        pool.submit(_download_range, blob, fd, s, e, progress, obj.uri, abort,
+                                    crcs[s])
                         for s, e in ranges
                     ]
                     for fut in cf.as_completed(futures):
@@ -305,10 +337,12 @@ def download_object(client, obj: GcsObject, dest: Path, opts: DownloadOptions, p
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
             elif obj.size:
-                _download_range(blob, fd, 0, obj.size - 1, progress, obj.uri, threading.Event())
+                crcs = {0: _checksum()}
+                _download_range(blob, fd, 0, obj.size - 1, progress, obj.uri, threading.Event(),
+                                crcs[0])
         finally:
             os.close(fd)
-        verify(obj, tmp)
+        verify(obj, tmp, _joined(crcs, obj.size))
         os.replace(tmp, dest)
         write_meta(dest, obj)
     except BaseException as exc:

@@ -10,6 +10,7 @@ Bucket layout (uploaded by the ``emulator`` fixture):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -47,6 +48,20 @@ def test_single_object_sliced_download_is_verified_and_cached(gcs_proxy, tmp_pat
     assert meta["uri"] == "gs://models/single/smollm2.gguf" and meta["generation"] > 0
     assert seen and seen[-1] == (98362432, 98362432)
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("workers", [4, 1])
+def test_a_download_is_verified_as_it_arrives_not_read_back(gcs_proxy, tmp_path, monkeypatch,
+                                                            workers):
+    """Each slice's CRC-32C is made from its bytes as they are written and the slices' are
+    joined: the finished file (4.7 GB for an 8B model) is not read again before ready."""
+    def read_back(path):
+        raise AssertionError(f"{path} read back")
+
+    monkeypatch.setattr(gcs_download, "crc32c_of", read_back)
+    options = dataclasses.replace(opts(gcs_proxy, tmp_path), workers=workers)
+    path = gcs_download.fetch_model("gs://models/single/smollm2.gguf", options)
+    assert sha256(path) == SHA256
 
 
 def test_small_objects_download_in_one_stream(gcs_proxy, tmp_path):
