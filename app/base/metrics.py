@@ -359,6 +359,13 @@ class EngineCollector:
                 PREFIX + "model_load_seconds", "Seconds the last model load took from the local "
                 "file to ready (loading and warm-up; a download is counted apart).",
                 value=timing.get("loading", 0.0) + timing.get("warming_up", 0.0))
+            phases = GaugeMetricFamily(
+                PREFIX + "model_load_phase_seconds", "Seconds each phase of the last load "
+                "took (starting, downloading, loading, warming_up) and their total: a cold "
+                "start's cost, and where it went.", labels=["phase"])
+            for phase, secs in getattr(state, "phases", dict)().items():
+                phases.add_metric([phase], secs)
+            yield phases
         download = state.download
         if download is not None:
             yield GaugeMetricFamily(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 STAGES = ("starting", "downloading", "loading", "warming_up", "ready", "failed")
+PHASES = STAGES[:4]  # what a load goes through before ready
 
 
 class LoadState:
@@ -63,6 +64,20 @@ class LoadState:
         self.stage = "failed"
         self.version += 1
 
+    def phases(self) -> dict[str, float]:
+        """Seconds each phase of the last load took (those it went through: a local file is
+        not downloaded), and their ``total``: what a cold start cost, and where. Empty
+        before the model is first ready."""
+        if not self.ready:
+            return {}
+        out = {p: round(self.seconds[p], 3) for p in PHASES if p in self.seconds}
+        out["total"] = round(sum(out.values()), 3)
+        return out
+
+    def phases_text(self) -> str:
+        """The phases for a log line: ``downloading 22.1 s, loading 13.0 s, ...``."""
+        return ", ".join(f"{k} {v:.1f} s" for k, v in self.phases().items())
+
     def snapshot(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "status": "ok" if self.ready else self.stage,
@@ -77,4 +92,6 @@ class LoadState:
             body["error"] = self.error
         if self.download and self.stage == "downloading":
             body["download"] = dict(self.download)
+        if self.ready:
+            body["cold_start"] = self.phases()
         return body

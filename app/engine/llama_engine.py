@@ -361,7 +361,8 @@ class LlamaEngine:
             self._embedder.start()
         self._last_activity = time.monotonic()  # idle counts from ready, not from construction
         self.state.set("ready", progress=1.0)
-        log.info("model ready: %s (n_ctx=%d)", self._info.name, self._m.n_ctx)
+        log.info("model ready: %s (n_ctx=%d; %s)", self._info.name, self._m.n_ctx,
+                 self.state.phases_text())
         try:
             self._loop()
         except Exception as exc:  # pragma: no cover - a bug: fail loudly and end the process

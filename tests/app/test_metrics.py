@@ -212,6 +212,14 @@ def test_load_state_download_and_load_time():
     assert value(m, "vertex_gguf_model_load_state", stage="loading") == 0
     assert value(m, "vertex_gguf_model_download_bytes") == 1000
     assert value(m, "vertex_gguf_model_load_seconds") > 0
+    # a cold start's phases, each as long as its stage lasted, and their total
+    phases = {labels[0][1]: v for (name, labels), v in m.items()
+              if name == "vertex_gguf_model_load_phase_seconds"}
+    assert set(phases) == {"starting", "downloading", "loading", "warming_up", "total"}
+    assert phases["downloading"] >= 0.02 and phases["loading"] >= 0.02
+    assert abs(phases["total"] - sum(v for k, v in phases.items() if k != "total")) < 0.01
+    health = client.get("/health").get_json()
+    assert health["cold_start"] == state.phases()
     assert value(m, "vertex_gguf_slots_total") == engine.capacity
     assert value(m, "vertex_gguf_kv_cache_total_cells") == engine.capacity * 512
 
