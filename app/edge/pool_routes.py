@@ -99,6 +99,7 @@ def health(pool: PooledModels, server_facts: dict[str, Any]) -> tuple[Response, 
         if isinstance(pid, int):
             model["engine_process"] = pid
         if model["status"] == "loaded" and engine.state.ready:
+            model["cold_start"] = engine.state.phases()  # what its load cost, phase by phase
             stalled = engine.stalled(limit)  # said, not a 503: the other models serve
             if stalled:
                 model["stalled"] = stalled

@@ -139,6 +139,14 @@ def test_a_warm_up_a_models_settings_name_is_kept():
         pool.shutdown()
 
 
+def test_health_says_what_each_loaded_models_load_cost(served):
+    client, _, _ = served
+    assert chat(client, "beta").status_code == 200
+    models = client.get("/health").get_json()["models"]
+    assert set(models["beta"]["cold_start"]) >= {"starting", "total"}
+    assert "cold_start" not in models["gamma"]  # not loaded
+
+
 def test_an_unknown_model_is_a_404_naming_the_models(served):
     client, _, _ = served
     resp = chat(client, "delta")
