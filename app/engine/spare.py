@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.base.threads import allocate_lock, close_fd, original, start_native_thread
-from app.engine.spawn import Process, Spawned, spawn
+from app.engine.spawn import Process, Spawned, _spawn_lock, spawn
 from app.process.crash_guard import _Record
 
 log = logging.getLogger(__name__)
@@ -49,16 +49,19 @@ def spawn_spare(env: dict[str, str]) -> Spare:
     # the C module's sockets: the web process runs gevent, whose patched ones are its hub's
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     control, child = ours.detach(), theirs.detach()
-    try:
-        os.set_inheritable(child, True)
-        argv = [sys.executable, "-m", "app.engine.child", "--control-fd", str(child)]
-        pid = _posix_spawn(sys.executable, argv, env,
-                           setsigmask={signal.SIGTERM, signal.SIGINT})
-    except BaseException:
-        close_fd(control)
-        raise
-    finally:
-        close_fd(child)
+    argv = [sys.executable, "-m", "app.engine.child", "--control-fd", str(child)]
+    # under spawn's lock: another spawn's descriptors are inheritable only while it holds it
+    # (an engine's socket inherited by a spare would outlive the engine: no EOF, no death seen)
+    with _spawn_lock:
+        try:
+            os.set_inheritable(child, True)
+            pid = _posix_spawn(sys.executable, argv, env,
+                               setsigmask={signal.SIGTERM, signal.SIGINT})
+        except BaseException:
+            close_fd(control)
+            raise
+        finally:
+            close_fd(child)
     return Spare(Spawned(pid), control, dict(env))
 
 

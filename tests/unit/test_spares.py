@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from app.engine import spare as spare_mod
+from app.engine import spawn as spawn_mod
 from app.engine.spare import Spare, Spares
 from app.process.crash_guard import _Record
 
@@ -138,3 +140,30 @@ def test_a_real_spare_not_wanted_exits_and_one_taken_is_an_engine_process():
     stage, _detail, exited, fault = record.read()
     assert (stage, exited, fault) == ("starting", True, "")
     record.close()
+
+
+def test_a_spare_never_inherits_another_spawns_descriptors():
+    """Spawns mark their descriptors inheritable only under spawn's lock: a spare started
+    meanwhile waits for it, else it would hold another engine's socket open (that engine's
+    death never seen as its socket's end)."""
+    a, b = socket.socketpair()
+    got: list[Spare] = []
+    with spawn_mod._spawn_lock:
+        os.set_inheritable(b.fileno(), True)
+        starter = threading.Thread(target=lambda: got.append(spare_mod.spawn_spare(_env())))
+        starter.start()
+        starter.join(0.5)  # a spare that did not wait would be spawned by now
+        os.set_inheritable(b.fileno(), False)
+    starter.join(30)
+    pid = got[0].proc.pid
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            held.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
+        except OSError:
+            continue
+    os.close(got[0].control)
+    assert _exit_code(pid) == 0
+    assert os.fstat(b.fileno()).st_ino not in held
+    a.close()
+    b.close()
