@@ -18,19 +18,15 @@ import _socket
 import array
 import contextlib
 import logging
-import os
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.base.threads import allocate_lock, close_fd, original, start_native_thread
-from app.engine.spawn import Process, Spawned, _spawn_lock, spawn
+from app.base.threads import allocate_lock, close_fd, start_native_thread
+from app.engine.spawn import Process, spawn, start_child
 from app.process.crash_guard import _Record
 
 log = logging.getLogger(__name__)
-
-_posix_spawn = original("os", "posix_spawn")
 
 
 @dataclass
@@ -41,28 +37,19 @@ class Spare:
 
 
 def spawn_spare(env: dict[str, str]) -> Spare:
-    """A spare engine process: a fresh interpreter that imports the engine and waits to be
-    taken on a control socket (signals as ``spawn``'s: SIGTERM and SIGINT are the web
-    process's)."""
-    import signal
-
+    """A spare engine process: a fresh interpreter (``start_child``) that imports the engine
+    and waits to be taken on a control socket."""
     # the C module's sockets: the web process runs gevent, whose patched ones are its hub's
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     control, child = ours.detach(), theirs.detach()
-    argv = [sys.executable, "-m", "app.engine.child", "--control-fd", str(child)]
-    # under spawn's lock: another spawn's descriptors are inheritable only while it holds it
-    # (an engine's socket inherited by a spare would outlive the engine: no EOF, no death seen)
-    with _spawn_lock:
-        try:
-            os.set_inheritable(child, True)
-            pid = _posix_spawn(sys.executable, argv, env,
-                               setsigmask={signal.SIGTERM, signal.SIGINT})
-        except BaseException:
-            close_fd(control)
-            raise
-        finally:
-            close_fd(child)
-    return Spare(Spawned(pid), control, dict(env))
+    try:
+        proc = start_child(["--control-fd", str(child)], [child], env)
+    except BaseException:
+        close_fd(control)
+        raise
+    finally:
+        close_fd(child)
+    return Spare(proc, control, dict(env))
 
 
 def hand_over(spare: Spare, fd: int, record: _Record | None) -> bool:

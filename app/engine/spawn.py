@@ -76,16 +76,23 @@ class Spawned:
 
 
 def spawn(fd: int, record: _Record | None, env: dict[str, str]) -> Process:
-    """A fresh interpreter running app.engine.child on ``fd`` (posix_spawn: no fork of this
-    process, which runs gevent and threads), in the server's process group (its CPU counted
-    with the server's), with SIGTERM and SIGINT blocked until it ignores them: a signal to the
-    group is the web process's to act on (a SIGTERM drains, then ends the engine process)."""
-    argv = [sys.executable, "-m", "app.engine.child", "--fd", str(fd)]
-    fds = [fd]
+    """A fresh interpreter running app.engine.child on ``fd`` (``start_child``)."""
+    args, fds = ["--fd", str(fd)], [fd]
     if record is not None:
-        argv += ["--stage-fd", str(record.stage_fd), "--fault-fd", str(record.fault_fd)]
+        args += ["--stage-fd", str(record.stage_fd), "--fault-fd", str(record.fault_fd)]
         fds += [record.stage_fd, record.fault_fd]
-    with _spawn_lock:  # the descriptors are inheritable only for this spawn
+    return start_child(args, fds, env)
+
+
+def start_child(args: list[str], fds: list[int], env: dict[str, str]) -> Spawned:
+    """``python -m app.engine.child ARGS`` (posix_spawn: no fork of this process, which runs
+    gevent and threads) with ``fds`` inherited, in the server's process group (its CPU counted
+    with the server's), with SIGTERM and SIGINT blocked until it ignores them: a signal to the
+    group is the web process's to act on (a SIGTERM drains, then ends the engine process).
+    The descriptors are inheritable only under the lock, for this spawn: another child that
+    inherited an engine's socket would keep it open past the engine's death (no EOF seen)."""
+    argv = [sys.executable, "-m", "app.engine.child", *args]
+    with _spawn_lock:
         for f in fds:
             os.set_inheritable(f, True)
         try:
