@@ -19,14 +19,11 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 from collections.abc import Iterable, Iterator
 
 from app.base.errors import ModelLoadError
 from app.base.threads import close_fd, thread_local
-
-# a split GGUF's shard, as llama.cpp's gguf-split names them (app.model.gcs.SHARD_RE's rule)
-_SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+from app.model.gguf_header import named_shards
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +33,7 @@ _collector = thread_local()  # per OS thread: the FileHolds an engine's resolver
 def with_shards(path: str) -> list[str]:
     """``path`` and, for the first shard of a split GGUF, the other shards llama.cpp opens
     beside it (those that exist)."""
-    folder, name = os.path.split(path)
-    m = _SHARD_RE.match(name)
-    if not m or int(m["no"]) != 1:
-        return [path]
-    count = int(m["count"])
-    others = (os.path.join(folder, f"{m['base']}-{i:05d}-of-{count:05d}.gguf")
-              for i in range(2, count + 1))
-    return [path, *(p for p in others if os.path.isfile(p))]
+    return [p for p in named_shards(path) if p == path or os.path.isfile(p)]
 
 
 class FileHolds:

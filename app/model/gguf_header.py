@@ -320,6 +320,15 @@ def shard_paths(path: str, count: int) -> list[str]:
     return [f"{prefix}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
+def named_shards(path: str) -> list[str]:
+    """``path`` and, when its name makes it the first shard of a split model, every shard of
+    that model (by name; they may not exist); any other path alone."""
+    m = _SPLIT_NAME.match(os.path.basename(path))
+    if not m or int(m.group(2)) != 1:
+        return [path]
+    return shard_paths(path, int(m.group(3)))
+
+
 def read_model(path: str | os.PathLike[str]) -> GgufHeader:
     """A model's header: one file, or every shard of a split model (``path`` its first), the
     tensors of all of them together under the first shard's metadata."""
