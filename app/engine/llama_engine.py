@@ -428,8 +428,7 @@ class LlamaEngine:
             # stalled both (a 3 s gap in the other model's stream on 2 cores); one thread
             # never waits for another. The model serves with all of them.
             if light:
-                m.ll.llama_set_n_threads(m.ctx, m.n_threads,
-                                         self.config.threads_batch or m.n_threads)
+                m.ll.llama_set_n_threads(m.ctx, m.n_threads, m.n_threads_batch)
         sched.reset_stats()  # the warm-up's steps measured nothing a request will see
 
     def _enter(self, job: Job) -> None:

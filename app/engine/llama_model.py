@@ -137,6 +137,7 @@ class LlamaModel:
                              self.vocab_tables.user_defined_texts)
         self.n_ctx_train = ll.llama_model_n_ctx_train(model)
         self.n_threads = cfg.threads or len(os.sched_getaffinity(0))
+        self.n_threads_batch = cfg.threads_batch or self.n_threads
 
         mode = self._embedding_mode()
         self.generates = mode != "only"
@@ -260,7 +261,7 @@ class LlamaModel:
             type_k=placement.GGML_TYPES[cfg.kv_cache_type_k],
             type_v=placement.GGML_TYPES[cfg.kv_cache_type_v],
             n_threads=self.n_threads,
-            n_threads_batch=cfg.threads_batch or self.n_threads,
+            n_threads_batch=self.n_threads_batch,
             flash_attn_type=FLASH[cfg.flash_attn],
             # One KV stream per slot: a token attends over its own sequence's cells only (a
             # unified buffer makes every token scan the cells of all slots, idle caches included).
@@ -380,7 +381,7 @@ class LlamaModel:
             max_queue=cfg.max_queue,
             share_tokens=cfg.prefill_chunk,
             threads=self.n_threads,
-            threads_batch=cfg.threads_batch or self.n_threads,
+            threads_batch=self.n_threads_batch,
             flash_attn=FLASH[cfg.flash_attn],
             only=only,
         )
