@@ -43,7 +43,7 @@ def main() -> None:
     storage = Storage()
     cache = Path(tempfile.mkdtemp(prefix="bench-cold-"))
     try:
-        uri = storage.upload("llama-8b/model.gguf", big)
+        uri = storage.upload_file("llama-8b/model.gguf", big)
         env = {"MODEL": uri, "MODEL_CACHE_DIR": str(cache), "CTX_SIZE": str(args.ctx),
                "PARALLEL": "1", "STORAGE_EMULATOR_HOST": storage.url}
         out = {"model_gb": round(big.stat().st_size / 1e9, 2),

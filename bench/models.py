@@ -37,9 +37,13 @@ import time
 from pathlib import Path
 
 import requests
-from common import free_port, process, serve
+from common import process, serve
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support.gcs_emulator import Emulator  # noqa: E402
+
 DEFAULT_MODEL = Path("/tmp/vertex-gguf/default/SmolLM2-135M-Instruct.Q4_1.gguf")
 BIG = Path("/tmp/vertex-gguf/bench/llama-8b-shape.gguf")
 VOCAB = ROOT / "bench/gpu/kit/vocab/llama3.gguf"
@@ -58,30 +62,17 @@ def big_model(path: Path) -> Path:
     return path
 
 
-class Storage:
-    """gcp-storage-emulator in memory on a loopback port, at the lowest CPU priority."""
+class Storage(Emulator):
+    """gcp-storage-emulator in memory on a loopback port, at the lowest CPU priority, with
+    one bucket."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        exe = Path(sys.executable).with_name("gcp-storage-emulator")
-        self.proc = subprocess.Popen(
-            ["nice", "-n", "19", str(exe), "start", "--host", "127.0.0.1", "--port",
-             str(self.port), "--in-memory", "-q"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for _ in range(300):
-            try:
-                requests.get(f"{self.url}/storage/v1/b", timeout=1)
-                break
-            except requests.RequestException:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("the storage emulator did not start")
-        requests.post(f"{self.url}/storage/v1/b?project=bench", json={"name": BUCKET},
-                      timeout=30).raise_for_status()
+        super().__init__(nice=19)
+        self.client.create_bucket(BUCKET)
 
-    def upload(self, name: str, path: Path) -> str:
-        """One media upload (the emulator keeps the object in memory); its gs:// URI."""
+    def upload_file(self, name: str, path: Path) -> str:
+        """One media upload (the client's would send 100 MB chunks the emulator joins by
+        copying); its gs:// URI."""
         with open(path, "rb") as fh:
             r = requests.post(f"{self.url}/upload/storage/v1/b/{BUCKET}/o",
                               params={"uploadType": "media", "name": name}, data=fh,
@@ -90,14 +81,6 @@ class Storage:
                               timeout=900)
         r.raise_for_status()
         return f"gs://{BUCKET}/{name}"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(30)
 
 
 # ---- gap ------------------------------------------------------------------------------------------
@@ -126,7 +109,7 @@ def gap(args: argparse.Namespace) -> None:
     cache = Path(tempfile.mkdtemp(prefix="bench-models-cache-"))
     try:
         t0 = time.monotonic()
-        uri = storage.upload("llama-8b/model.gguf", big)
+        uri = storage.upload_file("llama-8b/model.gguf", big)
         print(f"uploaded {big.stat().st_size / 1e9:.2f} GB to the emulator in "
               f"{time.monotonic() - t0:.0f} s", flush=True)
         preset = cache / "models.ini"
