@@ -415,6 +415,20 @@ class EngineCollector:
                 PREFIX + "spec_draft_tokens_accepted", "Drafted tokens the model sampled too, "
                 "kept without a decode of their own; over spec_draft_tokens: the acceptance "
                 "rate.", value=float(stats["draft_tokens_accepted"]))
+        cache = stats.get("prompt_cache")
+        if isinstance(cache, dict):  # PROMPT_CACHE_RAM_MB is on
+            yield GaugeMetricFamily(PREFIX + "prompt_cache_bytes", "Host RAM held by prompts "
+                                    "kept when their slot was taken.", value=cache["bytes"])
+            yield GaugeMetricFamily(PREFIX + "prompt_cache_entries", "Prompts kept in the "
+                                    "host-RAM prompt cache.", value=cache["entries"])
+            yield CounterMetricFamily(PREFIX + "prompt_cache_restored", "Prompts copied back "
+                                      "from the host-RAM prompt cache into a slot.",
+                                      value=cache["restored"])
+            yield CounterMetricFamily(PREFIX + "prompt_cache_restored_tokens", "Prompt tokens "
+                                      "whose decode a copy back from the prompt cache spared.",
+                                      value=cache["restored_tokens"])
+            yield CounterMetricFamily(PREFIX + "prompt_cache_evicted", "Prompts dropped from "
+                                      "the prompt cache for room.", value=cache["evicted"])
         embedder = getattr(engine, "embedder", None)
         if embedder is not None:
             waiting = embedder.stats().get("waiting", 0)

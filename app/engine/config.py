@@ -32,6 +32,8 @@ class EngineConfig:
     sleep_idle_seconds: float
     parallel: int
     prefill_chunk: int
+    prompt_cache_ram_mb: int  # 0: off
+    prompt_cache_min_tokens: int
     warm_up: Literal["auto", "full", "light"]  # auto, in the engine: full
     load_priority: Literal["normal", "low"]
     served_model_name: str | None

@@ -11,8 +11,11 @@ draft being checked has cells past the mirror (``drafted``) until it is settled.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from app.engine.tokens import Mark
 
@@ -95,6 +98,32 @@ class KvSeq:
         self._ll.llama_memory_seq_cp(self._mem, other.seq_id, self.seq_id, -1, -1)
         self._tokens, self._marks = list(other._tokens), list(other._marks)
         self.n_pos = other.n_pos
+
+    def snapshot(self, ctx: Any) -> Any | None:
+        """A copy of the cells (``llama_state_seq_get_data``: a ctypes byte array), to be put
+        back with ``restore``, here or in another sequence of the same context; None if
+        llama.cpp could not copy them."""
+        assert not self._drafted
+        size = self._ll.llama_state_seq_get_size(ctx, self.seq_id)
+        if size <= 0:
+            return None
+        blob = (ctypes.c_uint8 * size)()
+        if self._ll.llama_state_seq_get_data(ctx, blob, size, self.seq_id) != size:
+            return None
+        return blob
+
+    def restore(self, ctx: Any, blob: Any, tokens: Sequence[int], marks: Sequence[Mark],
+                n_pos: int) -> bool:
+        """The cells become those ``snapshot`` copied (holding ``tokens``, ``marks``, the next
+        position ``n_pos``). False if llama.cpp refused the blob: the cells are then empty
+        (llama.cpp clears the sequence when a restore fails)."""
+        self.clear()
+        if not self._ll.llama_state_seq_set_data(ctx, blob, len(blob), self.seq_id):
+            self.clear()
+            return False
+        self._tokens, self._marks = np.asarray(tokens, dtype=np.int32).tolist(), list(marks)
+        self.n_pos = n_pos
+        return True
 
     def drop_draft(self) -> None:
         """Drop the cells past the mirror, if any: the drafted tail the model did not keep."""

@@ -31,6 +31,7 @@ from app.engine.llama_embed import (
 from app.engine.llama_media import Projector
 from app.engine.llama_vocab import Tokenizer, vocab_type_name
 from app.engine.lora import AdapterFile, Adapters
+from app.engine.prompt_cache import PromptCache
 from app.engine.sampling import Vocab
 from app.engine.scheduler import Features, Scheduler
 from app.engine.slots import Job
@@ -152,7 +153,8 @@ class LlamaModel:
                 ll, self.ctx, self.mem, self.batch, self.vocab, self.tok, self.vocab_tables,
                 n_ctx=self.n_ctx, n_batch=n_batch, prefill_chunk=cfg.prefill_chunk,
                 parallel=cfg.parallel, on_job_end=job_over,
-                features=Features(self.projector, self.draft_model, spec, self.adapters))
+                features=Features(self.projector, self.draft_model, spec, self.adapters,
+                                  self._prompt_cache()))
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -243,6 +245,13 @@ class LlamaModel:
                     "devices")
             self._tensor_split = (ctypes.c_float * n_max)(*shares)  # alive while loading
             mparams.tensor_split = self._tensor_split
+
+    def _prompt_cache(self) -> PromptCache | None:
+        """The host-RAM prompt cache of this context (PROMPT_CACHE_RAM_MB; None: off)."""
+        cfg = self.cfg
+        if not cfg.prompt_cache_ram_mb:
+            return None
+        return PromptCache(cfg.prompt_cache_ram_mb << 20, cfg.prompt_cache_min_tokens)
 
     def _open_generation(self, path: str) -> int:
         """The generation context: PARALLEL slots of CTX_SIZE tokens each, and its batch; the

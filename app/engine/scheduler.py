@@ -33,9 +33,11 @@ from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet, next_set
+from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
 from app.engine.sampling import GrammarStepTooSlow, Vocab
 from app.engine.slots import (
     PUBLIC,
+    RELOCATE_MIN_TOKENS,
     Job,
     Slot,
     before_image,
@@ -70,6 +72,7 @@ class Features:
     draft_model: DraftModel | None = None  # DRAFT_MODEL
     spec: SpecConfig | None = None  # speculative decoding; None: this model cannot drop a draft
     adapters: Adapters | None = None  # LORA_ADAPTERS: a step serves one set, the sets in turn
+    prompt_cache: PromptCache | None = None  # PROMPT_CACHE_RAM_MB: slots' KV kept aside
 
 
 @dataclass
@@ -133,6 +136,8 @@ class Scheduler:
         """Drop every idle slot's KV: text no later prompt will reuse (the warm-up's)."""
         for slot in self.slots:
             slot.kv.clear()
+        if self.features.prompt_cache is not None:
+            self.features.prompt_cache.clear()
 
     def draft_report(self) -> dict[str, object]:
         """The drafts and the gates' rates, for /health and /metrics: the server's own drafts
@@ -145,6 +150,7 @@ class Scheduler:
                if spec is not None and spec.server else {}),
             **({"prediction_rates": self.prediction_gate.as_dict()}
                if self.prediction_gate.rate else {}),
+            **(self.features.prompt_cache.report() if self.features.prompt_cache else {}),
         }
 
     def reap(self) -> None:
@@ -200,9 +206,21 @@ class Scheduler:
                       for s in self.slots}
             slot, source = place(self.slots, free, shared)
             n_common = before_image(job, shared[id(source)])
-            if source is not slot:  # the prefix is in a slot too far off: copy it over
+            cache = self.features.prompt_cache
+            entry, n_entry = (cache.best(scope, prompt, wanted) if cache is not None and reuse
+                              else (None, 0))
+            n_entry = before_image(job, min(n_entry, len(job.tokens) - 1))
+            if n_entry - n_common < RELOCATE_MIN_TOKENS:
+                entry = None  # a slot holds about as much: no copy back
+            if cache is not None:  # the conversation the slot held, before it is overwritten
+                self._keep_aside(slot, n_common if source is slot and entry is None else 0)
+            if entry is not None:  # the prefix was kept aside: copy it back
+                n_common = n_entry if bring_back(cache, self.ctx, slot.kv, entry) else 0
+            elif source is not slot:  # the prefix is in a slot too far off: copy it over
                 slot.kv.copy_from(source.kv)
             n_common = slot.kv.keep_first(n_common, job.pos_at(n_common))
+            if entry is not None and cache is not None:
+                cache.stats.restored_tokens += n_common
             job.cached_tokens = n_common
             for follower in job.followers:
                 follower.cached_tokens = n_common
@@ -218,6 +236,8 @@ class Scheduler:
                 span = spread(self.slots)
                 fslot = min(free, key=lambda s: (span(s), len(s.kv)))
                 free.remove(fslot)
+                if cache is not None:
+                    self._keep_aside(fslot, 0)
                 fslot.kv.clear()
                 fslot.job = follower
                 fslot.scope = scope
@@ -225,6 +245,14 @@ class Scheduler:
                 fslot.n_prompt_done = 0
                 fslot.last_token = -1
                 fslot.last_used = time.monotonic()
+
+    def _keep_aside(self, slot: Slot, kept: int) -> None:
+        """The slot's cells past its first ``kept`` tokens are about to go: into the prompt
+        cache with them, when worth it (``prompt_cache.keep_aside``)."""
+        cache = self.features.prompt_cache
+        if cache is not None and slot.scope != PUBLIC:
+            keep_aside(cache, self.ctx, slot.kv, slot.scope, kept,
+                       [(s.scope, s.kv) for s in self.slots])
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> None:

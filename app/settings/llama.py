@@ -183,6 +183,24 @@ class LlamaSettings(BaseModel):
         le=65536,
         **env("PREFILL_CHUNK"),
     )
+    prompt_cache_ram_mb: int = Field(
+        1024,
+        description="Host RAM (MiB) for prompts kept when their slot is taken: before a slot's "
+        "KV is overwritten by another conversation, it is copied to host RAM, and a later "
+        "prompt that extends it (within the same API key's scope) has it copied back instead "
+        "of decoding it again; least recently used out first. Per model. 0: off.",
+        ge=0,
+        le=1 << 20,
+        **env("PROMPT_CACHE_RAM_MB"),
+    )
+    prompt_cache_min_tokens: int = Field(
+        256,
+        description="Fewest tokens a slot must lose for its KV to be kept in the prompt "
+        "cache: a shorter prompt decodes again in about the time its copy takes.",
+        ge=16,
+        le=1 << 20,
+        **env("PROMPT_CACHE_MIN_TOKENS"),
+    )
     warm_up: Literal["auto", "full", "light"] = Field(
         "auto",
         description="What a load runs before the model is ready. full: a whole PREFILL_CHUNK "

@@ -62,6 +62,8 @@ class Llama:
         self.copies: list[tuple[int, int]] = []  # llama_memory_seq_cp: (from seq, to seq)
         self.cells: dict[int, list[tuple[int, int]]] = {}  # seq -> its cells (pos, token)
         self.fail_next = False  # the next decode fails (as a full KV cache does)
+        self.saves: list[int] = []  # llama_state_seq_get_data: the sequences copied out ...
+        self.restores: list[int] = []  # ... and llama_state_seq_set_data: copied back into
 
     def llama_decode(self, ctx: Any, batch: LlamaBatch) -> int:
         if self.fail_next:
@@ -88,6 +90,32 @@ class Llama:
     def llama_memory_seq_cp(self, mem: Any, src: int, dst: int, p0: int, p1: int) -> None:
         self.copies.append((src, dst))  # one stream per sequence: the whole stream is copied
         self.cells[dst] = list(self.cells.get(src, []))
+
+    # llama_state_seq_*: a sequence's cells as a blob (int32 pairs: position, token), with a
+    # 4-byte tag in front; a blob without it is refused, and the sequence cleared, as llama.cpp
+    # does with one it cannot read
+    TAG = b"KV01"
+
+    def llama_state_seq_get_size(self, ctx: Any, seq: int) -> int:
+        return len(self.TAG) + 8 * len(self.cells.get(seq, []))
+
+    def llama_state_seq_get_data(self, ctx: Any, dst: Any, size: int, seq: int) -> int:
+        data = self.TAG + np.asarray(self.cells.get(seq, []), dtype=np.int32).tobytes()
+        if len(data) > size:
+            return 0
+        ctypes.memmove(dst, data, len(data))
+        self.saves.append(seq)
+        return len(data)
+
+    def llama_state_seq_set_data(self, ctx: Any, src: Any, size: int, seq: int) -> int:
+        data = bytes(src)[:size]
+        self.restores.append(seq)
+        if not data.startswith(self.TAG) or (size - len(self.TAG)) % 8:
+            self.cells[seq] = []
+            return 0
+        pairs = np.frombuffer(data[len(self.TAG):], dtype=np.int32).reshape(-1, 2)
+        self.cells[seq] = [(int(p), int(t)) for p, t in pairs]
+        return size
 
     def held(self, seq: int) -> list[int]:
         """The tokens sequence ``seq``'s cells hold, in order."""

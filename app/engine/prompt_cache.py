@@ -1,0 +1,172 @@
+"""Prompts kept when their slot is taken: a host-RAM cache of sequences' KV (PROMPT_CACHE_RAM_MB).
+
+A slot keeps its last conversation's KV for that conversation's next turn, but with more
+conversations than slots each new one takes a slot from an older one, whose next turn then
+decodes its whole prompt again (on this project's CPU, seconds per thousand tokens; on a GPU,
+the agent's 20k-token prompt again at every turn). Before a slot's cells are overwritten, the
+scheduler copies them out (``llama_state_seq_get_data``: a memory copy of the sequence's cells)
+into this cache with the tokens they hold; a later prompt that extends a cached one more than
+any slot does has them copied back (``llama_state_seq_set_data``) and decodes only the rest, as
+llama-server's ``--cache-ram`` does.
+
+The cache is pure bookkeeping: entries by key scope (an API key's, with the adapter set: the
+same partition as the slots' prefix reuse, so a cache hit tells no key about another's prompts),
+bounded in bytes, least recently used out first. An entry restored goes back into a slot and
+leaves the cache (the slot holds it now; it is saved again when that slot is taken). Blobs are
+only valid for the context that made them: the cache lives and dies with one context.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.engine.kv import KvSeq
+from app.engine.tokens import Mark, common_prefix
+
+
+@dataclass(eq=False)
+class Entry:
+    """One sequence's cells, copied out: the tokens (and images) they hold, the position the
+    next token takes, and llama.cpp's blob of the cells."""
+
+    scope: str
+    tokens: np.ndarray  # int32
+    marks: tuple[Mark, ...]
+    n_pos: int
+    blob: Any  # a ctypes uint8 array, as llama_state_seq_get_data filled it
+    size: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        self.size = self.size or len(self.blob)
+
+
+@dataclass
+class CacheStats:
+    """Counters since the context opened (for /health and /metrics)."""
+
+    saved: int = 0  # entries put in
+    restored: int = 0  # entries copied back into a slot
+    restored_tokens: int = 0  # prompt tokens those restores spared a decode
+    evicted: int = 0  # entries dropped for room (least recently used first)
+    failed: int = 0  # copies llama.cpp refused (the entry is dropped)
+
+
+class PromptCache:
+    """Entries by scope, at most ``max_bytes`` of blobs in all, least recently used first out."""
+
+    def __init__(self, max_bytes: int, min_tokens: int = 64):
+        self.max_bytes = max_bytes
+        # a sequence shorter than this is not worth a copy: decoding it again costs about as
+        # much (and a full cache of tiny entries would be a long list to search)
+        self.min_tokens = min_tokens
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest use first
+        self.bytes = 0
+        self.stats = CacheStats()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[Entry]:
+        """Least recently used first."""
+        return list(self._entries.values())
+
+    def best(self, scope: str, prompt: np.ndarray, wanted: Sequence[Mark] = ()
+             ) -> tuple[Entry | None, int]:
+        """The entry of ``scope`` that shares the longest prefix with ``prompt``, and how long
+        (None, 0 when none shares a token)."""
+        best: Entry | None = None
+        n_best = 0
+        for entry in self._entries.values():
+            if entry.scope != scope:
+                continue
+            n = common_prefix(entry.tokens, prompt, entry.marks, wanted)
+            if n > n_best:
+                best, n_best = entry, n
+        return best, n_best
+
+    def covers(self, scope: str, tokens: Sequence[int]) -> bool:
+        """Whether an entry of ``scope`` already holds ``tokens`` (or more after them)."""
+        n = len(tokens)
+        arr = np.asarray(tokens, dtype=np.int32)
+        return any(e.scope == scope and len(e.tokens) >= n
+                   and common_prefix(e.tokens, arr) == n for e in self._entries.values())
+
+    def put(self, entry: Entry) -> bool:
+        """Keep ``entry``, making room by dropping the least recently used ones; entries of its
+        scope it extends go (it holds all they do). False when it alone is over the bound."""
+        if entry.size > self.max_bytes:
+            return False
+        n = len(entry.tokens)
+        for key, old in list(self._entries.items()):
+            if old.scope == entry.scope and len(old.tokens) <= n \
+                    and common_prefix(entry.tokens, old.tokens, entry.marks, old.marks) \
+                    == len(old.tokens):
+                self._drop(key)
+        while self.bytes + entry.size > self.max_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
+            self.stats.evicted += 1
+        self._entries[id(entry)] = entry
+        self.bytes += entry.size
+        self.stats.saved += 1
+        return True
+
+    def take(self, entry: Entry) -> None:
+        """``entry`` leaves the cache (copied back into a slot, or refused by llama.cpp)."""
+        self._drop(id(entry))
+
+    def clear(self) -> None:
+        for key in list(self._entries):
+            self._drop(key)
+
+    def _drop(self, key: int) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry.size
+
+    def report(self) -> dict[str, object]:
+        """For /health and /metrics."""
+        s = self.stats
+        return {"prompt_cache": {
+            "entries": len(self._entries), "bytes": self.bytes, "max_bytes": self.max_bytes,
+            "tokens": int(sum(len(e.tokens) for e in self._entries.values())),
+            "saved": s.saved, "restored": s.restored, "restored_tokens": s.restored_tokens,
+            "evicted": s.evicted, "failed": s.failed}}
+
+
+def keep_aside(cache: PromptCache, ctx: Any, kv: KvSeq, scope: str, kept: int,
+               others: Sequence[tuple[str, KvSeq]]) -> bool:
+    """Before a sequence's cells are overwritten (all but their first ``kept`` tokens), copy
+    them into ``cache`` when that saves a later prompt a decode worth the copy: at least
+    ``min_tokens`` lost (an agent's conversations share a long system prompt: what one loses
+    to the next is its own history), and the tokens not already held by the cache or by
+    another sequence of the same scope (``others``: (scope, KV) of the other slots). Whether
+    it did."""
+    n = len(kv)
+    if n - kept < cache.min_tokens or kv.drafted:
+        return False
+    tokens = np.asarray(kv.tokens, dtype=np.int32)
+    if cache.covers(scope, tokens) or any(
+            s == scope and len(o) >= n and common_prefix(o.tokens, tokens) == n
+            for s, o in others if o is not kv):
+        return False
+    blob = kv.snapshot(ctx)
+    if blob is None:
+        cache.stats.failed += 1
+        return False
+    return cache.put(Entry(scope, tokens, tuple(kv.marks), kv.n_pos, blob))
+
+
+def bring_back(cache: PromptCache, ctx: Any, kv: KvSeq, entry: Entry) -> bool:
+    """``entry``'s cells copied back into ``kv`` (replacing what it held); it leaves the cache
+    either way. False if llama.cpp refused it (``kv`` is then empty)."""
+    cache.take(entry)
+    if kv.restore(ctx, entry.blob, entry.tokens, entry.marks, entry.n_pos):
+        cache.stats.restored += 1
+        return True
+    cache.stats.failed += 1
+    return False
