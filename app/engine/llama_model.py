@@ -247,11 +247,26 @@ class LlamaModel:
             mparams.tensor_split = self._tensor_split
 
     def _prompt_cache(self) -> PromptCache | None:
-        """The host-RAM prompt cache of this context (PROMPT_CACHE_RAM_MB; None: off)."""
+        """The host-RAM prompt cache of this context (PROMPT_CACHE_RAM_MB; None: off), at most
+        half the host RAM the memory check found left after the load: the cache fills only as
+        conversations lose their slots, so a bound the container cannot hold would end in the
+        OOM killer hours after start."""
         cfg = self.cfg
-        if not cfg.prompt_cache_ram_mb:
+        bound = cfg.prompt_cache_ram_mb << 20
+        room = self._verdict.budget.of("CPU") if self._verdict is not None else None
+        if room is not None and bound:
+            left = max(0, room - self._verdict.footprint.need("CPU")) // 2
+            if left < bound:
+                log.warning("prompt cache: %d MiB, not PROMPT_CACHE_RAM_MB=%d: half the host "
+                            "RAM left after this model's load", left >> 20,
+                            cfg.prompt_cache_ram_mb)
+                bound = left
+        if bound < 1 << 20:
             return None
-        return PromptCache(cfg.prompt_cache_ram_mb << 20, cfg.prompt_cache_min_tokens)
+        ll = self.ll
+        return PromptCache(bound, cfg.prompt_cache_min_tokens,
+                           whole_only=bool(ll.llama_model_is_recurrent(self.model)
+                                           or ll.llama_model_is_hybrid(self.model)))
 
     def _open_generation(self, path: str) -> int:
         """The generation context: PARALLEL slots of CTX_SIZE tokens each, and its batch; the

@@ -59,8 +59,11 @@ class CacheStats:
 class PromptCache:
     """Entries by scope, at most ``max_bytes`` of blobs in all, least recently used first out."""
 
-    def __init__(self, max_bytes: int, min_tokens: int = 64):
+    def __init__(self, max_bytes: int, min_tokens: int = 64, whole_only: bool = False):
         self.max_bytes = max_bytes
+        # a recurrent (or hybrid) model's memory cannot drop a suffix: an entry serves only a
+        # prompt that holds all of it
+        self.whole_only = whole_only
         # a sequence shorter than this is not worth a copy: decoding it again costs about as
         # much (and a full cache of tiny entries would be a long list to search)
         self.min_tokens = min_tokens
@@ -85,6 +88,8 @@ class PromptCache:
             if entry.scope != scope:
                 continue
             n = common_prefix(entry.tokens, prompt, entry.marks, wanted)
+            if self.whole_only and n < len(entry.tokens):
+                continue
             if n > n_best:
                 best, n_best = entry, n
         return best, n_best

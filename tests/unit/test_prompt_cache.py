@@ -47,6 +47,18 @@ def test_the_best_entry_is_the_longest_prefix_within_the_scope():
     assert cache.covers("k", [1, 2, 3]) and not cache.covers("k", [1, 2, 3, 4, 5])
 
 
+def test_a_recurrent_model_takes_only_an_entry_its_prompt_holds_whole():
+    cache = PromptCache(max_bytes=1000, whole_only=True)
+    long_, short = _entry("k", [1, 2, 3, 4, 9]), _entry("k", [1, 2, 7])
+    cache.put(long_)
+    cache.put(short)
+    prompt = np.asarray([1, 2, 3, 4, 5, 6], dtype=np.int32)
+    assert cache.best("k", prompt) == (None, 0)  # each shares a prefix, neither whole
+    whole = _entry("k", [1, 2, 3])
+    cache.put(whole)
+    assert cache.best("k", prompt) == (whole, 3)
+
+
 def test_an_entry_another_extends_is_dropped():
     cache = PromptCache(max_bytes=1000)
     first = _entry("k", [1, 2, 3])
