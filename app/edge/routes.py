@@ -233,6 +233,29 @@ def lora_adapters() -> Response:
                      "scale_when_named": scale} for i, (name, scale) in enumerate(adapters)])
 
 
+def slot_action(id_slot: int) -> Response:
+    """llama-server's POST /slots/{id}?action=save|restore|erase (``{"filename"}`` for the
+    first two): a slot's KV written to a file of PROMPT_CACHE_DIR, read back, or dropped. The
+    operator's key (ADMIN_API_KEY) only: a slot holds another key's conversation."""
+    settings = current_app.extensions["vertex_gguf_settings"]
+    if settings.admin_api_key is None:
+        raise Forbidden("POST /slots is off: the operator sets ADMIN_API_KEY to turn it on")
+    if not auth.is_admin(settings):
+        raise Forbidden("POST /slots takes the operator's key (ADMIN_API_KEY) only")
+    action = request.args.get("action")
+    if action not in ("save", "restore", "erase"):
+        raise BadRequest("action is one of save, restore and erase", param="action")
+    filename = None
+    if action != "erase":
+        body = read_body()
+        if not isinstance(body, dict):
+            raise BadRequest("the body is {\"filename\": ...}", param="filename")
+        filename = body.get("filename")
+    svc = _service()
+    svc.info()  # 503 while the model is not loaded
+    return jsonify(svc.offload(lambda: svc.engine.slot_action(id_slot, action, filename)))
+
+
 def control() -> Response:
     """``{"id", "action": "reasoning_end"}``: end a running stream's thought now (any API's
     response id)."""
@@ -267,6 +290,7 @@ def register(app: Flask, health_route: str) -> None:
     app.add_url_rule("/v1/models/<path:model_id>", "model", model, methods=["GET"])
     app.add_url_rule("/v1/chat/completions/control", "control", control, methods=["POST"])
     app.add_url_rule("/lora-adapters", "lora_adapters", lora_adapters, methods=["GET", "POST"])
+    app.add_url_rule("/slots/<int:id_slot>", "slot_action", slot_action, methods=["POST"])
     introspect.register(app)
     streams.register(app)
     app.register_error_handler(Exception, error_response)

@@ -313,7 +313,7 @@ class Child:
                     "sleeping": bool(getattr(engine, "sleeping", False)),
                     "embeddings": emb.stats() if emb is not None else None,
                     "stalled": engine.stalled(args[0])}
-        if op in ("slots", "tokenize", "pieces", "prompt_tokens", "count_tokens"):
+        if op in ("slots", "tokenize", "pieces", "prompt_tokens", "count_tokens", "slot_action"):
             return getattr(engine, op)(*args)
         if op == "modules":  # what this process has imported (a test: no web stack here)
             return sorted(sys.modules)

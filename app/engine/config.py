@@ -34,6 +34,9 @@ class EngineConfig:
     prefill_chunk: int
     prompt_cache_ram_mb: int  # 0: off
     prompt_cache_min_tokens: int
+    prompt_cache_dir: str | None  # a folder or gs:// prefix; None: prompts die with the process
+    prompt_cache_disk_mb: int
+    storage_emulator_host: str | None  # for a gs:// PROMPT_CACHE_DIR (tests, benchmarks)
     warm_up: Literal["auto", "full", "light"]  # auto, in the engine: full
     load_priority: Literal["normal", "low"]
     served_model_name: str | None

@@ -20,6 +20,7 @@ from app.base.errors import (
     EngineFailure,
     GenerationTimeout,
     ModelNotReady,
+    NotSupported,
     QueueFull,
     ShuttingDown,
 )
@@ -174,6 +175,9 @@ class FakeEngine:
                              param="tokens")
         return [SPECIALS[t].encode() if t < len(SPECIALS) else bytes([t - len(SPECIALS)])
                 for t in tokens]
+
+    def slot_action(self, slot_id: int, action: str, filename: str | None) -> dict[str, object]:
+        raise NotSupported("the fake engine keeps no KV to save, restore or erase")
 
     def slots(self) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = []

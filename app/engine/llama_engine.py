@@ -21,6 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from app.base import cxx_runtime
 from app.base.errors import (
@@ -29,6 +30,7 @@ from app.base.errors import (
     EngineFailure,
     ModelLoadError,
     ModelNotReady,
+    NotSupported,
     ServiceError,
     ShuttingDown,
     as_service_error,
@@ -51,6 +53,15 @@ from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
+from app.engine.prompt_persist import (
+    Persist,
+    copy_slot,
+    erase_slot,
+    identity_parts,
+    restore_slot,
+    slot_file_name,
+)
+from app.engine.prompt_store import PromptStore, identity
 from app.engine.scheduler import Scheduler, StepStats
 from app.engine.slots import Job, drop, slot_rows
 from app.engine.types import Accepted, GenerationRequest, ModelInfo, outside_vocab
@@ -59,6 +70,9 @@ from app.engine.warm_up import prime, warm_up
 log = logging.getLogger(__name__)
 
 PREP_THREADS = 2
+# at exit, the most seconds the prompts' writes to PROMPT_CACHE_DIR may add (Cloud Run sends
+# SIGKILL 10 s after SIGTERM); a file not finished by then is absent, never half written
+PERSIST_EXIT_SECONDS = 8.0
 PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
 
 
@@ -115,6 +129,10 @@ class LlamaEngine:
         self._reloading = False
         self._last_activity = time.monotonic()
         self._path = ""
+        self._persist: Persist | None = None  # PROMPT_CACHE_DIR's writer and reads
+        # work other threads hand the engine thread between steps (slot actions): the function,
+        # where its result goes, and the event that says it is there
+        self._controls: deque[tuple[Callable[[Scheduler], object], list, ThreadEvent]] = deque()
 
     # ---- what the loaded model holds (None / True before the first load) --------------------
     @property
@@ -217,7 +235,15 @@ class LlamaEngine:
             **(sched.stats if sched is not None else StepStats()).as_dict(),
             **self._image_stats(),
             **(sched.draft_report() if sched is not None else {}),
+            **self._disk_report(sched),
         }
+
+    def _disk_report(self, sched: Scheduler | None) -> dict[str, object]:
+        """PROMPT_CACHE_DIR's counters, inside the prompt cache's."""
+        if self._persist is None:
+            return {}
+        report = sched.draft_report().get("prompt_cache") if sched is not None else None
+        return {"prompt_cache": {**(report or {}), **self._persist.report()}}
 
     def _image_stats(self) -> dict[str, int]:
         """With a projector: images encoded, and images whose encoding came from its cache."""
@@ -293,7 +319,7 @@ class LlamaEngine:
         self._stopping = True
         self._wake.set()
         self._prep_wake.set()
-        self._stopped.wait(timeout)
+        self._stopped.wait(timeout + (PERSIST_EXIT_SECONDS if self._persist else 0.0))
 
     # ---- prep threads ----------------------------------------------------------------------
     def _prep_main(self, me: int) -> None:
@@ -325,6 +351,12 @@ class LlamaEngine:
                 log.exception("could not prepare a request")
             self._drop(job, as_service_error(exc))
             return
+        persist, sched = self._persist, self._sched
+        if persist is not None and sched is not None:
+            try:  # a prompt kept on disk that this one extends, read here, off the engine thread
+                persist.preload(job, sched.slots, sched.features.prompt_cache)
+            except Exception:  # noqa: BLE001 - the request goes on, decoding its whole prompt
+                log.exception("prompt cache: reading a kept prompt failed")
         with self._handoff:
             if not self._closed:
                 job.sink(Accepted(prompt_tokens=len(job.tokens)))
@@ -365,6 +397,7 @@ class LlamaEngine:
                  self.state.phases_text())
         try:
             self._loop()
+            self._keep_prompts()
         except Exception as exc:  # pragma: no cover - a bug: fail loudly and end the process
             log.exception("engine loop crashed")
             self._stopping = True
@@ -381,8 +414,38 @@ class LlamaEngine:
             self._holds.release()
             self._stopped.set()
 
+    def _keep_prompts(self) -> None:
+        """The drain is over: with PROMPT_CACHE_DIR, the slots' and the RAM cache's prompts
+        written for the next start (app.engine.prompt_persist), before the model is freed."""
+        persist, sched, m = self._persist, self._sched, self._m
+        if persist is None:
+            return
+        if sched is None or m is None or self._asleep:
+            persist.close(PERSIST_EXIT_SECONDS)
+            return
+        persist.at_exit(sched.slots, m.ctx, sched.features.prompt_cache, PERSIST_EXIT_SECONDS)
+
+    def _open_persist(self, path: str) -> None:
+        """PROMPT_CACHE_DIR's store for this model, once (it outlives sleep and reloads)."""
+        cfg = self.config
+        if self._persist is not None or not cfg.prompt_cache_dir or not self._generates:
+            return
+        from llama_cpp import __version__ as build
+
+        parts = identity_parts(path, self._mmproj, f"llama-cpp-python {build}", {
+            "type_k": cfg.kv_cache_type_k, "type_v": cfg.kv_cache_type_v,
+            "flash_attn": cfg.flash_attn})
+        store = PromptStore(cfg.prompt_cache_dir, identity(parts),
+                            cfg.prompt_cache_disk_mb << 20,
+                            emulator_host=cfg.storage_emulator_host)
+        self._persist = Persist(store, cfg.prompt_cache_min_tokens,
+                                pending_max=max(cfg.prompt_cache_ram_mb, 1024) << 20)
+        self._persist.start()
+
     def _load_and_warm(self, path: str) -> None:
         self._load(path)
+        self._open_persist(path)
+        self._hook_persist()
         if self._generates:
             self._warm_up()
         if self._embedder:
@@ -404,6 +467,13 @@ class LlamaEngine:
         self._prep_r = Preparer(m, self.config.grammar_max_step_ms / 1000,
                                 self.config.prompt_logprobs_max_tokens)
         self._info = m.card(path)
+
+    def _hook_persist(self) -> None:
+        """What leaves the RAM cache for room goes to the disk store (after each load)."""
+        sched = self._sched
+        cache = sched.features.prompt_cache if sched is not None else None
+        if cache is not None and self._persist is not None:
+            cache.on_evict = self._persist.spill
 
     def _warm_up(self) -> None:
         """Before declaring the model ready: the first burst's work done once, then the chat
@@ -482,6 +552,11 @@ class LlamaEngine:
                 return False
             self._asleep = True
             self._wake_requested = False
+        if self._persist is not None and sched is not None:  # what the KV held, to disk
+            cache = sched.features.prompt_cache
+            self._persist.spill_slots(sched.slots, self._m.ctx)
+            for entry in reversed(cache.entries() if cache is not None else []):
+                self._persist.spill(entry, force=True)
         self._m.free()
         log.info("asleep after %g s without a request: model, contexts and KV cache freed", idle)
         return True
@@ -494,6 +569,7 @@ class LlamaEngine:
         self._reloading = True
         try:
             self._load(self._path)
+            self._hook_persist()
             if self._generates:
                 self._warm_up()
             if self._embedder:
@@ -524,6 +600,13 @@ class LlamaEngine:
         sched = self._sched
         if sched is None:  # an embedding-only model: nothing to generate
             return False
+        while self._controls:
+            fn, out, done = self._controls.popleft()
+            try:
+                out.append((True, fn(sched)))
+            except Exception as exc:  # noqa: BLE001 - raised on the caller's thread
+                out.append((False, exc))
+            done.set()
         with held_wakes():  # a step's events wake their requests' greenlets together
             self._take_inbox(sched)
             sched.reap()
@@ -585,6 +668,55 @@ class LlamaEngine:
             if slot.job is not None and slot.job.sampler is not None:
                 slot.job.sampler.free()
         self._m.free()
+
+    # ---- llama-server's slot actions: a native thread (it waits for the engine thread) -------
+    def slot_action(self, slot_id: int, action: str, filename: str | None) -> dict[str, object]:
+        """POST /slots/{id}?action=save|restore|erase: a slot's KV written to a file of
+        PROMPT_CACHE_DIR, read back from one (checked as every kept prompt is), or dropped.
+        The slot must be idle; the file's I/O runs on the calling thread, only the copy of
+        the cells on the engine thread (between steps)."""
+        self._check_loaded()
+        self._check_generates()
+        persist = self._persist
+        if action != "erase" and persist is None:
+            raise NotSupported("slot save and restore need PROMPT_CACHE_DIR (the folder or "
+                               "gs:// prefix slot files live in)")
+        if not 0 <= slot_id < self.config.parallel:
+            raise BadRequest(f"no slot {slot_id}: this server has {self.config.parallel} "
+                             "(PARALLEL)", param="id_slot")
+        self.acquire_model()
+        try:
+            t0 = time.perf_counter()
+            if action == "erase":
+                n = self._on_engine(lambda sched: erase_slot(sched, slot_id))
+                return {"id_slot": slot_id, "n_erased": n}
+            assert persist is not None
+            name = slot_file_name(filename)
+            if action == "save":
+                entry = self._on_engine(lambda sched: copy_slot(sched, slot_id))
+                written = persist.store.write_named(name, entry)
+                return {"id_slot": slot_id, "filename": name, "n_saved": len(entry.tokens),
+                        "n_written": written,
+                        "timings": {"save_ms": round((time.perf_counter() - t0) * 1e3, 3)}}
+            entry, n_read = persist.store.read_named(name)
+            n = self._on_engine(lambda sched: restore_slot(sched, slot_id, entry))
+            return {"id_slot": slot_id, "filename": name, "n_restored": n, "n_read": n_read,
+                    "timings": {"restore_ms": round((time.perf_counter() - t0) * 1e3, 3)}}
+        finally:
+            self.release_model()
+
+    def _on_engine(self, fn: Callable[[Scheduler], object], timeout: float = 60.0) -> Any:
+        """``fn(scheduler)`` run by the engine thread between two steps; its result here."""
+        out: list = []
+        done = ThreadEvent()
+        self._controls.append((fn, out, done))
+        self._wake.set()
+        if not done.wait(timeout):
+            raise EngineFailure(f"the engine thread did not take the slot action in {timeout:g} s")
+        ok, value = out[0]
+        if not ok:
+            raise value
+        return value
 
     # ---- introspection (/tokenize, /detokenize, /slots): any thread but the engine's ---------
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:

@@ -262,7 +262,9 @@ class LlamaModel:
                             cfg.prompt_cache_ram_mb)
                 bound = left
         if bound < 1 << 20:
-            return None
+            if not cfg.prompt_cache_dir:
+                return None
+            bound = 0  # no room in RAM: what leaves a slot goes to PROMPT_CACHE_DIR at once
         ll = self.ll
         return PromptCache(bound, cfg.prompt_cache_min_tokens,
                            whole_only=bool(ll.llama_model_is_recurrent(self.model)

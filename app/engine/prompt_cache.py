@@ -19,7 +19,7 @@ only valid for the context that made them: the cache lives and dies with one con
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +69,11 @@ class PromptCache:
         self.min_tokens = min_tokens
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest use first
         self.bytes = 0
+        self.tokens = 0
         self.stats = CacheStats()
+        # where an entry goes when it leaves for room (or is too big to stay): the disk
+        # (PROMPT_CACHE_DIR), on the engine thread, so this must not block
+        self.on_evict: Callable[[Entry], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -78,13 +82,14 @@ class PromptCache:
         """Least recently used first."""
         return list(self._entries.values())
 
-    def best(self, scope: str, prompt: np.ndarray, wanted: Sequence[Mark] = ()
-             ) -> tuple[Entry | None, int]:
+    def best(self, scope: str, prompt: np.ndarray, wanted: Sequence[Mark] = (),
+             also: Entry | None = None) -> tuple[Entry | None, int]:
         """The entry of ``scope`` that shares the longest prefix with ``prompt``, and how long
-        (None, 0 when none shares a token)."""
+        (None, 0 when none shares a token); ``also``: one more to weigh (read from disk)."""
         best: Entry | None = None
         n_best = 0
-        for entry in self._entries.values():
+        extra = [also] if also is not None else []
+        for entry in [*self._entries.values(), *extra]:
             if entry.scope != scope:
                 continue
             n = common_prefix(entry.tokens, prompt, entry.marks, wanted)
@@ -105,6 +110,8 @@ class PromptCache:
         """Keep ``entry``, making room by dropping the least recently used ones; entries of its
         scope it extends go (it holds all they do). False when it alone is over the bound."""
         if entry.size > self.max_bytes:
+            if self.on_evict is not None:
+                self.on_evict(entry)
             return False
         n = len(entry.tokens)
         for key, old in list(self._entries.items()):
@@ -113,10 +120,13 @@ class PromptCache:
                     == len(old.tokens):
                 self._drop(key)
         while self.bytes + entry.size > self.max_bytes and self._entries:
-            self._drop(next(iter(self._entries)))
+            old = self._drop(next(iter(self._entries)))
             self.stats.evicted += 1
+            if old is not None and self.on_evict is not None:
+                self.on_evict(old)
         self._entries[id(entry)] = entry
         self.bytes += entry.size
+        self.tokens += len(entry.tokens)
         self.stats.saved += 1
         return True
 
@@ -128,17 +138,19 @@ class PromptCache:
         for key in list(self._entries):
             self._drop(key)
 
-    def _drop(self, key: int) -> None:
+    def _drop(self, key: int) -> Entry | None:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self.bytes -= entry.size
+            self.tokens -= len(entry.tokens)
+        return entry
 
     def report(self) -> dict[str, object]:
-        """For /health and /metrics."""
+        """For /health and /metrics (any thread: counters only, no walk of the entries)."""
         s = self.stats
         return {"prompt_cache": {
             "entries": len(self._entries), "bytes": self.bytes, "max_bytes": self.max_bytes,
-            "tokens": int(sum(len(e.tokens) for e in self._entries.values())),
+            "tokens": self.tokens,
             "saved": s.saved, "restored": s.restored, "restored_tokens": s.restored_tokens,
             "evicted": s.evicted, "failed": s.failed}}
 

@@ -275,6 +275,9 @@ class RemoteEngine:
     def slots(self) -> list[dict[str, object]]:
         return self._call("slots", timeout=STATUS_TIMEOUT)
 
+    def slot_action(self, slot_id: int, action: str, filename: str | None) -> dict[str, object]:
+        return self._call("slot_action", slot_id, action, filename, timeout=CALL_TIMEOUT)
+
     # ---- the engine's status (health, metrics, the crash guard's hooks) -----------------------
     def _status(self) -> dict:
         """The engine's figures (its stall judged by the last limit ``stalled`` was given),

@@ -36,16 +36,20 @@ from app.engine.lora import Adapters, LoraSet, next_set
 from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
 from app.engine.sampling import GrammarStepTooSlow, Vocab
 from app.engine.slots import (
+    DIGEST,
     PUBLIC,
     RELOCATE_MIN_TOKENS,
     Job,
     Slot,
     before_image,
+    cache_scope,
+    digest_scope,
     drop,
     fail,
     next_waiting,
     place,
     pop_scores,
+    scope_digest,
     spread,
     timeout_error,
 )
@@ -192,23 +196,24 @@ class Scheduler:
             job.queued = time.monotonic() - job.submitted
             prompt = np.asarray(job.tokens, dtype=np.int32)
             lora = job.request.lora
-            # KV computed under adapters is theirs: the cache is partitioned by adapter set
-            scope = job.request.cache_scope + (f"\0lora{lora}" if lora else "")
+            scope = cache_scope(job.request)
             # KV is reused only within a scope (an API key): cached_tokens is no oracle for
             # another key's prompts; a prompt to score needs logits where a reused prefix has
             # none
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
             wanted = [span.mark for span in job.images]
+            restored = digest_scope(scope_digest(scope))  # a slot restored from a file
             shared = {id(s): min(common_prefix(s.kv.tokens, prompt, s.kv.marks, wanted),
                                  len(job.tokens) - 1)
-                      if reuse and (s.scope == scope or s.scope == PUBLIC and not lora)
+                      if reuse and (s.scope in (scope, restored) or s.scope == PUBLIC and not lora)
                       and s.follows is None else 0
                       for s in self.slots}
             slot, source = place(self.slots, free, shared)
             n_common = before_image(job, shared[id(source)])
             cache = self.features.prompt_cache
-            entry, n_entry = (cache.best(scope, prompt, wanted) if cache is not None and reuse
-                              else (None, 0))
+            entry, n_entry = (cache.best(scope, prompt, wanted, also=job.preloaded)
+                              if cache is not None and reuse else (None, 0))
+            job.preloaded = None  # read from disk for this admission only
             n_entry = before_image(job, min(n_entry, len(job.tokens) - 1))
             if n_entry - n_common < RELOCATE_MIN_TOKENS:
                 entry = None  # a slot holds about as much: no copy back
@@ -250,7 +255,7 @@ class Scheduler:
         """The slot's cells past its first ``kept`` tokens are about to go: into the prompt
         cache with them, when worth it (``prompt_cache.keep_aside``)."""
         cache = self.features.prompt_cache
-        if cache is not None and slot.scope != PUBLIC:
+        if cache is not None and slot.scope != PUBLIC and not slot.scope.startswith(DIGEST):
             keep_aside(cache, self.ctx, slot.kv, slot.scope, kept,
                        [(s.scope, s.kv) for s in self.slots])
 

@@ -6,6 +6,7 @@ ends.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -23,10 +24,15 @@ from app.engine.types import Failed, GenerationRequest, Sink, TokenScore, slot_r
 
 if TYPE_CHECKING:
     from app.engine.prediction import Place
+    from app.engine.prompt_cache import Entry
 
 # the scope of KV any request may reuse: the chat template's opening the engine decodes at load
 # (server text every client already sees in its own prompts, so reusing it tells nothing)
 PUBLIC = "\0public"
+
+# the scope of a slot restored from a file (POST /slots/{id}?action=restore): the file holds
+# only its key scope's digest, so the slot's KV serves the prompts whose scope has that digest
+DIGEST = "\0digest:"
 
 # a cached prefix in a slot away from the running ones is copied over when it saves at least
 # this many tokens of prompt (below it, decoding them again costs about what the copy does)
@@ -109,6 +115,9 @@ class Job:
     # one past what it kept after a partial one, doubled after a whole one (0: not yet set)
     draft_len: int = 0
     prediction: Place | None = None  # Predicted Outputs: where the reply stands in it
+    # a prompt kept on disk (PROMPT_CACHE_DIR) that this prompt extends, read by a prep thread
+    # for the scheduler to copy into the job's slot if no slot holds as much of it
+    preloaded: Entry | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -155,6 +164,23 @@ class Slot:
         if self.n_prompt_done < len(self.job.tokens):
             return Phase.PREFILLING
         return Phase.GENERATING
+
+
+def cache_scope(request: GenerationRequest) -> str:
+    """The scope of KV a request may reuse: its API key's, and its adapter set's (KV computed
+    under adapters is theirs)."""
+    lora = request.lora
+    return request.cache_scope + (f"\0lora{lora}" if lora else "")
+
+
+def scope_digest(scope: str) -> str:
+    """What a kept prompt's file holds of its key scope (never the scope itself)."""
+    return hashlib.sha256(scope.encode()).hexdigest()
+
+
+def digest_scope(digest: str) -> str:
+    """The scope of a slot restored from a file whose key scope has ``digest``."""
+    return DIGEST + digest
 
 
 def slot_rows(slots: list[Slot], n_ctx: int) -> list[dict[str, object]]:

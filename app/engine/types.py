@@ -316,6 +316,10 @@ class Engine(Protocol):
         step old): id, is_processing, n_ctx, prompt, cached and generated token counts."""
         ...
 
+    def slot_action(self, slot_id: int, action: str, filename: str | None) -> dict[str, object]:
+        """llama-server's slot save, restore and erase (blocks: a native thread)."""
+        ...
+
     def queue_depth(self) -> int: ...
 
     def stats(self) -> dict[str, object]:

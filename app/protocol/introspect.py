@@ -34,9 +34,9 @@ SECRET_NAME = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 # ... nor these: where the model and the cache live (bucket URIs, local paths); the model file's
 # basename is shown as model_path, the template's text as chat_template
 LOCATION_SETTINGS = frozenset({"model", "model_cache_dir", "chat_template", "storage_emulator_host",
-                               "draft_model"})
+                               "draft_model", "prompt_cache_dir"})
 # ... except these, named here one by one: token counts, not tokens (shown only as integers)
-TOKEN_COUNTS = frozenset({"default_max_tokens", "max_tokens_limit"})
+TOKEN_COUNTS = frozenset({"default_max_tokens", "max_tokens_limit", "prompt_cache_min_tokens"})
 
 
 class TokenizeRequest(BaseModel):

@@ -201,6 +201,25 @@ class LlamaSettings(BaseModel):
         le=1 << 20,
         **env("PROMPT_CACHE_MIN_TOKENS"),
     )
+    prompt_cache_dir: str | None = Field(
+        None,
+        description="Where prompts are kept across restarts: a local folder or a gs://bucket/"
+        "prefix. Prompts that leave the RAM cache, the slots' conversations when the model "
+        "sleeps, and at SIGTERM every slot's and RAM entry's are written there (files named "
+        "by the model's identity, the API key's scope and the tokens' hash); a prompt that "
+        "extends one has it read back instead of decoding it again. A file of another model, "
+        "build or key, or a damaged one, is never used. Unset: off.",
+        max_length=1024,
+        **env("PROMPT_CACHE_DIR"),
+    )
+    prompt_cache_disk_mb: int = Field(
+        10240,
+        description="Most MiB of prompt files in PROMPT_CACHE_DIR for this model: past it the "
+        "oldest files are deleted.",
+        ge=1,
+        le=1 << 24,
+        **env("PROMPT_CACHE_DISK_MB"),
+    )
     warm_up: Literal["auto", "full", "light"] = Field(
         "auto",
         description="What a load runs before the model is ready. full: a whole PREFILL_CHUNK "
