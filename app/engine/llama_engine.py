@@ -53,15 +53,7 @@ from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
-from app.engine.prompt_persist import (
-    Persist,
-    copy_slot,
-    erase_slot,
-    identity_parts,
-    restore_slot,
-    slot_file_name,
-)
-from app.engine.prompt_store import PromptStore, identity
+from app.engine.prompt_persist import Persist, open_persist, slot_action
 from app.engine.scheduler import Scheduler, StepStats
 from app.engine.slots import Job, drop, slot_rows
 from app.engine.types import Accepted, GenerationRequest, ModelInfo, outside_vocab
@@ -425,26 +417,10 @@ class LlamaEngine:
             return
         persist.at_exit(sched.slots, m.ctx, sched.features.prompt_cache, PERSIST_EXIT_SECONDS)
 
-    def _open_persist(self, path: str) -> None:
-        """PROMPT_CACHE_DIR's store for this model, once (it outlives sleep and reloads)."""
-        cfg = self.config
-        if self._persist is not None or not cfg.prompt_cache_dir or not self._generates:
-            return
-        from llama_cpp import __version__ as build
-
-        parts = identity_parts(path, self._mmproj, f"llama-cpp-python {build}", {
-            "type_k": cfg.kv_cache_type_k, "type_v": cfg.kv_cache_type_v,
-            "flash_attn": cfg.flash_attn})
-        store = PromptStore(cfg.prompt_cache_dir, identity(parts),
-                            cfg.prompt_cache_disk_mb << 20,
-                            emulator_host=cfg.storage_emulator_host)
-        self._persist = Persist(store, cfg.prompt_cache_min_tokens,
-                                pending_max=max(cfg.prompt_cache_ram_mb, 1024) << 20)
-        self._persist.start()
-
     def _load_and_warm(self, path: str) -> None:
         self._load(path)
-        self._open_persist(path)
+        if self._persist is None and self._generates:  # once: it outlives sleep and reloads
+            self._persist = open_persist(self.config, path, self._mmproj)
         self._hook_persist()
         if self._generates:
             self._warm_up()
@@ -553,10 +529,7 @@ class LlamaEngine:
             self._asleep = True
             self._wake_requested = False
         if self._persist is not None and sched is not None:  # what the KV held, to disk
-            cache = sched.features.prompt_cache
-            self._persist.spill_slots(sched.slots, self._m.ctx)
-            for entry in reversed(cache.entries() if cache is not None else []):
-                self._persist.spill(entry, force=True)
+            self._persist.at_sleep(sched.slots, self._m.ctx, sched.features.prompt_cache)
         self._m.free()
         log.info("asleep after %g s without a request: model, contexts and KV cache freed", idle)
         return True
@@ -684,24 +657,9 @@ class LlamaEngine:
         if not 0 <= slot_id < self.config.parallel:
             raise BadRequest(f"no slot {slot_id}: this server has {self.config.parallel} "
                              "(PARALLEL)", param="id_slot")
-        self.acquire_model()
+        self.acquire_model()  # woken if asleep
         try:
-            t0 = time.perf_counter()
-            if action == "erase":
-                n = self._on_engine(lambda sched: erase_slot(sched, slot_id))
-                return {"id_slot": slot_id, "n_erased": n}
-            assert persist is not None
-            name = slot_file_name(filename)
-            if action == "save":
-                entry = self._on_engine(lambda sched: copy_slot(sched, slot_id))
-                written = persist.store.write_named(name, entry)
-                return {"id_slot": slot_id, "filename": name, "n_saved": len(entry.tokens),
-                        "n_written": written,
-                        "timings": {"save_ms": round((time.perf_counter() - t0) * 1e3, 3)}}
-            entry, n_read = persist.store.read_named(name)
-            n = self._on_engine(lambda sched: restore_slot(sched, slot_id, entry))
-            return {"id_slot": slot_id, "filename": name, "n_restored": n, "n_read": n_read,
-                    "timings": {"restore_ms": round((time.perf_counter() - t0) * 1e3, 3)}}
+            return slot_action(persist, self._on_engine, slot_id, action, filename)
         finally:
             self.release_model()
 

@@ -119,8 +119,10 @@ def read_prelude(prelude: bytes) -> int:
     return head_len
 
 
-def parse_head(buf: bytes, ident: str, name: str) -> Head:
-    """The head at the start of ``buf``, every field checked; BadFile says what is wrong."""
+def parse_head(buf: bytes, ident: str, name: str | None) -> Head:
+    """The head at the start of ``buf``, every field checked; BadFile says what is wrong.
+    ``name``: the file's, which must be the one its content makes (None: a slot file, named
+    by the operator)."""
     head_len = read_prelude(buf)
     if len(buf) < head_len:
         raise BadFile(f"truncated header ({len(buf)} of {head_len} bytes)")
@@ -156,7 +158,7 @@ def parse_head(buf: bytes, ident: str, name: str) -> Head:
     if n_pos > n_tokens or (not marks and n_pos != n_tokens):
         raise BadFile(f"next position {n_pos} inconsistent with {n_tokens} tokens")
     head = Head(scope.hex(), tokens, tuple(marks), n_pos, blob_len, head_len)
-    if file_name(head.scope_digest, tokens, head.marks) != name:
+    if name is not None and file_name(head.scope_digest, tokens, head.marks) != name:
         raise BadFile("its name does not match its content")
     return head
 
@@ -167,7 +169,7 @@ class Assembler:
     the read before the blob), the blob copied into one preallocated ctypes array, the CRC
     streamed."""
 
-    def __init__(self, ident: str, name: str, scope_hex: str, size: int | None):
+    def __init__(self, ident: str, name: str | None, scope_hex: str | None, size: int | None):
         self.ident, self.name, self.scope_hex, self.size = ident, name, scope_hex, size
         self.buf = bytearray()  # the head, then the trailer
         self.need: int | None = None  # the head's length, once its prelude is in
@@ -207,7 +209,7 @@ class Assembler:
 
     def _start(self, head_bytes: bytes) -> None:
         head = parse_head(head_bytes, self.ident, self.name)
-        if head.scope_digest != self.scope_hex:
+        if self.scope_hex is not None and head.scope_digest != self.scope_hex:
             raise BadFile("written for another key scope")  # (its name says otherwise)
         if self.size is not None and self.size != head.total:
             raise BadFile(f"{self.size} bytes, its header says {head.total} (truncated?)")

@@ -22,15 +22,18 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from app.base.errors import BadRequest
+from app.base.errors import BadRequest, EngineFailure, NotFound
 from app.base.threads import ThreadEvent, allocate_lock, start_native_thread
+from app.engine import prompt_file
+from app.engine.config import EngineConfig
 from app.engine.prompt_cache import Entry, PromptCache
-from app.engine.prompt_store import PromptStore
+from app.engine.prompt_file import BadFile
+from app.engine.prompt_store import PromptStore, identity
 from app.engine.scheduler import Scheduler
 from app.engine.slots import (
     DIGEST,
@@ -67,6 +70,23 @@ def identity_parts(model: str, mmproj: str | None, build: str,
     if mmproj:
         parts["mmproj"] = file_digest(mmproj)
     return parts
+
+
+def open_persist(cfg: EngineConfig, model: str, mmproj: str | None) -> Persist | None:
+    """PROMPT_CACHE_DIR's store for this model and its writer thread (None: unset)."""
+    if not cfg.prompt_cache_dir:
+        return None
+    from llama_cpp import __version__ as build
+
+    parts = identity_parts(model, mmproj, f"llama-cpp-python {build}", {
+        "type_k": cfg.kv_cache_type_k, "type_v": cfg.kv_cache_type_v,
+        "flash_attn": cfg.flash_attn, "format": prompt_file.VERSION})
+    store = PromptStore(cfg.prompt_cache_dir, identity(parts), cfg.prompt_cache_disk_mb << 20,
+                        emulator_host=cfg.storage_emulator_host)
+    persist = Persist(store, cfg.prompt_cache_min_tokens,
+                      pending_max=max(cfg.prompt_cache_ram_mb, 1024) << 20)
+    persist.start()
+    return persist
 
 
 class Persist:
@@ -122,6 +142,13 @@ class Persist:
                              tuple(kv.marks), kv.n_pos, blob), force=True)
             n += 1
         return n
+
+    def at_sleep(self, slots: Sequence[Slot], ctx: Any, cache: PromptCache | None) -> None:
+        """The model is about to be freed (idle sleep): its slots' and RAM cache's prompts
+        handed to the writer, so the next request after the wake reads them back."""
+        self.spill_slots(slots, ctx)
+        for entry in reversed(cache.entries() if cache is not None else []):
+            self.spill(entry, force=True)
 
     def at_exit(self, slots: Sequence[Slot], ctx: Any, cache: PromptCache | None,
                 timeout: float) -> None:
@@ -179,6 +206,13 @@ class Persist:
 
     # ---- the writer thread ----------------------------------------------------------------------
     def _main(self) -> None:
+        try:  # the files earlier runs kept: their heads, for ``preload`` (off the path to ready)
+            found = self.store.scan()
+            if found:
+                log.info("prompt cache: %d prompt(s) kept in %s by an earlier run",
+                         len(found), self.store.root)
+        except Exception:  # noqa: BLE001 - an unreadable folder keeps nothing, serves on
+            log.exception("prompt cache: scanning %s failed", self.store.root)
         while True:
             with self._lock:
                 entry = self._queue.popleft() if self._queue else None
@@ -258,3 +292,35 @@ def restore_slot(sched: Scheduler, slot_id: int, entry: Entry) -> int:
     slot.scope = digest_scope(entry.scope)
     slot.last_used = time.monotonic()
     return len(slot.kv)
+
+
+def slot_action(persist: Persist | None, on_engine: Callable[[Callable[[Scheduler], Any]], Any],
+                slot_id: int, action: str, filename: object) -> dict[str, object]:
+    """llama-server's slot actions, in its answers' shapes: the cells copied on the engine
+    thread (``on_engine``), the file's I/O on the calling one."""
+    t0 = time.perf_counter()
+    if action == "erase":
+        return {"id_slot": slot_id, "n_erased": on_engine(lambda s: erase_slot(s, slot_id))}
+    assert persist is not None
+    name = slot_file_name(filename)
+    store = persist.store
+    if action == "save":
+        entry = on_engine(lambda s: copy_slot(s, slot_id))
+        try:
+            written = store.write_named(name, entry)
+        except Exception as exc:  # noqa: BLE001 - the caller gets it as a 500 with its reason
+            raise EngineFailure(f"slot file {name} not written: {exc}") from None
+        return {"id_slot": slot_id, "filename": name, "n_saved": len(entry.tokens),
+                "n_written": written,
+                "timings": {"save_ms": round((time.perf_counter() - t0) * 1e3, 3)}}
+    try:
+        entry, n_read = store.read_named(name)
+    except FileNotFoundError:
+        raise NotFound(f"no slot file {name}") from None
+    except BadFile as exc:
+        raise BadRequest(f"slot file {name} refused: {exc}", param="filename") from None
+    except Exception as exc:  # noqa: BLE001
+        raise EngineFailure(f"slot file {name} not read: {exc}") from None
+    n = on_engine(lambda s: restore_slot(s, slot_id, entry))
+    return {"id_slot": slot_id, "filename": name, "n_restored": n, "n_read": n_read,
+            "timings": {"restore_ms": round((time.perf_counter() - t0) * 1e3, 3)}}

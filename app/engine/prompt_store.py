@@ -279,6 +279,8 @@ class PromptStore:
                         root, _why(exc))
         self._lock = allocate_lock()
         self._index: dict[str, Stored] = {}
+        self._emulator_host = emulator_host
+        self._slots: _Local | _Gcs | None = None  # the slot files' folder, opened on first use
 
     def __len__(self) -> int:
         return len(self._index)
@@ -424,6 +426,43 @@ class PromptStore:
                 with self._lock:  # gone (another replica's bound): out of the index
                     self._index.pop(stored.name, None)
         return None
+
+    # ---- slot files (POST /slots/{id}?action=save|restore): named by the operator -----------
+    def _slot_io(self) -> _Local | _Gcs:
+        """The slot files' folder: ``slots/`` beside this identity's prompt files (so a slot
+        file of another model or build is never found, and no scan or bound sees them)."""
+        if self._slots is None:
+            sub = self.identity[:16] + "/slots"
+            self._slots = (_Gcs(self.root.rstrip("/") + "/" + sub, self._emulator_host)
+                           if self.root.startswith("gs://")
+                           else _Local(os.path.join(self.root, sub)))
+        return self._slots
+
+    def write_named(self, name: str, entry: Entry) -> int:
+        """``entry`` as the slot file ``name`` (replacing one of that name); its bytes. Raises
+        the I/O error."""
+        tokens = np.ascontiguousarray(entry.tokens, dtype=np.int32)
+        blob = memoryview(entry.blob).cast("B")
+        head = encode_head(self.identity, scope_digest(entry.scope), tokens, entry.marks,
+                           entry.n_pos, len(blob))
+        self._slot_io().put(name, head, blob)
+        return len(head) + len(blob) + CRC.size
+
+    def read_named(self, name: str) -> tuple[Entry, int]:
+        """The slot file ``name``, every byte checked, and its size; the entry's ``scope`` is
+        the file's scope digest (a slot file is restored for whichever key wrote it). Raises
+        FileNotFoundError when there is none, BadFile when it fails a check (another model's,
+        damaged), else the I/O error."""
+        io = self._slot_io()
+        try:
+            sink = io.stream(name, lambda size: Assembler(self.identity, None, None, size))
+        except Exception as exc:
+            if getattr(exc, "code", None) == 404:
+                raise FileNotFoundError(name) from None
+            raise
+        head = sink.head
+        entry = sink.finish(head.scope_digest if head is not None else "")
+        return entry, head.total if head is not None else 0
 
     def remove(self, stored: Stored) -> None:
         """The file leaves the index and the folder (never raises)."""

@@ -34,6 +34,7 @@ from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet, next_set
 from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
+from app.engine.prompt_file import scope_digest
 from app.engine.sampling import GrammarStepTooSlow, Vocab
 from app.engine.slots import (
     DIGEST,
@@ -49,7 +50,6 @@ from app.engine.slots import (
     next_waiting,
     place,
     pop_scores,
-    scope_digest,
     spread,
     timeout_error,
 )

@@ -6,7 +6,6 @@ ends.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -171,11 +170,6 @@ def cache_scope(request: GenerationRequest) -> str:
     under adapters is theirs)."""
     lora = request.lora
     return request.cache_scope + (f"\0lora{lora}" if lora else "")
-
-
-def scope_digest(scope: str) -> str:
-    """What a kept prompt's file holds of its key scope (never the scope itself)."""
-    return hashlib.sha256(scope.encode()).hexdigest()
 
 
 def digest_scope(digest: str) -> str:

@@ -12,8 +12,7 @@ import requests
 from tests.support.server import ServerProcess, running_server
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
-WORDS = ("river stone lantern orchard copper meadow violet harbor thunder maple canvas "
-         "falcon ember glacier saffron quarry willow beacon").split()
+WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "violet", "harbor", "thunder", "maple", "canvas", "falcon", "ember", "glacier", "saffron", "quarry", "willow", "beacon"]
 
 
 def _text(seed: int, n: int = 300) -> str:
