@@ -12,6 +12,10 @@ from typing import Literal
 
 from app.engine.types import ModelInfo
 
+# at exit, the most seconds the prompts' writes to PROMPT_CACHE_DIR may add (Cloud Run sends
+# SIGKILL 10 s after SIGTERM); a file not finished by then is absent, never half written
+PERSIST_EXIT_SECONDS = 8.0
+
 
 @dataclass(frozen=True)
 class EngineConfig:

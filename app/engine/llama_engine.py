@@ -46,7 +46,7 @@ from app.base.threads import (
     start_native_thread,
 )
 from app.engine.admission import Admission
-from app.engine.config import EngineConfig
+from app.engine.config import PERSIST_EXIT_SECONDS, EngineConfig
 from app.engine.file_holds import FileHolds, collecting
 from app.engine.handle import JobHandle, new_channel
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
@@ -62,9 +62,6 @@ from app.engine.warm_up import prime, warm_up
 log = logging.getLogger(__name__)
 
 PREP_THREADS = 2
-# at exit, the most seconds the prompts' writes to PROMPT_CACHE_DIR may add (Cloud Run sends
-# SIGKILL 10 s after SIGTERM); a file not finished by then is absent, never half written
-PERSIST_EXIT_SECONDS = 8.0
 PREP_STACK_BYTES = 64 << 20  # llama.cpp's grammar parser recurses; the gate bounds how deep
 
 

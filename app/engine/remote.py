@@ -37,7 +37,7 @@ from app.base.errors import (
 )
 from app.base.state import LoadState
 from app.base.threads import ThreadEvent, allocate_lock, close_fd, start_native_thread
-from app.engine.config import EngineConfig
+from app.engine.config import PERSIST_EXIT_SECONDS, EngineConfig
 from app.engine.embed import EmbedHandle, EmbedInfo, EmbedRequest
 from app.engine.file_holds import FileHolds, collecting
 from app.engine.handle import ChannelHandle
@@ -351,7 +351,9 @@ class RemoteEngine:
         link = self._link
         if link is not None:
             link.send(("shutdown", timeout))
-        if not self._stopped.wait(timeout + EXIT_WAIT) and link is not None:
+        # the engine process writes its prompts to PROMPT_CACHE_DIR before it leaves
+        persist = PERSIST_EXIT_SECONDS if self.config.prompt_cache_dir else 0.0
+        if not self._stopped.wait(timeout + persist + EXIT_WAIT) and link is not None:
             link.proc.kill()
 
     # ---- the supervisor: one thread, which reads each engine process's messages ---------------

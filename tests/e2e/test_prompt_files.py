@@ -25,10 +25,10 @@ def _text(seed: int, n: int = 300) -> str:
     return f"Story {seed}: " + " ".join(WORDS[(seed * 7 + i * i) % len(WORDS)] for i in range(n))
 
 
-def _server(folder: Path) -> ServerProcess:
+def _server(folder: Path, engine_process: str = "off") -> ServerProcess:
     srv = ServerProcess({"PARALLEL": "1", "CTX_SIZE": "2048", "PROMPT_CACHE_MIN_TOKENS": "64",
                          "PROMPT_CACHE_DIR": str(folder), "API_KEY": f"{KEY_A},{KEY_B}",
-                         "ADMIN_API_KEY": ADMIN})
+                         "ADMIN_API_KEY": ADMIN, "ENGINE_PROCESS": engine_process})
     srv.wait_ready()
     return srv
 
@@ -111,7 +111,9 @@ def test_a_damaged_file_is_refused_and_costs_only_the_decode(kept):
 
 
 def test_slot_files_save_erase_and_restore_for_the_operator_only(default_model, tmp_path):
-    srv = _server(tmp_path)
+    # in an engine process of its own (the routes' call crosses to it; the tests above run
+    # the engine in the web process)
+    srv = _server(tmp_path, "on")
     admin = {"Authorization": f"Bearer {ADMIN}"}
     try:
         turn = _text(3)
@@ -140,4 +142,6 @@ def test_slot_files_save_erase_and_restore_for_the_operator_only(default_model, 
         act("restore", {"filename": "s1.bin"})
         assert _complete(srv, KEY_B, turn)[2] == 0  # ... and never key B
     finally:
-        _terminate(srv)
+        logs = _terminate(srv)
+    # SIGTERM's drain kept the slot's conversation (key B's now), in the engine's process too
+    assert "kept in" in logs and _files(tmp_path), logs[-3000:]
