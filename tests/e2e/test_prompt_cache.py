@@ -65,3 +65,10 @@ def test_a_conversation_whose_slot_was_taken_answers_from_the_cache(srv):
     assert after["restored"] == before["restored"] + 1
     assert after["restored_tokens"] - before["restored_tokens"] == cached
     assert (again, n_again, cached) == (kept, n_prompt, kept_cached)  # the same bytes
+    metrics = requests.get(srv.url("/metrics"), headers={"Authorization": f"Bearer {KEY_A}"},
+                           timeout=30).text
+    assert f"vertex_gguf_prompt_cache_restored_total {float(after['restored'])}" in metrics
+    assert (f"vertex_gguf_prompt_cache_restored_tokens_total "
+            f"{float(after['restored_tokens'])}") in metrics
+    line = next(x for x in metrics.splitlines() if x.startswith("vertex_gguf_prompt_cache_bytes "))
+    assert float(line.split()[1]) == after["bytes"] > 0
