@@ -19,9 +19,9 @@ only valid for the context that made them: the cache lives and dies with one con
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -43,6 +43,32 @@ class Entry:
 
     def __post_init__(self) -> None:
         self.size = self.size or len(self.blob)
+
+
+class Held(Protocol):
+    """What a kept prompt says of itself: the tokens and images its cells hold."""
+
+    tokens: np.ndarray
+    marks: tuple[Mark, ...]
+
+
+H = TypeVar("H", bound=Held)
+
+
+def longest(candidates: Iterable[H], prompt: np.ndarray, wanted: Sequence[Mark],
+            whole_only: bool) -> tuple[H | None, int]:
+    """The candidate sharing the longest prefix with ``prompt``, and how long (None, 0 when
+    none shares a token); with ``whole_only`` (a recurrent model), only one the prompt holds
+    whole counts."""
+    best: H | None = None
+    n_best = 0
+    for c in candidates:
+        n = common_prefix(c.tokens, prompt, c.marks, wanted)
+        if whole_only and n < len(c.tokens):
+            continue
+        if n > n_best:
+            best, n_best = c, n
+    return best, n_best
 
 
 @dataclass
@@ -86,18 +112,9 @@ class PromptCache:
              also: Entry | None = None) -> tuple[Entry | None, int]:
         """The entry of ``scope`` that shares the longest prefix with ``prompt``, and how long
         (None, 0 when none shares a token); ``also``: one more to weigh (read from disk)."""
-        best: Entry | None = None
-        n_best = 0
         extra = [also] if also is not None else []
-        for entry in [*self._entries.values(), *extra]:
-            if entry.scope != scope:
-                continue
-            n = common_prefix(entry.tokens, prompt, entry.marks, wanted)
-            if self.whole_only and n < len(entry.tokens):
-                continue
-            if n > n_best:
-                best, n_best = entry, n
-        return best, n_best
+        return longest([e for e in [*self._entries.values(), *extra] if e.scope == scope],
+                       prompt, wanted, self.whole_only)
 
     def covers(self, scope: str, tokens: Sequence[int]) -> bool:
         """Whether an entry of ``scope`` already holds ``tokens`` (or more after them)."""

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from app.base.threads import allocate_lock
-from app.engine.prompt_cache import Entry
+from app.engine.prompt_cache import Entry, longest
 from app.engine.prompt_file import (
     CRC,
     PRELUDE,
@@ -325,18 +325,9 @@ class PromptStore:
         """The file of ``scope`` that shares the longest prefix with ``prompt``, and how long
         (None, 0 when none shares a token): PromptCache.best's rule."""
         digest = scope_digest(scope)
-        best: Stored | None = None
-        n_best = 0
         with self._lock:
-            for s in self._index.values():
-                if s.scope_digest != digest:
-                    continue
-                n = common_prefix(s.tokens, prompt, s.marks, wanted)
-                if self.whole_only and n < len(s.tokens):
-                    continue
-                if n > n_best:
-                    best, n_best = s, n
-        return best, n_best
+            mine = [s for s in self._index.values() if s.scope_digest == digest]
+        return longest(mine, prompt, wanted, self.whole_only)
 
     def write(self, entry: Entry) -> bool:
         """``entry`` as a file, unless a file of its scope already holds its tokens or more

@@ -9,15 +9,11 @@ from __future__ import annotations
 import pytest
 import requests
 
+from tests.support.long_prompts import complete, story
 from tests.support.server import ServerProcess, running_server
 
 KEY_A, KEY_B = "key-a-0123456789", "key-b-0123456789"
-WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "violet", "harbor", "thunder", "maple", "canvas", "falcon", "ember", "glacier", "saffron", "quarry", "willow", "beacon"]
 
-
-def _text(seed: int, n: int = 300) -> str:
-    """A long prompt of its own from its first word (no prefix shared with another seed's)."""
-    return f"Story {seed}: " + " ".join(WORDS[(seed * 7 + i * i) % len(WORDS)] for i in range(n))
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +24,6 @@ def srv(default_model) -> ServerProcess:
         yield s
 
 
-def _complete(srv: ServerProcess, key: str, prompt: str) -> tuple[str, int, int]:
-    r = requests.post(srv.url("/v1/completions"), headers={"Authorization": f"Bearer {key}"},
-                      json={"prompt": prompt, "max_tokens": 12, "temperature": 0}, timeout=300)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    usage = body["usage"]
-    return (body["choices"][0]["text"], usage["prompt_tokens"],
-            usage["prompt_tokens_details"]["cached_tokens"])
-
 
 def _cache(srv: ServerProcess) -> dict:
     health = requests.get(srv.url("/health"), headers={"Authorization": f"Bearer {KEY_A}"},
@@ -45,22 +32,22 @@ def _cache(srv: ServerProcess) -> dict:
 
 
 def test_a_conversation_whose_slot_was_taken_answers_from_the_cache(srv):
-    first = _text(1)
-    reply, _, _ = _complete(srv, KEY_A, first)
+    first = story(1)
+    reply, _, _ = complete(srv, KEY_A, first)
     turn2 = first + reply + " Then the river"
-    _complete(srv, KEY_A, turn2)
+    complete(srv, KEY_A, turn2)
     # the reference: the same turn again while the slot still holds it (the same prefix
     # reused, so the same tail decoded in the same batch shape as after a copy back)
-    kept, n_prompt, kept_cached = _complete(srv, KEY_A, turn2)
+    kept, n_prompt, kept_cached = complete(srv, KEY_A, turn2)
     assert kept and kept_cached == n_prompt - 1
-    _complete(srv, KEY_A, _text(2))  # another conversation takes the only slot
+    complete(srv, KEY_A, story(2))  # another conversation takes the only slot
     before = _cache(srv)
     assert before["entries"] >= 1 and before["saved"] >= 1
     # another key's identical prompt: nothing of key A's, decoded whole
-    _, _, other_cached = _complete(srv, KEY_B, turn2)
+    _, _, other_cached = complete(srv, KEY_B, turn2)
     assert other_cached == 0
     assert _cache(srv)["restored"] == before["restored"]
-    again, n_again, cached = _complete(srv, KEY_A, turn2)
+    again, n_again, cached = complete(srv, KEY_A, turn2)
     after = _cache(srv)
     assert after["restored"] == before["restored"] + 1
     assert after["restored_tokens"] - before["restored_tokens"] == cached

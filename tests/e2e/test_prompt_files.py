@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.support.long_prompts import complete, story
 from tests.support.server import ServerProcess
 
 KEY_A, KEY_B, ADMIN = "key-a-0123456789", "key-b-0123456789", "admin-key-0123456789"
-WORDS = ["river", "stone", "lantern", "orchard", "copper", "meadow", "violet", "harbor",
-         "thunder", "maple", "canvas", "falcon", "ember", "glacier", "saffron", "quarry"]
 
-
-def _text(seed: int, n: int = 300) -> str:
-    return f"Story {seed}: " + " ".join(WORDS[(seed * 7 + i * i) % len(WORDS)] for i in range(n))
 
 
 def _server(folder: Path, engine_process: str = "off") -> ServerProcess:
@@ -32,14 +28,6 @@ def _server(folder: Path, engine_process: str = "off") -> ServerProcess:
     srv.wait_ready()
     return srv
 
-
-def _complete(srv: ServerProcess, key: str, prompt: str) -> tuple[str, int, int]:
-    r = requests.post(srv.url("/v1/completions"), headers={"Authorization": f"Bearer {key}"},
-                      json={"prompt": prompt, "max_tokens": 12, "temperature": 0}, timeout=300)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    return (body["choices"][0]["text"], body["usage"]["prompt_tokens"],
-            body["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def _disk(srv: ServerProcess) -> dict:
@@ -68,11 +56,11 @@ def kept(default_model, tmp_path_factory) -> tuple[Path, str, tuple[str, int, in
     folder = tmp_path_factory.mktemp("prompts")
     srv = _server(folder)
     try:
-        first = _text(1)
-        reply, _, _ = _complete(srv, KEY_A, first)
+        first = story(1)
+        reply, _, _ = complete(srv, KEY_A, first)
         turn = first + reply + " Then the river"
-        _complete(srv, KEY_A, turn)
-        reference = _complete(srv, KEY_A, turn)  # the same prefix reused: n - 1 cached
+        complete(srv, KEY_A, turn)
+        reference = complete(srv, KEY_A, turn)  # the same prefix reused: n - 1 cached
         assert reference[2] == reference[1] - 1
     finally:
         logs = _terminate(srv)
@@ -85,9 +73,9 @@ def test_a_restart_answers_from_the_folder_with_the_same_bytes(kept):
     folder, turn, reference = kept
     srv = _server(folder)
     try:
-        _, _, other = _complete(srv, KEY_B, turn)  # another key: nothing of key A's
+        _, _, other = complete(srv, KEY_B, turn)  # another key: nothing of key A's
         assert other == 0 and _disk(srv)["read"] == 0
-        assert _complete(srv, KEY_A, turn) == reference  # read back, not decoded again
+        assert complete(srv, KEY_A, turn) == reference  # read back, not decoded again
         assert _disk(srv)["read"] == 1
     finally:
         _terminate(srv)
@@ -101,7 +89,7 @@ def test_a_damaged_file_is_refused_and_costs_only_the_decode(kept):
         path.write_bytes(bytes(data))
     srv = _server(folder)
     try:
-        text, n_prompt, cached = _complete(srv, KEY_A, turn)
+        text, n_prompt, cached = complete(srv, KEY_A, turn)
         assert cached == 0 and n_prompt == reference[1]
         assert _disk(srv)["read_failed"] == 1
         logs = srv.logs()
@@ -116,9 +104,9 @@ def test_slot_files_save_erase_and_restore_for_the_operator_only(default_model, 
     srv = _server(tmp_path, "on")
     admin = {"Authorization": f"Bearer {ADMIN}"}
     try:
-        turn = _text(3)
-        _complete(srv, KEY_A, turn)
-        reference = _complete(srv, KEY_A, turn)
+        turn = story(3)
+        complete(srv, KEY_A, turn)
+        reference = complete(srv, KEY_A, turn)
 
         def act(action: str, body: dict | None = None, headers: dict = admin) -> requests.Response:
             return requests.post(srv.url(f"/slots/0?action={action}"), json=body or {},
@@ -137,10 +125,10 @@ def test_slot_files_save_erase_and_restore_for_the_operator_only(default_model, 
         restored = act("restore", {"filename": "s1.bin"})
         assert restored.status_code == 200, restored.text
         assert restored.json()["n_restored"] == saved.json()["n_saved"]
-        assert _complete(srv, KEY_A, turn) == reference  # the restored cells serve key A ...
+        assert complete(srv, KEY_A, turn) == reference  # the restored cells serve key A ...
         act("erase")
         act("restore", {"filename": "s1.bin"})
-        assert _complete(srv, KEY_B, turn)[2] == 0  # ... and never key B
+        assert complete(srv, KEY_B, turn)[2] == 0  # ... and never key B
     finally:
         logs = _terminate(srv)
     # SIGTERM's drain kept the slot's conversation (key B's now), in the engine's process too
