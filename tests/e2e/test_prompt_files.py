@@ -15,25 +15,28 @@ import pytest
 import requests
 
 from tests.support.long_prompts import complete, story
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, wait_for
 
 KEY_A, KEY_B, ADMIN = "key-a-0123456789", "key-b-0123456789", "admin-key-0123456789"
 
 
 
-def _server(folder: Path, engine_process: str = "off") -> ServerProcess:
+def _server(folder: Path, engine_process: str = "off", **env: str) -> ServerProcess:
     srv = ServerProcess({"PARALLEL": "1", "CTX_SIZE": "2048", "PROMPT_CACHE_MIN_TOKENS": "64",
                          "PROMPT_CACHE_DIR": str(folder), "API_KEY": f"{KEY_A},{KEY_B}",
-                         "ADMIN_API_KEY": ADMIN, "ENGINE_PROCESS": engine_process})
+                         "ADMIN_API_KEY": ADMIN, "ENGINE_PROCESS": engine_process, **env})
     srv.wait_ready()
     return srv
 
 
 
+def _health(srv: ServerProcess) -> dict:
+    return requests.get(srv.url("/health"), headers={"Authorization": f"Bearer {KEY_A}"},
+                        timeout=30).json()
+
+
 def _disk(srv: ServerProcess) -> dict:
-    health = requests.get(srv.url("/health"), headers={"Authorization": f"Bearer {KEY_A}"},
-                          timeout=30).json()
-    return health["engine"]["prompt_cache"]["disk"]
+    return _health(srv)["engine"]["prompt_cache"]["disk"]
 
 
 def _terminate(srv: ServerProcess) -> str:
@@ -133,3 +136,17 @@ def test_slot_files_save_erase_and_restore_for_the_operator_only(default_model, 
         logs = _terminate(srv)
     # SIGTERM's drain kept the slot's conversation (key B's now), in the engine's process too
     assert "kept in" in logs and _files(tmp_path), logs[-3000:]
+
+
+def test_a_conversation_outlives_the_models_sleep(default_model, tmp_path):
+    srv = _server(tmp_path, SLEEP_IDLE_SECONDS="2")
+    try:
+        turn = story(4)
+        complete(srv, KEY_A, turn)
+        reference = complete(srv, KEY_A, turn)
+        wait_for(lambda: _health(srv).get("sleeping"), 60, "the model asleep")
+        wait_for(lambda: _files(tmp_path), 60, "the slot's conversation written")
+        assert complete(srv, KEY_A, turn) == reference  # woken, and read back
+        assert _disk(srv)["read"] == 1
+    finally:
+        _terminate(srv)
