@@ -416,7 +416,7 @@ class EngineCollector:
                 "kept without a decode of their own; over spec_draft_tokens: the acceptance "
                 "rate.", value=float(stats["draft_tokens_accepted"]))
         cache = stats.get("prompt_cache")
-        if isinstance(cache, dict):  # PROMPT_CACHE_RAM_MB is on
+        if isinstance(cache, dict) and "bytes" in cache:  # PROMPT_CACHE_RAM_MB is on
             yield GaugeMetricFamily(PREFIX + "prompt_cache_bytes", "Host RAM held by prompts "
                                     "kept when their slot was taken.", value=cache["bytes"])
             yield GaugeMetricFamily(PREFIX + "prompt_cache_entries", "Prompts kept in the "

@@ -25,6 +25,8 @@ from app.settings import max_tokens_bounds
 
 log = logging.getLogger(__name__)
 
+SLOT_FILE_SECONDS = 600.0  # a slot file's save or restore, its I/O included
+
 
 def _service() -> Service:
     """The default model's; with several models, the one ``?model=`` names (never loaded
@@ -253,7 +255,9 @@ def slot_action(id_slot: int) -> Response:
         filename = body.get("filename")
     svc = _service()
     svc.info()  # 503 while the model is not loaded
-    return jsonify(svc.offload(lambda: svc.engine.slot_action(id_slot, action, filename)))
+    # a multi-GB slot file on Cloud Storage takes longer than PREPARE_TIMEOUT's prompt work
+    return jsonify(bridge.offload(lambda: svc.engine.slot_action(id_slot, action, filename),
+                                  timeout=SLOT_FILE_SECONDS))
 
 
 def control() -> Response:

@@ -118,7 +118,17 @@ class KvSeq:
         position ``n_pos``). False if llama.cpp refused the blob: the cells are then empty
         (llama.cpp clears the sequence when a restore fails)."""
         self.clear()
-        if not self._ll.llama_state_seq_set_data(ctx, blob, len(blob), self.seq_id):
+        ll, mem, seq = self._ll, self._mem, self.seq_id
+        # a blob whose checksums hold may still not be what its file says (written by anyone
+        # who can write the folder): its cells must start at 0 and end just before the next
+        # position (before it, after an M-RoPE image, whose cells share positions), or the
+        # next decode would fail every request in flight
+        ok = bool(ll.llama_state_seq_set_data(ctx, blob, len(blob), seq)) and len(tokens) > 0
+        if ok:
+            last = ll.llama_memory_seq_pos_max(mem, seq)
+            ok = (last == n_pos - 1 if tokens[-1] >= 0 else 0 <= last < n_pos) \
+                and ll.llama_memory_seq_pos_min(mem, seq) == 0
+        if not ok:
             self.clear()
             return False
         self._tokens, self._marks = np.asarray(tokens, dtype=np.int32).tolist(), list(marks)

@@ -53,8 +53,9 @@ from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
-from app.engine.prompt_persist import Persist, open_persist, slot_action
+from app.engine.prompt_persist import Persist, open_persist
 from app.engine.scheduler import Scheduler, StepStats
+from app.engine.slot_files import slot_action
 from app.engine.slots import Job, drop, slot_rows
 from app.engine.types import Accepted, GenerationRequest, ModelInfo, outside_vocab
 from app.engine.warm_up import prime, warm_up
@@ -232,7 +233,9 @@ class LlamaEngine:
         if self._persist is None:
             return {}
         report = sched.draft_report().get("prompt_cache") if sched is not None else None
-        return {"prompt_cache": {**(report or {}), **self._persist.report()}}
+        if not isinstance(report, dict):
+            return {}  # a reload under way: no cache to report beside the disk's figures
+        return {"prompt_cache": {**report, **self._persist.report()}}
 
     def _image_stats(self) -> dict[str, int]:
         """With a projector: images encoded, and images whose encoding came from its cache."""
@@ -342,10 +345,18 @@ class LlamaEngine:
             return
         persist, sched = self._persist, self._sched
         if persist is not None and sched is not None:
-            try:  # a prompt kept on disk that this one extends, read here, off the engine thread
-                persist.preload(job, sched.slots, sched.features.prompt_cache)
+            try:  # a prompt kept on disk that this one extends: read on the reader thread
+                stored = persist.wanted(job, sched.slots, sched.features.prompt_cache)
             except Exception:  # noqa: BLE001 - the request goes on, decoding its whole prompt
-                log.exception("prompt cache: reading a kept prompt failed")
+                log.exception("prompt cache: looking for a kept prompt failed")
+                stored = None
+            if stored is not None:
+                persist.read_for(job, stored, self._hand_over)
+                return
+        self._hand_over(job)
+
+    def _hand_over(self, job: Job) -> None:
+        """A prepared job to the engine thread (its prompt's file read first, if it had one)."""
         with self._handoff:
             if not self._closed:
                 job.sink(Accepted(prompt_tokens=len(job.tokens)))
@@ -399,6 +410,10 @@ class LlamaEngine:
                 self._closed = True
             self._prep_wake.set()
             self._fail_everything(ShuttingDown("server is shutting down"))  # late arrivals
+            while self._controls:  # slot actions no step will take now
+                _, out, done = self._controls.popleft()
+                out.append((False, ShuttingDown("server is shutting down")))
+                done.set()
             self._free()
             self._holds.release()
             self._stopped.set()
@@ -416,8 +431,11 @@ class LlamaEngine:
 
     def _load_and_warm(self, path: str) -> None:
         self._load(path)
-        if self._persist is None and self._generates:  # once: it outlives sleep and reloads
-            self._persist = open_persist(self.config, path, self._mmproj)
+        sched = self._sched
+        if self._persist is None and sched is not None:  # once: it outlives sleep and reloads
+            self._persist = open_persist(self.config, path, self._mmproj,
+                                         [a.path for a in self._adapters],
+                                         sched.features.prompt_cache, self._m.n_vocab)
         self._hook_persist()
         if self._generates:
             self._warm_up()
@@ -505,8 +523,9 @@ class LlamaEngine:
                     self._sched.fail_active(EngineFailure("internal engine error"))
                 busy = True
             waiting = self._sched is not None and self._sched.waiting
+            reading = self._persist is not None and self._persist.reading
             if self._stopping and not busy and not (self._prep or self._prep_busy or self._inbox
-                                                    or waiting):
+                                                    or waiting or reading):
                 return
             if not busy and not self._fall_asleep():
                 self._wake.wait(0.5)
@@ -572,6 +591,8 @@ class LlamaEngine:
             return False
         while self._controls:
             fn, out, done = self._controls.popleft()
+            if out:  # abandoned: its caller gave up waiting (and was told so)
+                continue
             try:
                 out.append((True, fn(sched)))
             except Exception as exc:  # noqa: BLE001 - raised on the caller's thread
@@ -656,7 +677,8 @@ class LlamaEngine:
                              "(PARALLEL)", param="id_slot")
         self.acquire_model()  # woken if asleep
         try:
-            return slot_action(persist, self._on_engine, slot_id, action, filename)
+            return slot_action(persist.store if persist is not None else None, self._on_engine,
+                               slot_id, action, filename)
         finally:
             self.release_model()
 
@@ -667,6 +689,7 @@ class LlamaEngine:
         self._controls.append((fn, out, done))
         self._wake.set()
         if not done.wait(timeout):
+            out.append((False, None))  # abandoned: the engine thread skips it (or just ran it)
             raise EngineFailure(f"the engine thread did not take the slot action in {timeout:g} s")
         ok, value = out[0]
         if not ok:

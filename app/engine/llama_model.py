@@ -437,6 +437,9 @@ class LlamaModel:
             self.adapters = None
         for slot in self.sched.slots if self.sched is not None else []:
             slot.kv.freed()  # with the context below
+        cache = self.sched.features.prompt_cache if self.sched is not None else None
+        if cache is not None:
+            cache.clear()  # its blobs are this context's: host RAM freed with it
         if self.ctx:
             ll.llama_batch_free(self.batch)
             ll.llama_free(self.ctx)

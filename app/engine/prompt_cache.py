@@ -40,6 +40,9 @@ class Entry:
     n_pos: int
     blob: Any  # a ctypes uint8 array, as llama_state_seq_get_data filled it
     size: int = field(default=0)
+    # what to do when llama.cpp refuses the blob (a file read back: delete it, or every
+    # request extending it would read it again)
+    on_refused: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.size = self.size or len(self.blob)
@@ -116,12 +119,14 @@ class PromptCache:
         return longest([e for e in [*self._entries.values(), *extra] if e.scope == scope],
                        prompt, wanted, self.whole_only)
 
-    def covers(self, scope: str, tokens: Sequence[int]) -> bool:
-        """Whether an entry of ``scope`` already holds ``tokens`` (or more after them)."""
+    def covers(self, scope: str, tokens: Sequence[int], marks: Sequence[Mark] = ()) -> bool:
+        """Whether an entry of ``scope`` already holds ``tokens`` (or more after them), with
+        the same images."""
         n = len(tokens)
         arr = np.asarray(tokens, dtype=np.int32)
         return any(e.scope == scope and len(e.tokens) >= n
-                   and common_prefix(e.tokens, arr) == n for e in self._entries.values())
+                   and common_prefix(e.tokens, arr, e.marks, marks) == n
+                   for e in self._entries.values())
 
     def put(self, entry: Entry) -> bool:
         """Keep ``entry``, making room by dropping the least recently used ones; entries of its
@@ -184,15 +189,16 @@ def keep_aside(cache: PromptCache, ctx: Any, kv: KvSeq, scope: str, kept: int,
     if n - kept < cache.min_tokens or kv.drafted:
         return False
     tokens = np.asarray(kv.tokens, dtype=np.int32)
-    if cache.covers(scope, tokens) or any(
-            s == scope and len(o) >= n and common_prefix(o.tokens, tokens) == n
+    marks = tuple(kv.marks)
+    if cache.covers(scope, tokens, marks) or any(
+            s == scope and len(o) >= n and common_prefix(o.tokens, tokens, o.marks, marks) == n
             for s, o in others if o is not kv):
         return False
     blob = kv.snapshot(ctx)
     if blob is None:
         cache.stats.failed += 1
         return False
-    return cache.put(Entry(scope, tokens, tuple(kv.marks), kv.n_pos, blob))
+    return cache.put(Entry(scope, tokens, marks, kv.n_pos, blob))
 
 
 def bring_back(cache: PromptCache, ctx: Any, kv: KvSeq, entry: Entry) -> bool:
@@ -203,4 +209,6 @@ def bring_back(cache: PromptCache, ctx: Any, kv: KvSeq, entry: Entry) -> bool:
         cache.stats.restored += 1
         return True
     cache.stats.failed += 1
+    if entry.on_refused is not None:
+        entry.on_refused()
     return False

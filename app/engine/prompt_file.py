@@ -49,8 +49,22 @@ def identity(parts: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# the scope of a slot restored from a file (POST /slots/{id}?action=restore): the file holds
+# only its key scope's digest, so the slot's KV serves the prompts whose scope has that digest
+DIGEST = "\0digest:"
+
+
 def scope_digest(scope: str) -> str:
+    """What a file holds of a key scope (never the scope itself); a slot restored from a file
+    has the file's digest as its scope, and keeps it."""
+    if scope.startswith(DIGEST):
+        return scope[len(DIGEST):]
     return hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def digest_scope(digest: str) -> str:
+    """The scope of a slot restored from a file whose key scope has ``digest``."""
+    return DIGEST + digest
 
 
 def file_name(scope_hex: str, tokens: np.ndarray, marks: Sequence[Mark]) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from app.base.threads import allocate_lock
+from app.base.threads import allocate_lock, thread_local
 from app.engine.prompt_cache import Entry, longest
 from app.engine.prompt_file import (
     CRC,
@@ -173,26 +173,39 @@ class _Local:
             os.unlink(self.where(name))
 
 
-_clients: dict[str | None, Any] = {}
+_credentials: dict[str | None, tuple[Any, str | None]] = {}
 _clients_lock = allocate_lock()
+_per_thread = thread_local()  # this OS thread's clients, by emulator host
 
 
 def _client(emulator_host: str | None) -> Any:
-    """One Cloud Storage client per emulator host (app.model.gcs.shared_client's, which the
-    engine's layer may not import): making one looks up credentials."""
-    with _clients_lock:
-        if emulator_host not in _clients:
-            from google.cloud import storage
+    """This thread's Cloud Storage client. One per OS thread: a client's pooled connections
+    are sockets that, in a gevent-patched process, belong to the hub of the thread that
+    opened them (another thread's use raises "cannot switch to a different thread"); the
+    writer, the prep threads and the slot routes' threads each get their own. The credentials
+    are looked up once (app.model.gcs.shared_client's way, which this layer may not import)."""
+    clients = getattr(_per_thread, "clients", None)
+    if clients is None:
+        clients = _per_thread.clients = {}
+    if emulator_host in clients:
+        return clients[emulator_host]
+    from google.cloud import storage
 
+    with _clients_lock:
+        if emulator_host not in _credentials:
             if emulator_host:
                 from google.auth.credentials import AnonymousCredentials
 
-                _clients[emulator_host] = storage.Client(
-                    credentials=AnonymousCredentials(), project="emulator",
-                    client_options={"api_endpoint": emulator_host})
+                _credentials[emulator_host] = (AnonymousCredentials(), "emulator")
             else:
-                _clients[emulator_host] = storage.Client()  # Application Default Credentials
-        return _clients[emulator_host]
+                import google.auth
+
+                _credentials[emulator_host] = google.auth.default()  # ADC
+        creds, project = _credentials[emulator_host]
+    opts = {"api_endpoint": emulator_host} if emulator_host else None
+    clients[emulator_host] = storage.Client(credentials=creds, project=project,
+                                            client_options=opts)
+    return clients[emulator_host]
 
 
 class _Gcs:
@@ -204,8 +217,15 @@ class _Gcs:
             raise ValueError(f"{uri}: not a gs://BUCKET/PATH URI")
         self.bucket_name, path = m.group(1), (m.group(2) or "").strip("/")
         self.prefix = path + "/" if path else ""
-        self.client = _client(emulator_host)
-        self.bucket = self.client.bucket(self.bucket_name)
+        self.emulator_host = emulator_host
+
+    @property
+    def client(self) -> Any:
+        return _client(self.emulator_host)
+
+    @property
+    def bucket(self) -> Any:
+        return self.client.bucket(self.bucket_name)
 
     def where(self, name: str) -> str:
         return f"gs://{self.bucket_name}/{self.prefix}{name}"
@@ -372,6 +392,14 @@ class PromptStore:
         for s in extended:
             self.remove(s)
         return True
+
+    def holds(self, entry: Entry) -> bool:
+        """Whether a file of the entry's scope already holds its tokens (or more after them)."""
+        tokens = np.ascontiguousarray(entry.tokens, dtype=np.int32)
+        digest = scope_digest(entry.scope)
+        with self._lock:
+            return any(self._holds(s, digest, tokens, entry.marks)
+                       for s in self._index.values())
 
     def _holds(self, s: Stored, digest: str, tokens: np.ndarray, marks: Sequence[Mark]) -> bool:
         n = len(tokens)

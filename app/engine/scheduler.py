@@ -34,17 +34,15 @@ from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet, next_set
 from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
-from app.engine.prompt_file import scope_digest
+from app.engine.prompt_file import DIGEST, digest_scope, scope_digest
 from app.engine.sampling import GrammarStepTooSlow, Vocab
 from app.engine.slots import (
-    DIGEST,
     PUBLIC,
     RELOCATE_MIN_TOKENS,
     Job,
     Slot,
     before_image,
     cache_scope,
-    digest_scope,
     drop,
     fail,
     next_waiting,
@@ -215,10 +213,13 @@ class Scheduler:
                               if cache is not None and reuse else (None, 0))
             job.preloaded = None  # read from disk for this admission only
             n_entry = before_image(job, min(n_entry, len(job.tokens) - 1))
-            if n_entry - n_common < RELOCATE_MIN_TOKENS:
-                entry = None  # a slot holds about as much: no copy back
+            whole = cache is not None and cache.whole_only  # a recurrent model's memory
+            if n_entry - n_common < RELOCATE_MIN_TOKENS or entry is not None and whole \
+                    and n_entry < len(entry.tokens):
+                entry = None  # a slot holds about as much, or it would not be kept whole
             if cache is not None:  # the conversation the slot held, before it is overwritten
-                self._keep_aside(slot, n_common if source is slot and entry is None else 0)
+                kept = n_common if source is slot and entry is None else 0
+                self._keep_aside(slot, 0 if whole and kept < len(slot.kv) else kept)
             if entry is not None:  # the prefix was kept aside: copy it back
                 n_common = n_entry if bring_back(cache, self.ctx, slot.kv, entry) else 0
             elif source is not slot:  # the prefix is in a slot too far off: copy it over

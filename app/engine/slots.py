@@ -29,10 +29,6 @@ if TYPE_CHECKING:
 # (server text every client already sees in its own prompts, so reusing it tells nothing)
 PUBLIC = "\0public"
 
-# the scope of a slot restored from a file (POST /slots/{id}?action=restore): the file holds
-# only its key scope's digest, so the slot's KV serves the prompts whose scope has that digest
-DIGEST = "\0digest:"
-
 # a cached prefix in a slot away from the running ones is copied over when it saves at least
 # this many tokens of prompt (below it, decoding them again costs about what the copy does)
 RELOCATE_MIN_TOKENS = 16
@@ -170,11 +166,6 @@ def cache_scope(request: GenerationRequest) -> str:
     under adapters is theirs)."""
     lora = request.lora
     return request.cache_scope + (f"\0lora{lora}" if lora else "")
-
-
-def digest_scope(digest: str) -> str:
-    """The scope of a slot restored from a file whose key scope has ``digest``."""
-    return DIGEST + digest
 
 
 def slot_rows(slots: list[Slot], n_ctx: int) -> list[dict[str, object]]:

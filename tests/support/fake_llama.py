@@ -117,6 +117,12 @@ class Llama:
         self.cells[seq] = [(int(p), int(t)) for p, t in pairs]
         return size
 
+    def llama_memory_seq_pos_min(self, mem: Any, seq: int) -> int:
+        return min((p for p, _ in self.cells.get(seq, [])), default=-1)
+
+    def llama_memory_seq_pos_max(self, mem: Any, seq: int) -> int:
+        return max((p for p, _ in self.cells.get(seq, [])), default=-1)
+
     def held(self, seq: int) -> list[int]:
         """The tokens sequence ``seq``'s cells hold, in order."""
         return [t for _, t in self.cells.get(seq, [])]

@@ -133,3 +133,19 @@ def test_a_short_conversation_is_not_worth_a_copy():
     cache = PromptCache(max_bytes=1 << 20, min_tokens=64)  # A and B are shorter
     _, cached, saves, _ = _turns(cache)
     assert saves == [] and cached == 0 and len(cache) == 0
+
+
+def test_a_recurrent_models_entry_survives_its_own_prompt_asked_again():
+    cache = PromptCache(max_bytes=1 << 20, min_tokens=8, whole_only=True)
+    sched, ll = scheduler(parallel=1, chunk=8, n_ctx=256, features=Features(prompt_cache=cache))
+    sched.waiting.append(job(A, ll, [], max_new=2, stop_after=99))
+    run(sched)
+    sched.waiting.append(job(B, ll, [], max_new=2, stop_after=99))
+    run(sched)  # A kept aside whole
+    kept = cache.entries()[0]
+    again = job(list(kept.tokens), ll, [], max_new=2, stop_after=99)  # all of it, no more
+    sched.waiting.append(again)
+    run(sched)
+    # the prompt holds the entry but has no token after it: a recurrent memory could not keep
+    # it less the last token, so it stays in the cache rather than being lost to a clear
+    assert ll.restores == [] and kept in cache.entries()

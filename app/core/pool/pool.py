@@ -28,6 +28,8 @@ from app.core.pool.status import ModelStatus, status_of
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_WAIT = 60.0  # seconds one engine's shutdown may take at worker exit (it kills past it)
+
 SAFETY_WAKE = 5.0  # seconds: the longest a waiter sleeps before looking again, woken or not
 
 
@@ -287,8 +289,14 @@ class ModelPool(Lifecycle):
             wakes = self._take_wakes()
         for r in [*pokes, *wakes]:
             r.set(None)
-        for close in closes:
-            self._close(*close, "shutting down")
+        # every engine at once: each drains, then may write its prompts (PROMPT_CACHE_DIR)
+        # within what is left of the grace period, which one after another would not share
+        done = [ThreadEvent() for _ in closes]
+        for close, ev in zip(closes, done, strict=True):
+            start_native_thread(lambda c=close, ev=ev: _then(ev, self._close, *c,
+                                                             "shutting down"))
+        for ev in done:
+            ev.wait(SHUTDOWN_WAIT)
 
     # ---- what it shows ----------------------------------------------------------------------
     def engine(self, name: str | None) -> Any:
@@ -313,3 +321,10 @@ class ModelPool(Lifecycle):
                                 f"{', '.join(self.catalog.names)}", param="model")
         return self._entries[spec.name]
 
+
+def _then(done: ThreadEvent, fn: Any, *args: Any) -> None:
+    """``fn(*args)``, then ``done`` set whatever happens."""
+    try:
+        fn(*args)
+    finally:
+        done.set()
