@@ -3,6 +3,10 @@ whether a copy is current, one download per object at a time, and the size bound
 
 - An entry is the object's file and a ``.meta.json`` sidecar (generation, crc32c, size); the
   sidecar's mtime is the entry's last use, touched on every cache hit and written by a download.
+- The sidecar also records the file as it stood when its bytes were verified (size, inode and an
+  mtime stamped then: ``file``). A hit whose file still stats the same is trusted without
+  re-hashing it (a 4.7 GB read from a cold disk); any write since (or a replaced file) shows as
+  another mtime or inode, and the file is hashed again (``unchanged``, ``stamp``).
 - Single flight: a download, or a cache hit's check, holds an exclusive ``flock`` on
   ``.NAME.lock`` beside the entry. A second caller for the same object (another model naming
   it, another thread, another worker or container on a shared volume) waits for it and then
@@ -81,12 +85,49 @@ def is_cached(cache_dir: Path, obj: GcsObject) -> bool:
         return False
 
 
-def write_meta(path: Path, obj: GcsObject) -> None:
-    """The sidecar of a verified download; its mtime, now, is the entry's first use."""
-    meta = {"uri": obj.uri, "generation": obj.generation, "crc32c": obj.crc32c, "size": obj.size}
+STAMP_AGO_NS = 10**9  # a verified file's mtime is set this far in the past (``stamp``)
+
+
+def stamp(path: Path) -> int:
+    """Set the mtime of a file whose bytes were just verified to a moment already past, and
+    return it. Any later write sets the mtime to the (coarse, tick-grained) clock's now, never
+    to this value: a write in the same tick as the verification would otherwise leave the mtime
+    unchanged (git's "racily clean" files)."""
+    when = time.time_ns() - STAMP_AGO_NS
+    os.utime(path, ns=(when, when))
+    return when
+
+
+def file_stat(st: os.stat_result) -> dict[str, int]:
+    """What a sidecar records of its file, and what a hit compares."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
+def write_meta(path: Path, obj: GcsObject, stamped: int | None = None) -> None:
+    """The sidecar of a verified file; its mtime, now, is the entry's first use. ``stamped``:
+    the mtime ``stamp`` gave the file when its bytes were verified; the file's stat is recorded
+    when it still has it (nothing wrote it since), so that a hit can trust it unread."""
+    meta: dict[str, object] = {"uri": obj.uri, "generation": obj.generation,
+                               "crc32c": obj.crc32c, "size": obj.size}
+    if stamped is not None:
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            if st.st_mtime_ns == stamped:
+                meta["file"] = file_stat(st)
     tmp = meta_path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, meta_path(path))
+
+
+def unchanged(path: Path) -> bool:
+    """The cached file stats as it did when its bytes were verified (same size, inode and
+    stamped mtime): trusted without reading it. False without a record (a sidecar written
+    before records were kept, or a filesystem that would not take the stamp): hash it."""
+    try:
+        recorded = json.loads(meta_path(path).read_text()).get("file")
+        return isinstance(recorded, dict) and recorded == file_stat(path.stat())
+    except (OSError, ValueError):
+        return False
 
 
 def touch(path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -226,3 +227,88 @@ def test_a_cached_file_changed_behind_the_cache_s_back_is_fetched_again(gcs_prox
     again = gcs_download.fetch_model(uri, opts(gcs_proxy, tmp_path, model_file="a.gguf"))
     assert again.read_bytes() == b"GGUF model a"
     assert gcs_proxy.faults.media_requests == before + 1
+
+
+# ---- a cache hit trusts a file that stats as it did when verified -------------------------------
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> list[Path]:
+    """Every cached file read back to hash it (gcs_download.crc32c_of), in order."""
+    seen: list[Path] = []
+    real = gcs_download.crc32c_of
+
+    def counting(path: Path) -> str:
+        seen.append(Path(path))
+        return real(path)
+
+    monkeypatch.setattr(gcs_download, "crc32c_of", counting)
+    return seen
+
+
+def cached_a(proxy, cache: Path) -> Path:
+    return gcs_download.fetch_model("gs://models/dir-many/", opts(proxy, cache, model_file="a.gguf"))
+
+
+def test_an_unchanged_cache_hit_is_not_read_again(gcs_proxy, tmp_path, hashes):
+    path = cached_a(gcs_proxy, tmp_path)
+    meta = json.loads(path.with_name(path.name + ".meta.json").read_text())
+    st = path.stat()
+    assert meta["file"] == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+    for _ in range(2):
+        assert cached_a(gcs_proxy, tmp_path) == path
+    assert hashes == []  # neither the download nor the two hits read the file
+    assert gcs_proxy.faults.media_requests == 1
+
+
+def test_a_touched_cache_hit_is_hashed_once_then_trusted(gcs_proxy, tmp_path, hashes):
+    path = cached_a(gcs_proxy, tmp_path)
+    os.utime(path)  # the same bytes, another mtime
+    assert cached_a(gcs_proxy, tmp_path).read_bytes() == b"GGUF model a"
+    assert hashes == [path]  # hashed, passed: recorded anew
+    cached_a(gcs_proxy, tmp_path)
+    assert hashes == [path] and gcs_proxy.faults.media_requests == 1
+
+
+def test_a_replaced_cache_file_with_the_recorded_mtime_is_hashed(gcs_proxy, tmp_path, hashes):
+    """Another inode (the file replaced by a copy, its mtime set back to the recorded one)."""
+    path = cached_a(gcs_proxy, tmp_path)
+    st = path.stat()
+    copy = path.with_name("copy")
+    copy.write_bytes(b"GGUF model Z")
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(copy, path)
+    assert cached_a(gcs_proxy, tmp_path).read_bytes() == b"GGUF model a"
+    assert hashes == [path]  # hashed, refused, downloaded again
+    assert gcs_proxy.faults.media_requests == 2
+
+
+def test_a_cache_file_written_in_place_at_once_is_hashed_and_refused(gcs_proxy, tmp_path, hashes):
+    """Written right after the download (within the clock's tick, where the mtime alone could
+    stay the same): the verified file's stamped mtime is in the past, the write's is not."""
+    path = cached_a(gcs_proxy, tmp_path)
+    with open(path, "r+b") as fh:
+        fh.write(b"X")
+    assert cached_a(gcs_proxy, tmp_path).read_bytes() == b"GGUF model a"
+    assert hashes == [path] and gcs_proxy.faults.media_requests == 2
+
+
+def test_a_cache_file_of_another_size_is_downloaded_again(gcs_proxy, tmp_path, hashes):
+    path = cached_a(gcs_proxy, tmp_path)
+    with open(path, "ab") as fh:
+        fh.write(b"more")
+    assert cached_a(gcs_proxy, tmp_path).read_bytes() == b"GGUF model a"
+    assert hashes == [] and gcs_proxy.faults.media_requests == 2  # not a hit at all
+
+
+def test_a_sidecar_without_a_record_is_hashed_then_recorded(gcs_proxy, tmp_path, hashes):
+    """A cache written before the records were kept: hashed once, then trusted."""
+    path = cached_a(gcs_proxy, tmp_path)
+    meta_file = path.with_name(path.name + ".meta.json")
+    meta = json.loads(meta_file.read_text())
+    del meta["file"]
+    meta_file.write_text(json.dumps(meta))
+    cached_a(gcs_proxy, tmp_path)
+    cached_a(gcs_proxy, tmp_path)
+    assert hashes == [path] and "file" in json.loads(meta_file.read_text())
+    assert gcs_proxy.faults.media_requests == 1
