@@ -86,6 +86,15 @@ class FileHolds:
                 for p in with_shards(path):
                     self.hold(p)
 
+    def take(self, other: FileHolds) -> None:
+        """Hold what ``other`` holds: its locks move here (a path held twice keeps one)."""
+        fds, other._fds = other._fds, {}
+        for path, fd in fds.items():
+            if path in self._fds:
+                close_fd(fd)
+            else:
+                self._fds[path] = fd
+
     def release(self) -> None:
         fds, self._fds = self._fds, {}
         for fd in fds.values():

@@ -47,13 +47,14 @@ from app.base.threads import (
 )
 from app.engine.admission import Admission
 from app.engine.config import PERSIST_EXIT_SECONDS, EngineConfig
-from app.engine.file_holds import FileHolds, collecting
+from app.engine.file_holds import FileHolds
 from app.engine.handle import JobHandle, new_channel
 from app.engine.llama_embed import DecodeTurns, LlamaEmbedder
 from app.engine.llama_model import LlamaModel
 from app.engine.llama_prep import Preparer
 from app.engine.lora import AdapterFile
 from app.engine.prompt_persist import Persist, open_persist
+from app.engine.resolve import resolve_files
 from app.engine.scheduler import Scheduler, StepStats
 from app.engine.slot_files import slot_action
 from app.engine.slots import Job, drop, slot_rows
@@ -368,12 +369,11 @@ class LlamaEngine:
     # ---- engine thread ---------------------------------------------------------------------
     def _thread_main(self) -> None:
         try:
-            with collecting(self._holds):  # held until the engine stops (app.engine.file_holds)
-                path = self._resolve_model(self.state)
-                self._path = path  # a reload after sleep reads this local file, not the network
-                self._mmproj = self._resolve_projector(self.state)
-                self._draft = self._resolve_draft(self.state)
-                self._adapters = self._resolve_adapters(self.state)
+            # at once, held until the engine stops (app.engine.resolve, file_holds)
+            path, self._mmproj, self._draft, self._adapters = resolve_files(
+                self.state, self._holds, self._resolve_model, self._resolve_projector,
+                self._resolve_draft, self._resolve_adapters)
+            self._path = path  # a reload after sleep reads this local file, not the network
             if self.config.load_priority == "low":  # beside models already serving
                 run_at_low_priority(lambda: self._load_and_warm(path))
             else:

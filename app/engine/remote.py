@@ -39,9 +39,10 @@ from app.base.state import LoadState
 from app.base.threads import ThreadEvent, allocate_lock, close_fd, start_native_thread
 from app.engine.config import PERSIST_EXIT_SECONDS, EngineConfig
 from app.engine.embed import EmbedHandle, EmbedInfo, EmbedRequest
-from app.engine.file_holds import FileHolds, collecting
+from app.engine.file_holds import FileHolds
 from app.engine.handle import ChannelHandle
 from app.engine.lora import AdapterFile
+from app.engine.resolve import resolve_files
 from app.engine.spawn import EXIT_WAIT, Launch, Link, spawn
 from app.engine.types import Failed, Finished, GenerationRequest, ModelInfo
 from app.engine.wire import Reader
@@ -362,10 +363,8 @@ class RemoteEngine:
         # restarts and sleeps: the bounded download cache never deletes them (file_holds)
         holds = FileHolds()
         try:
-            with collecting(holds):
-                resolve_model, projector, draft, adapters = self._resolve
-                paths = (resolve_model(self.state), projector(self.state), draft(self.state),
-                         tuple(adapters(self.state)))
+            model, mmproj, draft, adapters = resolve_files(self.state, holds, *self._resolve)
+            paths = (model, mmproj, draft, tuple(adapters))
         except Exception as exc:  # noqa: BLE001 - a load failure ends the process, as in-process
             holds.release()
             msg = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {exc}"

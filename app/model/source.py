@@ -32,7 +32,7 @@ def resolve(settings: Settings, state: LoadState) -> str:
             )
         return str(path)
     if source.startswith("gs://"):
-        state.set("downloading", progress=0.0, detail=source)
+        state.begin_download(source)
         path = fetch_model(source, DownloadOptions.from_settings(settings),
                            on_progress=partial(_on_progress, state, source))
         return str(path)
@@ -96,7 +96,7 @@ def _one_file(source: str, setting: str, opts: DownloadOptions, state: LoadState
     """A second GGUF beside the model, named by ``setting``: fetched from Cloud Storage into
     the cache, or a local file that must exist."""
     if source.startswith("gs://"):
-        state.set("downloading", progress=0.0, detail=source)
+        state.begin_download(source)
         try:
             return str(fetch_model(source, replace(opts, model_file=None),
                                    on_progress=partial(_on_progress, state, source)))
@@ -122,7 +122,9 @@ def _local_dir_model(path: Path, model_file: str | None, source: str) -> Path:
 
 
 def _on_progress(state: LoadState, source: str, progress: Progress) -> None:
-    """A download's figures to /health and /models/sse; while it waits for another download of
-    the same object (another model naming it), the detail says so."""
+    """A download's figures to /health and /models/sse (summed with the others under way: the
+    projector, draft model and adapters download beside the model); while it waits for another
+    download of the same object (another model naming it), the detail says so."""
     detail = f"{source}: {progress.waiting}" if progress.waiting else source
-    state.set_download(progress.done, progress.total, progress.rate, progress.eta, detail)
+    state.set_download(progress.done, progress.total, progress.rate, progress.eta, detail,
+                       source=source)
