@@ -65,6 +65,24 @@ def test_a_download_is_verified_as_it_arrives_not_read_back(gcs_proxy, tmp_path,
     assert sha256(path) == SHA256
 
 
+def test_a_slice_is_read_a_mebibyte_at_a_time(gcs_proxy, tmp_path, monkeypatch):
+    """The client's 8 KiB reads, a Python loop turn each, bounded the download: its stream is
+    read by READ_BYTES (the writes count the reads)."""
+    writes: list[int] = []
+    real = gcs_download._OffsetWriter.write
+
+    def counting(self, data: bytes) -> int:
+        writes.append(len(data))
+        return real(self, data)
+
+    monkeypatch.setattr(gcs_download._OffsetWriter, "write", counting)
+    path = gcs_download.fetch_model("gs://models/single/smollm2.gguf", opts(gcs_proxy, tmp_path))
+    assert sha256(path) == SHA256
+    assert sum(writes) == 98362432
+    assert len(writes) <= 2 * -(-98362432 // (1 << 20))  # at 8 KiB: 12,007 writes
+    assert gcs_download._read_by(gcs_download.READ_BYTES) == []  # raised already, never lowered
+
+
 def test_small_objects_download_in_one_stream(gcs_proxy, tmp_path):
     path = gcs_download.fetch_model("gs://models/dir-many/", opts(gcs_proxy, tmp_path, model_file="a.gguf"))
     assert path.read_bytes() == b"GGUF model a"
