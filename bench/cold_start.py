@@ -10,10 +10,12 @@ and the wall time from the process's start to its first 200.
 - ``client``: the same object fetched by the google-cloud-storage client's plain single
   stream (``Blob.download_to_filename``, its own crc32c check) to a file on the same disk, in
   the same run: its time against the server's ``downloading`` phase.
+- ``reads``: the download alone in this process (``fetch_model``, native threads), the client
+  reading each slice's stream 8 KiB at a time (its own size) and then 1 MiB (the server's).
 - ``split``: the same model in shards (gguf-split's ``-0000N-of-0000M.gguf``, written by
   tests/support/gguf_split.py once), ``MODEL`` naming the first: empty cache, then a restart.
 
-    python bench/cold_start.py [--big PATH] [--ctx 1024] [--shards 3] [--cases single,client,split]
+    python bench/cold_start.py [--big PATH] [--ctx 1024] [--shards 3] [--cases single,client,reads,split]
 
 Each download starts after ``sync`` (no earlier download's writeback pending); the output names
 how much of each cached file the page cache held before each restart (``mincore``). Not a test:
@@ -23,6 +25,7 @@ the figures depend on the machine. Talks to loopback only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import mmap
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import requests
 from common import serve
@@ -41,6 +45,7 @@ from models import BIG, Storage, big_model
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.model import gcs_download  # noqa: E402
 from tests.support.gguf_split import split_gguf  # noqa: E402
 
 
@@ -104,6 +109,26 @@ def client_download(storage: Storage, name: str, dest: Path) -> dict:
     return out
 
 
+def read_size(uri: str, emulator: str, size: int, cache: Path) -> float:
+    """``fetch_model`` in this process, the client's stream read ``size`` bytes at a time (the
+    server's _read_by left out); seconds."""
+    import importlib
+
+    for name in gcs_download._READ_SIZE_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)._SINGLE_GET_CHUNK_SIZE = size
+    folder = cache / f"reads-{size}"
+    os.sync()
+    t0 = time.perf_counter()
+    with mock.patch.object(gcs_download, "_read_by", lambda size: []):
+        gcs_download.fetch_model(uri, gcs_download.DownloadOptions(cache_dir=folder,
+                                                                  emulator_host=emulator))
+    seconds = round(time.perf_counter() - t0, 2)
+    shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps({"read_bytes": size, "seconds": seconds}), flush=True)
+    return seconds
+
+
 def single(big: Path, env: dict[str, str], cache: Path, cases: set[str]) -> dict:
     storage = Storage()
     try:
@@ -122,6 +147,9 @@ def single(big: Path, env: dict[str, str], cache: Path, cases: set[str]) -> dict
         if "client" in cases:
             out["client"] = client_download(storage, "llama-8b/model.gguf",
                                             cache / "client-download.gguf")
+        if "reads" in cases:
+            out["reads"] = {f"{size >> 10}_kib_s": read_size(uri, storage.url, size, cache)
+                            for size in (8 << 10, gcs_download.READ_BYTES)}
         return out
     finally:
         storage.stop()
@@ -156,13 +184,13 @@ def main() -> None:
     ap.add_argument("--big", type=Path, default=BIG)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--shards", type=int, default=3)
-    ap.add_argument("--cases", default="single,client,split")
+    ap.add_argument("--cases", default="single,client,reads,split")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
     big = big_model(args.big)
     out: dict = {"model_gb": round(big.stat().st_size / 1e9, 2)}
     env = {"CTX_SIZE": str(args.ctx), "PARALLEL": "1"}
-    wanted = {"single": bool(cases & {"single", "client"}), "split": "split" in cases}
+    wanted = {"single": bool(cases & {"single", "client", "reads"}), "split": "split" in cases}
     for case in ("single", "split"):
         if not wanted[case]:
             continue
