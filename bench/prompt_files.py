@@ -36,7 +36,7 @@ def system_prompt(n_tokens: int) -> str:
     (pseudo-random code words from a fixed seed: the same text in every case)."""
     rng = random.Random(52)
     lines = ["You are a coding agent. Follow the rules and use the tools below."]
-    while len(" ".join(lines)) < n_tokens * 4:  # ~4 characters a token on this vocabulary
+    while len(" ".join(lines)) < n_tokens * 5:  # ~5 characters a token on this vocabulary
         lines.append(f"- rule {len(lines)}: " + " ".join(rng.choice(WORDS) for _ in range(24)))
     return "\n".join(lines)
 
