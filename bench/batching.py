@@ -41,6 +41,7 @@ from common import (
     free_port,
     group_cpu_seconds,
     llama_server_extra_buffers,
+    sse_objects,
     wait_ready,
 )
 
@@ -69,25 +70,16 @@ def one_request(base: str, i: int, max_tokens: int, res: Result, lock: threading
         body["ignore_eos"] = True
     t0 = time.perf_counter()
     times: list[float] = []
-    done = False
     try:
         with requests.post(base + "/v1/chat/completions", json=body, stream=True, timeout=900) as r:
             if r.status_code != 200:
                 raise RuntimeError(r.status_code)
-            for line in r.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                if line == b"data: [DONE]":
-                    done = True
-                    break
-                obj = json.loads(line[6:])
-                if "error" in obj:
-                    raise RuntimeError(obj["error"])
+            for obj in sse_objects(r):
                 for ch in obj.get("choices") or []:
                     if (ch.get("delta") or {}).get("content"):
                         times.append(time.perf_counter())
-        if not done or not times:
-            raise RuntimeError("stream ended without [DONE] or without content")
+        if not times:
+            raise RuntimeError("stream ended without content")
     except Exception:  # noqa: BLE001 - a benchmark counts errors, it does not stop on them
         with lock:
             res.errors += 1

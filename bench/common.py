@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -27,6 +28,21 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def sse_objects(r: requests.Response) -> Iterator[dict]:
+    """A streamed OpenAI response's JSON events, up to ``data: [DONE]``; RuntimeError on an
+    error event, or when the stream ends without [DONE]."""
+    for line in r.iter_lines(chunk_size=None):  # the default buffers 512 bytes
+        if not line.startswith(b"data: "):
+            continue
+        if line == b"data: [DONE]":
+            return
+        obj = json.loads(line[6:])
+        if "error" in obj:
+            raise RuntimeError(obj["error"])
+        yield obj
+    raise RuntimeError("the stream ended without [DONE]")
 
 
 def free_port() -> int:

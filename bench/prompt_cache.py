@@ -59,6 +59,7 @@ from common import (
     llama_server_extra_buffers,
     process,
     serve,
+    sse_objects,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,19 +147,10 @@ def complete(base: str, prompt: str, max_tokens: int, timeout: float) -> dict:
     first = None
     text = []
     usage: dict = {}
-    done = False
     with requests.post(base + "/v1/completions", json=body, stream=True,
                        timeout=(10, timeout)) as r:
         r.raise_for_status()
-        for line in r.iter_lines(chunk_size=None):  # the default buffers 512 bytes
-            if not line.startswith(b"data: "):
-                continue
-            if line == b"data: [DONE]":
-                done = True
-                break
-            obj = json.loads(line[6:])
-            if "error" in obj:
-                raise RuntimeError(obj["error"])
+        for obj in sse_objects(r):
             for ch in obj.get("choices") or []:
                 if ch.get("text"):
                     if first is None:
@@ -167,8 +159,6 @@ def complete(base: str, prompt: str, max_tokens: int, timeout: float) -> dict:
             if obj.get("usage"):
                 usage = obj["usage"]
     total = time.perf_counter() - t0
-    if not done:
-        raise RuntimeError("the stream ended without [DONE]")
     return {"text": "".join(text), "ttft": total if first is None else first, "total": total,
             "prompt_tokens": usage.get("prompt_tokens"),
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
