@@ -26,7 +26,6 @@ import contextlib
 import io
 import logging
 import os
-import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from app.base.threads import allocate_lock, thread_local
+from app.base.gcs_client import split_uri, thread_client
+from app.base.threads import allocate_lock
 from app.engine.prompt_cache import Entry, longest
 from app.engine.prompt_file import (
     CRC,
@@ -173,55 +173,20 @@ class _Local:
             os.unlink(self.where(name))
 
 
-_credentials: dict[str | None, tuple[Any, str | None]] = {}
-_clients_lock = allocate_lock()
-_per_thread = thread_local()  # this OS thread's clients, by emulator host
-
-
-def _client(emulator_host: str | None) -> Any:
-    """This thread's Cloud Storage client. One per OS thread: a client's pooled connections
-    are sockets that, in a gevent-patched process, belong to the hub of the thread that
-    opened them (another thread's use raises "cannot switch to a different thread"); the
-    writer, the prep threads and the slot routes' threads each get their own. The credentials
-    are looked up once (app.model.gcs.shared_client's way, which this layer may not import)."""
-    clients = getattr(_per_thread, "clients", None)
-    if clients is None:
-        clients = _per_thread.clients = {}
-    if emulator_host in clients:
-        return clients[emulator_host]
-    from google.cloud import storage
-
-    with _clients_lock:
-        if emulator_host not in _credentials:
-            if emulator_host:
-                from google.auth.credentials import AnonymousCredentials
-
-                _credentials[emulator_host] = (AnonymousCredentials(), "emulator")
-            else:
-                import google.auth
-
-                _credentials[emulator_host] = google.auth.default()  # ADC
-        creds, project = _credentials[emulator_host]
-    opts = {"api_endpoint": emulator_host} if emulator_host else None
-    clients[emulator_host] = storage.Client(credentials=creds, project=project,
-                                            client_options=opts)
-    return clients[emulator_host]
-
-
 class _Gcs:
     """Objects under a gs:// prefix: written by one upload (atomic), heads read by range."""
 
     def __init__(self, uri: str, emulator_host: str | None):
-        m = re.match(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(?:/(.*))?$", uri)
-        if not m:
+        parts = split_uri(uri)
+        if parts is None:
             raise ValueError(f"{uri}: not a gs://BUCKET/PATH URI")
-        self.bucket_name, path = m.group(1), (m.group(2) or "").strip("/")
+        self.bucket_name, path = parts[0], parts[1].strip("/")
         self.prefix = path + "/" if path else ""
         self.emulator_host = emulator_host
 
     @property
     def client(self) -> Any:
-        return _client(self.emulator_host)
+        return thread_client(self.emulator_host)
 
     @property
     def bucket(self) -> Any:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from app.base.errors import ModelLoadError
+from app.base.gcs_client import make_client, split_uri
 
 SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -44,24 +45,10 @@ class GcsObject:
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    m = re.match(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(?:/(.*))?$", uri)
-    if not m:
+    parts = split_uri(uri)
+    if parts is None:
         raise GcsError(f"model {uri}: not a valid gs:// URI (gs://BUCKET/PATH)")
-    return m.group(1), m.group(2) or ""
-
-
-def make_client(emulator_host: str | None):
-    from google.cloud import storage
-
-    if emulator_host:
-        from google.auth.credentials import AnonymousCredentials
-
-        return storage.Client(
-            credentials=AnonymousCredentials(),
-            project="emulator",
-            client_options={"api_endpoint": emulator_host},
-        )
-    return storage.Client()  # Application Default Credentials
+    return parts
 
 
 def import_client_library() -> None:

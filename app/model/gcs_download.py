@@ -5,7 +5,7 @@ What the objects are (which GGUF a ``gs://`` URI names, its shards, the client) 
 
 - Large objects download as concurrent ranged slices written in place (``os.pwrite``), each
   slice retried with backoff on transient errors; small ones in one stream. Each stream is
-  read 1 MiB at a time (``_read_by``), not the client's 8 KiB.
+  read 1 MiB at a time (app.base.gcs_client.raise_read_size), not the client's 8 KiB.
 - Every object is checked against its crc32c before it is renamed into the cache, made as its
   bytes arrive (each slice's, joined: app.model.crc32c), so the finished file is not read
   again; a mismatch deletes the partial file and fails loudly. A cache hit is hashed again only
@@ -22,7 +22,6 @@ import base64
 import concurrent.futures as cf
 import glob
 import hashlib
-import importlib
 import logging
 import os
 import shutil
@@ -54,31 +53,6 @@ log = logging.getLogger(__name__)
 
 RETRIES = 6
 SPACE_MARGIN = 64 * 1024 * 1024
-READ_BYTES = 1 << 20  # what a slice's stream is read by (see _read_by)
-# google-cloud-storage's module (3.x), and google-resumable-media's (what 2.x downloads through)
-_READ_SIZE_MODULES = ("google.cloud.storage._media.requests._request_helpers",
-                      "google.resumable_media.requests._request_helpers")
-
-
-def _read_by(size: int) -> list[str]:
-    """Have the Cloud Storage client read a download's body ``size`` bytes at a time; the
-    modules changed. The client streams a ranged download 8 KiB at a time (its private
-    ``_SINGLE_GET_CHUNK_SIZE``), each read one turn of a Python loop on the slice's thread:
-    that loop, not the network, bounded the download (4.66 GB from the storage emulator on
-    loopback in 19.7 s, against 6.4 s at 1 MiB and the client's own single stream's 12.2 s;
-    bench/RESULTS.md). Never lowered; a release without the constant keeps its own size."""
-    changed = []
-    for name in _READ_SIZE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if getattr(module, "_SINGLE_GET_CHUNK_SIZE", size) < size:
-            module._SINGLE_GET_CHUNK_SIZE = size
-            changed.append(name)
-    return changed
-
-
 @dataclass(frozen=True)
 class DownloadOptions:
     """How to download a model; the defaults are the settings' (DOWNLOAD_WORKERS, ...)."""
@@ -409,7 +383,6 @@ def fetch_model(
     that finds another download of it under way waits (``Progress.waiting`` says so) and then
     finds it cached. Each object ready is held (app.engine.file_holds) until the fetch returns,
     and by the engine resolving it, if any, until it stops: eviction never deletes it."""
-    _read_by(READ_BYTES)
     client = make_client(opts.emulator_host)
     objects = list_models(client, uri, opts.model_file)
     paths = [cache_path(opts.cache_dir, o) for o in objects]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from app.base import gcs_client
 from app.model import gcs, gcs_download
 from app.model.default import SHA256
 
@@ -67,7 +68,7 @@ def test_a_download_is_verified_as_it_arrives_not_read_back(gcs_proxy, tmp_path,
 
 def test_a_slice_is_read_a_mebibyte_at_a_time(gcs_proxy, tmp_path, monkeypatch):
     """The client's 8 KiB reads, a Python loop turn each, bounded the download: its stream is
-    read by READ_BYTES (the writes count the reads)."""
+    read by gcs_client.READ_BYTES (the writes count the reads)."""
     writes: list[int] = []
     real = gcs_download._OffsetWriter.write
 
@@ -80,7 +81,7 @@ def test_a_slice_is_read_a_mebibyte_at_a_time(gcs_proxy, tmp_path, monkeypatch):
     assert sha256(path) == SHA256
     assert sum(writes) == 98362432
     assert len(writes) <= 2 * -(-98362432 // (1 << 20))  # at 8 KiB: 12,007 writes
-    assert gcs_download._read_by(gcs_download.READ_BYTES) == []  # raised already, never lowered
+    assert gcs_client.raise_read_size(gcs_client.READ_BYTES) == []  # raised already, never lowered
 
 
 def test_small_objects_download_in_one_stream(gcs_proxy, tmp_path):

@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.base.metrics", "app.streams", "app.base.bridge"),  # shared services
     ("app.process.crash_guard", "app.base.reqctx", "app.base.errors", "app.process.worker",
      "app.base.state", "app.base.boot", "app.model.default", "app.model.gguf_header",
-     "app.base.cxx_runtime", "app.base.threads"),  # the base: imports nothing above
+     "app.base.cxx_runtime", "app.base.threads",
+     "app.base.gcs_client"),  # the base: imports nothing above
     # the folders' own __init__ modules: a docstring, no imports
     ("app.process", "app.edge", "app.model", "app.base"),
 ]
