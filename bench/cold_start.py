@@ -111,16 +111,18 @@ def client_download(storage: Storage, name: str, dest: Path) -> dict:
 
 def read_size(uri: str, emulator: str, size: int, cache: Path) -> float:
     """``fetch_model`` in this process, the client's stream read ``size`` bytes at a time (the
-    server's _read_by left out); seconds."""
+    server's raise_read_size left out); seconds."""
     import importlib
 
-    for name in gcs_download._READ_SIZE_MODULES:
+    from app.base import gcs_client
+
+    for name in gcs_client._READ_SIZE_MODULES:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)._SINGLE_GET_CHUNK_SIZE = size
     folder = cache / f"reads-{size}"
     os.sync()
     t0 = time.perf_counter()
-    with mock.patch.object(gcs_download, "_read_by", lambda size: []):
+    with mock.patch.object(gcs_client, "_read_size_raised", True):  # as set here
         gcs_download.fetch_model(uri, gcs_download.DownloadOptions(cache_dir=folder,
                                                                   emulator_host=emulator))
     seconds = round(time.perf_counter() - t0, 2)
