@@ -226,17 +226,19 @@ class LlamaEngine:
             **(sched.stats if sched is not None else StepStats()).as_dict(),
             **self._image_stats(),
             **(sched.draft_report() if sched is not None else {}),
-            **self._disk_report(sched),
+            **self._cache_report(sched),
         }
 
-    def _disk_report(self, sched: Scheduler | None) -> dict[str, object]:
-        """PROMPT_CACHE_DIR's counters, inside the prompt cache's."""
-        if self._persist is None:
+    def _cache_report(self, sched: Scheduler | None) -> dict[str, object]:
+        """The prompt cache's counters, with PROMPT_CACHE_DIR's inside them (nothing while a
+        reload has no cache yet)."""
+        cache = sched.features.prompt_cache if sched is not None else None
+        if cache is None:
             return {}
-        report = sched.draft_report().get("prompt_cache") if sched is not None else None
-        if not isinstance(report, dict):
-            return {}  # a reload under way: no cache to report beside the disk's figures
-        return {"prompt_cache": {**report, **self._persist.report()}}
+        report = cache.report()
+        if self._persist is not None:
+            report["prompt_cache"].update(self._persist.report())
+        return report
 
     def _image_stats(self) -> dict[str, int]:
         """With a projector: images encoded, and images whose encoding came from its cache."""

@@ -152,7 +152,6 @@ class Scheduler:
                if spec is not None and spec.server else {}),
             **({"prediction_rates": self.prediction_gate.as_dict()}
                if self.prediction_gate.rate else {}),
-            **(cache.report() if (cache := self.features.prompt_cache) is not None else {}),
         }
 
     def reap(self) -> None:
