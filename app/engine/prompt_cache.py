@@ -49,13 +49,24 @@ class Entry:
 
 
 class Held(Protocol):
-    """What a kept prompt says of itself: the tokens and images its cells hold."""
+    """What a kept prompt (or a sequence) says of itself: the tokens and images its cells
+    hold."""
 
-    tokens: np.ndarray
-    marks: tuple[Mark, ...]
+    @property
+    def tokens(self) -> Sequence[int]: ...
+
+    @property
+    def marks(self) -> Sequence[Mark]: ...
 
 
 H = TypeVar("H", bound=Held)
+
+
+def holds(have: Held, tokens: np.ndarray, marks: Sequence[Mark] = ()) -> bool:
+    """Whether ``have`` holds ``tokens`` with the same images (or more after them): what makes
+    a kept prompt not worth keeping again, and one another extends not worth keeping."""
+    n = len(tokens)
+    return len(have.tokens) >= n and common_prefix(have.tokens, tokens, have.marks, marks) == n
 
 
 def longest(candidates: Iterable[H], prompt: np.ndarray, wanted: Sequence[Mark],
@@ -122,11 +133,8 @@ class PromptCache:
     def covers(self, scope: str, tokens: Sequence[int], marks: Sequence[Mark] = ()) -> bool:
         """Whether an entry of ``scope`` already holds ``tokens`` (or more after them), with
         the same images."""
-        n = len(tokens)
         arr = np.asarray(tokens, dtype=np.int32)
-        return any(e.scope == scope and len(e.tokens) >= n
-                   and common_prefix(e.tokens, arr, e.marks, marks) == n
-                   for e in self._entries.values())
+        return any(e.scope == scope and holds(e, arr, marks) for e in self._entries.values())
 
     def put(self, entry: Entry) -> bool:
         """Keep ``entry``, making room by dropping the least recently used ones; entries of its
@@ -135,11 +143,8 @@ class PromptCache:
             if self.on_evict is not None:
                 self.on_evict(entry)
             return False
-        n = len(entry.tokens)
         for key, old in list(self._entries.items()):
-            if old.scope == entry.scope and len(old.tokens) <= n \
-                    and common_prefix(entry.tokens, old.tokens, entry.marks, old.marks) \
-                    == len(old.tokens):
+            if old.scope == entry.scope and holds(entry, old.tokens, old.marks):
                 self._drop(key)
         while self.bytes + entry.size > self.max_bytes and self._entries:
             old = self._drop(next(iter(self._entries)))
@@ -191,8 +196,7 @@ def keep_aside(cache: PromptCache, ctx: Any, kv: KvSeq, scope: str, kept: int,
     tokens = np.asarray(kv.tokens, dtype=np.int32)
     marks = tuple(kv.marks)
     if cache.covers(scope, tokens, marks) or any(
-            s == scope and len(o) >= n and common_prefix(o.tokens, tokens, o.marks, marks) == n
-            for s, o in others if o is not kv):
+            s == scope and holds(o, tokens, marks) for s, o in others if o is not kv):
         return False
     blob = kv.snapshot(ctx)
     if blob is None:

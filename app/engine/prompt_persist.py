@@ -332,9 +332,10 @@ class Persist:
                 self._wake.wait(1.0)
                 continue
             try:
-                if self.store.holds(entry):
+                done = self.store.save(entry)
+                if done == "held":
                     self.skipped += 1
-                elif self.store.write(entry):
+                elif done == "written":
                     self.written += 1
                 else:
                     self.write_failed += 1

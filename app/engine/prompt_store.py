@@ -36,7 +36,7 @@ import numpy as np
 
 from app.base.gcs_client import split_uri, thread_client
 from app.base.threads import allocate_lock
-from app.engine.prompt_cache import Entry, longest
+from app.engine.prompt_cache import Entry, holds, longest
 from app.engine.prompt_file import (
     CRC,
     PRELUDE,
@@ -51,7 +51,7 @@ from app.engine.prompt_file import (
     read_prelude,
     scope_digest,
 )
-from app.engine.tokens import Mark, common_prefix
+from app.engine.tokens import Mark
 
 __all__ = ["PromptStore", "Stored", "identity", "scope_digest"]
 
@@ -315,12 +315,16 @@ class PromptStore:
         return longest(mine, prompt, wanted, self.whole_only)
 
     def write(self, entry: Entry) -> bool:
-        """``entry`` as a file, unless a file of its scope already holds its tokens or more
-        (then False, as for an I/O error or an entry over the bound alone); older files are
-        deleted first to keep the folder under the bound, files it extends after. Never
+        """``entry`` as a file (``save``); False when it was not written, for whatever reason."""
+        return self.save(entry) == "written"
+
+    def save(self, entry: Entry) -> str:
+        """``entry`` as a file, unless a file of its scope already holds its tokens or more:
+        "written", "held" or "failed" (an I/O error, an entry over the bound alone). Older files
+        are deleted first to keep the folder under the bound, files it extends after. Never
         raises."""
         if self._io is None:
-            return False
+            return "failed"
         try:
             tokens = np.ascontiguousarray(entry.tokens, dtype=np.int32)
             digest = scope_digest(entry.scope)
@@ -330,47 +334,36 @@ class PromptStore:
                                 len(blob))
         except Exception as exc:  # noqa: BLE001
             log.warning("prompt store: entry not written: %s", exc)
-            return False
+            return "failed"
         size = len(head) + len(blob) + CRC.size
         n = len(tokens)
         with self._lock:
             if any(self._holds(s, digest, tokens, entry.marks) for s in self._index.values()):
-                return False
+                return "held"
         if size > self.max_bytes:
             log.info("prompt store: a %d-token entry of %d bytes is over the bound (%d)",
                      n, size, self.max_bytes)
-            return False
+            return "failed"
         try:
             self._make_room(size, name)
             mtime = self._io.put(name, head, blob)
         except Exception as exc:  # noqa: BLE001
             log.warning("prompt file %s not written: %s", self._io.where(name), _why(exc))
-            return False
+            return "failed"
         stored = Stored(name, digest, tokens.copy(), tuple(entry.marks), entry.n_pos, len(blob),
                         size, mtime)
         with self._lock:
             self._index[name] = stored
             extended = [] if self.whole_only else [
                 s for s in self._index.values() if s is not stored and s.scope_digest == digest
-                and len(s.tokens) <= n
-                and common_prefix(tokens, s.tokens, entry.marks, s.marks) == len(s.tokens)]
+                and holds(stored, s.tokens, s.marks)]
         for s in extended:
             self.remove(s)
-        return True
-
-    def holds(self, entry: Entry) -> bool:
-        """Whether a file of the entry's scope already holds its tokens (or more after them)."""
-        tokens = np.ascontiguousarray(entry.tokens, dtype=np.int32)
-        digest = scope_digest(entry.scope)
-        with self._lock:
-            return any(self._holds(s, digest, tokens, entry.marks)
-                       for s in self._index.values())
+        return "written"
 
     def _holds(self, s: Stored, digest: str, tokens: np.ndarray, marks: Sequence[Mark]) -> bool:
-        n = len(tokens)
-        return (s.scope_digest == digest and len(s.tokens) >= n
-                and (not self.whole_only or len(s.tokens) == n)
-                and common_prefix(s.tokens, tokens, s.marks, marks) == n)
+        return (s.scope_digest == digest and (not self.whole_only or len(s.tokens) == len(tokens))
+                and holds(s, tokens, marks))
 
     def _make_room(self, size: int, name: str) -> None:
         """Delete the oldest files until ``size`` more bytes fit the bound (the listing, not the
