@@ -24,7 +24,7 @@ from pathlib import Path
 from flask import Flask, request
 
 from app.base import reqctx
-from app.base.errors import Unauthorized
+from app.base.errors import Forbidden, Unauthorized
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,15 @@ def is_admin(settings: Settings) -> bool:
         return False
     want = _digest(settings.admin_api_key)
     return any(hmac.compare_digest(_digest(k), want) for k in KeyCheck.presented_keys())
+
+
+def require_operator(settings: Settings, route: str) -> None:
+    """``route`` answers the operator's key (ADMIN_API_KEY) only: a 403 naming why otherwise
+    (no such key set: the route is off)."""
+    if settings.admin_api_key is None:
+        raise Forbidden(f"{route} is off: the operator sets ADMIN_API_KEY to turn it on")
+    if not is_admin(settings):
+        raise Forbidden(f"{route} takes the operator's key (ADMIN_API_KEY) only")
 
 
 def scope_of(key: str) -> str:

@@ -15,7 +15,7 @@ from flask import Flask, Response, current_app, jsonify, request
 from app.api import base, introspect, speaker, streams
 from app.api.base import read_body
 from app.base import bridge, reqctx
-from app.base.errors import BadRequest, Forbidden, ModelNotFound
+from app.base.errors import BadRequest, ModelNotFound
 from app.base.state import LoadState
 from app.core.service import Service
 from app.edge import auth, pool_routes
@@ -213,12 +213,8 @@ def lora_adapters() -> Response:
     svc = _service()
     adapters = svc.info().adapters
     if request.method == "POST":
-        settings = current_app.extensions["vertex_gguf_settings"]
-        if settings.admin_api_key is None:
-            raise Forbidden("POST /lora-adapters is off: the operator sets ADMIN_API_KEY to "
-                            "turn it on")
-        if not auth.is_admin(settings):
-            raise Forbidden("POST /lora-adapters takes the operator's key (ADMIN_API_KEY) only")
+        auth.require_operator(current_app.extensions["vertex_gguf_settings"],
+                              "POST /lora-adapters")
         body = read_body()
         if not isinstance(body, list):
             raise BadRequest("the body is a list of {\"id\", \"scale\"}")
@@ -239,11 +235,7 @@ def slot_action(id_slot: int) -> Response:
     """llama-server's POST /slots/{id}?action=save|restore|erase (``{"filename"}`` for the
     first two): a slot's KV written to a file of PROMPT_CACHE_DIR, read back, or dropped. The
     operator's key (ADMIN_API_KEY) only: a slot holds another key's conversation."""
-    settings = current_app.extensions["vertex_gguf_settings"]
-    if settings.admin_api_key is None:
-        raise Forbidden("POST /slots is off: the operator sets ADMIN_API_KEY to turn it on")
-    if not auth.is_admin(settings):
-        raise Forbidden("POST /slots takes the operator's key (ADMIN_API_KEY) only")
+    auth.require_operator(current_app.extensions["vertex_gguf_settings"], "POST /slots")
     action = request.args.get("action")
     if action not in ("save", "restore", "erase"):
         raise BadRequest("action is one of save, restore and erase", param="action")
