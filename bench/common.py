@@ -28,6 +28,9 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+# llama-server as the GPU kit builds it for the CPU (bench/gpu/prepare.sh): the peer of the
+# scripts that compare against it
+LLAMA_SERVER = ROOT / "bench/gpu/work/build-cpu/bin/llama-server"
 
 
 def sse_objects(r: requests.Response) -> Iterator[dict]:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import requests
-from common import process, serve
+from common import LLAMA_SERVER, process, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -47,7 +47,6 @@ from tests.support.gcs_emulator import Emulator  # noqa: E402
 DEFAULT_MODEL = Path("/tmp/vertex-gguf/default/SmolLM2-135M-Instruct.Q4_1.gguf")
 BIG = Path("/tmp/vertex-gguf/bench/llama-8b-shape.gguf")
 VOCAB = ROOT / "bench/gpu/kit/vocab/llama3.gguf"
-LLAMA_SERVER = ROOT / "bench/gpu/work/build-cpu/bin/llama-server"
 BUCKET = "bench-models"
 
 

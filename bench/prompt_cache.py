@@ -54,6 +54,7 @@ from pathlib import Path
 
 import requests
 from common import (
+    LLAMA_SERVER,
     add_extra_buffers_arg,
     extra_buffers_env,
     llama_server_extra_buffers,
@@ -64,7 +65,6 @@ from common import (
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DEFAULT_LLAMA_SERVER = ROOT / "bench/gpu/work/build-cpu/bin/llama-server"
 
 WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child",
          "world", "school", "state", "family", "student", "group", "country", "problem", "hand",
@@ -209,7 +209,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(default_model_path(DEFAULT_CACHE_DIR)))
-    ap.add_argument("--llama-server", default=str(DEFAULT_LLAMA_SERVER) if DEFAULT_LLAMA_SERVER.exists() else None,
+    ap.add_argument("--llama-server", default=str(LLAMA_SERVER) if LLAMA_SERVER.exists() else None,
                     help="a llama-server binary (its sides are left out without one)")
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=4000, help="each turn-1 prompt's size")

@@ -247,15 +247,21 @@ class Persist:
             self._read_wake.set()
 
     # ---- the reader thread --------------------------------------------------------------------
+    def _next(self, queue: deque, wake: ThreadEvent) -> tuple[Any, bool]:
+        """A thread's next item (None: none yet, after a wait), and whether the store closes."""
+        with self._lock:
+            item = queue.popleft() if queue else None
+            closing = self._closing
+        if item is None and not closing:
+            wake.wait(1.0)
+        return item, closing
+
     def _read_main(self) -> None:
         while True:
-            with self._lock:
-                item = self._reads.popleft() if self._reads else None
-                closing = self._closing
+            item, closing = self._next(self._reads, self._read_wake)
             if item is None:
                 if closing:
                     return
-                self._read_wake.wait(1.0)
                 continue
             job, stored, deliver = item
             try:
@@ -322,14 +328,11 @@ class Persist:
         except Exception:  # noqa: BLE001 - an unreadable folder keeps nothing, serves on
             log.exception("prompt cache: scanning %s failed", self.store.root)
         while True:
-            with self._lock:
-                entry = self._queue.popleft() if self._queue else None
-                closing = self._closing
+            entry, closing = self._next(self._queue, self._wake)
             if entry is None:
                 if closing:
                     self._done.set()
                     return
-                self._wake.wait(1.0)
                 continue
             try:
                 done = self.store.save(entry)
