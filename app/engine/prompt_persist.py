@@ -30,9 +30,8 @@ from app.base.threads import ThreadEvent, allocate_lock, original_sleep, start_n
 from app.engine import prompt_file
 from app.engine.config import EngineConfig
 from app.engine.prompt_cache import Entry, PromptCache
-from app.engine.prompt_file import digest_scope, scope_digest
 from app.engine.prompt_store import PromptStore, Stored, identity
-from app.engine.slots import PUBLIC, RELOCATE_MIN_TOKENS, Job, Slot, cache_scope
+from app.engine.slots import PUBLIC, RELOCATE_MIN_TOKENS, Job, Slot, cache_scope, reuse_rule
 from app.engine.tokens import common_prefix
 
 log = logging.getLogger(__name__)
@@ -217,9 +216,9 @@ class Persist:
         if self.store.whole_only and n >= len(prompt):
             return None  # a recurrent model keeps at most the prompt less one token
         have = 0
-        restored = digest_scope(scope_digest(scope))  # a slot restored from a slot file
+        may_reuse = reuse_rule(scope, req.lora)  # the scheduler's rule
         for slot in slots:
-            if slot.scope in (scope, restored) or slot.scope == PUBLIC and not req.lora:
+            if may_reuse(slot.scope):
                 have = max(have, common_prefix(list(slot.kv.tokens), prompt))
         if cache is not None:
             # the engine thread may change the cache under us (RuntimeError): read anyway

@@ -34,7 +34,7 @@ from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet, next_set
 from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
-from app.engine.prompt_file import DIGEST, digest_scope, scope_digest
+from app.engine.prompt_file import DIGEST
 from app.engine.sampling import GrammarStepTooSlow, Vocab
 from app.engine.slots import (
     PUBLIC,
@@ -48,6 +48,7 @@ from app.engine.slots import (
     next_waiting,
     place,
     pop_scores,
+    reuse_rule,
     spread,
     timeout_error,
 )
@@ -199,10 +200,10 @@ class Scheduler:
             # none
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
             wanted = [span.mark for span in job.images]
-            restored = digest_scope(scope_digest(scope))  # a slot restored from a file
+            may_reuse = reuse_rule(scope, lora)
             shared = {id(s): min(common_prefix(s.kv.tokens, prompt, s.kv.marks, wanted),
                                  len(job.tokens) - 1)
-                      if reuse and (s.scope in (scope, restored) or s.scope == PUBLIC and not lora)
+                      if reuse and may_reuse(s.scope)
                       and s.follows is None else 0
                       for s in self.slots}
             slot, source = place(self.slots, free, shared)

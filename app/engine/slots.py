@@ -17,6 +17,7 @@ from app.base.errors import GenerationTimeout, ServiceError
 from app.base.threads import allocate_lock
 from app.engine.kv import KvSeq
 from app.engine.llama_media import ImageSpan
+from app.engine.prompt_file import digest_scope, scope_digest
 from app.engine.sampling import Sampler
 from app.engine.text import TextAssembler
 from app.engine.types import Failed, GenerationRequest, Sink, TokenScore, slot_row
@@ -166,6 +167,14 @@ def cache_scope(request: GenerationRequest) -> str:
     under adapters is theirs)."""
     lora = request.lora
     return request.cache_scope + (f"\0lora{lora}" if lora else "")
+
+
+def reuse_rule(scope: str, lora: object) -> Callable[[str], bool]:
+    """Whose KV a prompt of key scope ``scope`` (adapter set ``lora``) may reuse, by the scope
+    a slot holds: its own, a slot restored from a file of its scope (which knows only the
+    scope's digest), and the public opening when it runs no adapters."""
+    restored = digest_scope(scope_digest(scope))
+    return lambda held: held in (scope, restored) or held == PUBLIC and not lora
 
 
 def slot_rows(slots: list[Slot], n_ctx: int) -> list[dict[str, object]]:
