@@ -70,6 +70,7 @@ class EngineConfig:
     spec_draft_max: int
     spec_draft_min: int
     spec_p_min: float
+    deterministic: bool
     image_cache_mb: int
     # derived
     chat_template: str | None  # the template's text (None: the GGUF's own)

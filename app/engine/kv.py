@@ -27,7 +27,7 @@ class KvSeq:
     """Sequence ``seq_id`` of a context's memory: its cells, the tokens they hold, the images
     among them, and the position its next token takes."""
 
-    __slots__ = ("_ll", "_mem", "seq_id", "_tokens", "_marks", "n_pos", "_drafted")
+    __slots__ = ("_ll", "_mem", "seq_id", "_tokens", "_marks", "n_pos", "_drafted", "canonical")
 
     def __init__(self, ll: Any, mem: Any, seq_id: int):
         self._ll, self._mem, self.seq_id = ll, mem, seq_id
@@ -37,6 +37,9 @@ class KvSeq:
         # projector that places image tokens in 2-D (M-RoPE), which moves it by fewer
         self.n_pos = 0
         self._drafted = 0  # cells past the mirror: a draft decoded and not yet settled
+        # DETERMINISTIC: the leading cells decoded in the micro-batches every run decodes them
+        # in (app.engine.deterministic); the only ones a later prompt reuses
+        self.canonical = 0
 
     @property
     def tokens(self) -> Sequence[int]:
@@ -86,6 +89,7 @@ class KvSeq:
         del self._tokens[n:]
         self._marks = [m for m in self._marks if m.start + m.n <= n]
         self.n_pos = pos
+        self.canonical = min(self.canonical, n)
         return n
 
     def clear(self) -> None:
@@ -98,6 +102,7 @@ class KvSeq:
         self._ll.llama_memory_seq_cp(self._mem, other.seq_id, self.seq_id, -1, -1)
         self._tokens, self._marks = list(other._tokens), list(other._marks)
         self.n_pos = other.n_pos
+        self.canonical = other.canonical
 
     def snapshot(self, ctx: Any) -> Any | None:
         """A copy of the cells (``llama_state_seq_get_data``: a ctypes byte array), to be put
@@ -133,6 +138,8 @@ class KvSeq:
             return False
         self._tokens, self._marks = np.asarray(tokens, dtype=np.int32).tolist(), list(marks)
         self.n_pos = n_pos
+        # kept only as a deterministic server keeps them (a file's identity says which)
+        self.canonical = len(self._tokens)
         return True
 
     def drop_draft(self) -> None:
@@ -147,3 +154,4 @@ class KvSeq:
         self._marks = []
         self.n_pos = 0
         self._drafted = 0
+        self.canonical = 0

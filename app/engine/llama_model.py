@@ -18,6 +18,7 @@ from app.base import cxx_runtime
 from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, cuda_check, llama_log, memory_check, placement
 from app.engine.config import EngineConfig
+from app.engine.deterministic import Canon
 from app.engine.embed import POOLING_IDS
 from app.engine.file_holds import FileHolds
 from app.engine.llama_embed import (
@@ -154,7 +155,8 @@ class LlamaModel:
                 n_ctx=self.n_ctx, n_batch=n_batch, prefill_chunk=cfg.prefill_chunk,
                 parallel=cfg.parallel, on_job_end=job_over,
                 features=Features(self.projector, self.draft_model, spec, self.adapters,
-                                  self._prompt_cache()))
+                                  self._prompt_cache(),
+                                  Canon(cfg.prefill_chunk) if cfg.deterministic else None))
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -307,6 +309,12 @@ class LlamaModel:
         cfg = self.cfg
         ll = self.ll
         server = draft is not None or cfg.spec_ngram
+        if cfg.deterministic:
+            # a checked draft is decoded in rows of the draft's length, not one at a time
+            log.info("DETERMINISTIC: one sequence per step, prompts cut at multiples of %d "
+                     "tokens; speculative decoding (a request's prediction too) is off",
+                     cfg.prefill_chunk)
+            return None
         if ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model):
             # its memory cannot drop a rejected draft's tail: the cache would hold it
             if server:
@@ -336,6 +344,7 @@ class LlamaModel:
             "kv_cache_type_v": self.cfg.kv_cache_type_v,
             "kv_cache_mib": self._kv_mib,
             "n_ubatch": self.ll.llama_n_ubatch(self.ctx) if self.ctx else None,
+            "deterministic": self.cfg.deterministic,
             "tensor_overrides": [{"pattern": r.pattern, "buffer_type": r.buft} for r in chosen],
             "tensors_moved": {buft: len(names) for buft, names in moved.items()},
         }

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from app.base.errors import EngineFailure, ServiceError
+from app.engine.deterministic import Canon
 from app.engine.kv import KvSeq
 from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
@@ -76,6 +77,7 @@ class Features:
     spec: SpecConfig | None = None  # speculative decoding; None: this model cannot drop a draft
     adapters: Adapters | None = None  # LORA_ADAPTERS: a step serves one set, the sets in turn
     prompt_cache: PromptCache | None = None  # PROMPT_CACHE_RAM_MB: slots' KV kept aside
+    canon: Canon | None = None  # DETERMINISTIC: one sequence per step, prompts cut alike
 
 
 @dataclass
@@ -201,11 +203,14 @@ class Scheduler:
             reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
             wanted = [span.mark for span in job.images]
             may_reuse = reuse_rule(scope, lora)
+            canon = self.features.canon
             shared = {id(s): min(common_prefix(s.kv.tokens, prompt, s.kv.marks, wanted),
                                  len(job.tokens) - 1)
                       if reuse and may_reuse(s.scope)
                       and s.follows is None else 0
                       for s in self.slots}
+            if canon is not None:
+                shared = {id(s): canon.reuse(shared[id(s)], s.kv.canonical) for s in self.slots}
             slot, source = place(self.slots, free, shared)
             n_common = before_image(job, shared[id(source)])
             cache = self.features.prompt_cache
@@ -213,6 +218,8 @@ class Scheduler:
                               if cache is not None and reuse else (None, 0))
             job.preloaded = None  # read from disk for this admission only
             n_entry = before_image(job, min(n_entry, len(job.tokens) - 1))
+            if canon is not None and entry is not None:
+                n_entry = canon.reuse(n_entry, len(entry.tokens))
             whole = cache is not None and cache.whole_only  # a recurrent model's memory
             if n_entry - n_common < RELOCATE_MIN_TOKENS or entry is not None and whole \
                     and n_entry < len(entry.tokens):
@@ -279,8 +286,12 @@ class Scheduler:
         decision = decide_drafts(f.spec, self.server_gate, self.prediction_gate, generating)
         drafts = (propose(f.spec, f.draft_model, self.n_ctx, list(decision.asking))
                   if decision.asking and f.spec is not None else {})
+        canon = f.canon
+        if canon is not None:
+            generating, prefilling = canon.one(generating, prefilling)
         return plan_step(generating, prefilling, decision, drafts, self._injections(generating),
-                         self.prefill_chunk, self.score_rows, self.n_ctx)
+                         self.prefill_chunk, self.score_rows, self.n_ctx,
+                         align=canon.chunk if canon is not None else 0)
 
     def _step(self) -> None:
         lora = self._step_lora()  # the adapter set this step serves (() without adapters)
@@ -299,6 +310,8 @@ class Scheduler:
             if not self._decode(self._write(plan.feeds)):
                 return
             self._commit(plan.feeds)
+            if self.features.canon is not None:
+                self.features.canon.settle(plan.feeds)
             width += self._sample(plan.feeds)
             gate = plan.drafts.gate
             if gate is not None and not plan.chunked:
@@ -310,6 +323,8 @@ class Scheduler:
             if not self._decode(self._write((scored,))):
                 return
             self._commit((scored,))
+            if self.features.canon is not None:
+                self.features.canon.settle((scored,))
             self._score_prompt(scored.slot, scored.first, pos, len(scored.tokens))
             width += self._sample((scored,))
         self.stats.steps += 1
@@ -361,6 +376,8 @@ class Scheduler:
             self._decode_failed(EngineFailure("llama_decode failed on an image"))
             return False
         slot.kv.decoded_image(span, after)
+        if self.features.canon is not None:
+            self.features.canon.settle_image(slot, span)
         slot.n_prompt_done += span.n
         return True
 
@@ -591,6 +608,8 @@ class Scheduler:
                 self.release(other)
         if not keep_cache:
             slot.kv.clear()
+        elif self.features.canon is not None and job is not None:
+            self.features.canon.keep(slot, job)
         slot.job = None
         slot.follows = None
         if job is not None:

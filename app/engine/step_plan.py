@@ -108,7 +108,7 @@ def at_work(slots: list[Slot], lora: LoraSet) -> tuple[list[Slot], list[Slot]]:
 
 def plan_step(generating: list[Slot], prefilling: list[Slot], decision: DraftDecision,
               drafts: dict[int, list[int]], injections: dict[int, Injection], budget: int,
-              score_rows: int, n_ctx: int) -> StepPlan:
+              score_rows: int, n_ctx: int, align: int = 0) -> StepPlan:
     """The step's rows within ``budget`` tokens (PREFILL_CHUNK). First every generating
     sequence: its last token, then text injected into it (when it fits), else its draft;
     while prompts are being decoded, drafts take at most half the budget, so a wide batch
@@ -117,7 +117,9 @@ def plan_step(generating: list[Slot], prefilling: list[Slot], decision: DraftDec
     image at its next position decoded first. A prompt being scored (prompt_logprobs) gets
     ``score_rows`` positions in a decode of its own: llama.cpp computes a sequence's logits
     slightly differently when other sequences share its batch (up to 0.28 in a log
-    probability on a small model), and a score must not depend on who else was served."""
+    probability on a small model), and a score must not depend on who else was served.
+    With ``align`` (DETERMINISTIC), a prompt piece also ends at the next multiple of
+    ``align``: every run cuts a prompt at the same places (app.engine.deterministic)."""
     room = budget // 2 if drafts and prefilling else budget
     n = 0
     feeds: list[Feed] = []
@@ -150,12 +152,16 @@ def plan_step(generating: list[Slot], prefilling: list[Slot], decision: DraftDec
         wants = [next((s.start for s in slot.job.images if s.start >= done),
                       len(slot.job.tokens)) - done for slot, done in zip(filling, starts, strict=True)]
         for slot, done, take in zip(filling, starts, shares(budget, wants), strict=True):
+            if align:
+                take = min(take, align - done % align)
             if take > 0:
                 feeds.append(_chunk(slot, n, done, take, every=False))
                 n += take
     scored = None
     if scorer is not None:
         take = min(score_rows, len(scorer.job.tokens) - scorer.n_prompt_done)
+        if align:
+            take = min(take, align - scorer.n_prompt_done % align)
         scored = _chunk(scorer, 0, scorer.n_prompt_done, take, every=True)
     return StepPlan(tuple(generating), decision, tuple(images), tuple(feeds), scored)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.settings.fields import DEFAULT_CACHE_DIR, env
 
@@ -145,6 +145,17 @@ class ModelSettings(BaseModel):
         **env("SPEC_P_MIN"),
     )
 
+    deterministic: bool = Field(
+        False,
+        description="The same reply bytes for the same request (greedy, or sampled with a "
+        "seed) whatever else the server runs: alone or beside other requests, after a prefix "
+        "or prompt-cache hit. Each engine step then decodes one sequence (the slots take turns), "
+        "prompts are decoded in PREFILL_CHUNK pieces that start at multiples of it, and a cached "
+        "prefix is reused only as far as it was decoded that way. Costs throughput under "
+        "concurrency (docs/deterministic.md); speculative decoding is off.",
+        **env("DETERMINISTIC"),
+    )
+
     # --- LoRA adapters -------------------------------------------------------------------------
     lora_adapters: str | None = Field(
         None,
@@ -182,6 +193,15 @@ class ModelSettings(BaseModel):
         if value is not None:
             lora_entries(value)  # raises ValueError naming the bad entry
         return value
+
+    @model_validator(mode="after")
+    def _deterministic_without_drafts(self) -> ModelSettings:
+        """A checked draft decodes a sequence's rows in batches of the draft's length, which
+        changes the numbers: DETERMINISTIC refuses the settings that draft on their own."""
+        if self.deterministic and (self.spec_ngram or self.draft_model):
+            raise ValueError("DETERMINISTIC=on decodes one token per step: leave SPEC_NGRAM "
+                             "off and DRAFT_MODEL unset (docs/deterministic.md)")
+        return self
 
 
 def lora_entries(value: str | None) -> list[tuple[str, str, float]]:

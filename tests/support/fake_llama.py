@@ -59,6 +59,7 @@ class Llama:
         self.b = batch
         self.rows: dict[int, np.ndarray] = {}
         self.flagged: list[list[tuple[int, int]]] = []  # per decode: (seq, pos) with logits
+        self.decodes: list[list[tuple[int, int]]] = []  # per decode: every row's (seq, pos)
         self.copies: list[tuple[int, int]] = []  # llama_memory_seq_cp: (from seq, to seq)
         self.cells: dict[int, list[tuple[int, int]]] = {}  # seq -> its cells (pos, token)
         self.fail_next = False  # the next decode fails (as a full KV cache does)
@@ -72,6 +73,7 @@ class Llama:
         self.rows = {i: row_at(batch.token[i], batch.pos[i]) for i in range(batch.n_tokens)
                      if batch.logits[i]}
         self.flagged.append([(batch.seq_id[i][0], batch.pos[i]) for i in self.rows])
+        self.decodes.append([(batch.seq_id[i][0], batch.pos[i]) for i in range(batch.n_tokens)])
         for i in range(batch.n_tokens):
             self.cells.setdefault(batch.seq_id[i][0], []).append((batch.pos[i], batch.token[i]))
         return 0

@@ -1,0 +1,85 @@
+"""DETERMINISTIC: the same bytes for the same request, whatever else the server runs.
+
+llama.cpp's kernels compute a row differently with the shape of the micro-batch it is in:
+the number of rows (the CPU's quantized matmuls change path at 8 rows for some types, a GPU's
+at its own sizes), where a prompt's chunks start (flash attention's tiles), and which cells a
+cached prefix was computed in (bench/RESULTS.md, "Deterministic mode"). So a sequence's
+numbers stay the same only if every row of it is computed in the same micro-batch however the
+server got there. This module makes that so, and ``Canon`` is what the scheduler asks:
+
+- one sequence per decode: the slots with work take turns, a step each (``one``);
+- a prompt is decoded in pieces that end at multiples of the chunk (PREFILL_CHUNK) or at an
+  image, so a chunk holds the same tokens whether the prompt started from nothing or from a
+  cached prefix (``step_plan.plan_step``'s ``align``);
+- a sequence's leading cells decoded that way are its canonical ones (``KvSeq.canonical``):
+  only they are reused by a later prompt (``reuse``), and a finished request's slot keeps only
+  them (``keep``), so the prompt cache and prompt files hold nothing else.
+
+Generated tokens are each decoded alone in a step of their own, the same in every run; a
+prompt extending a conversation decodes them again as prompt (as a fresh server would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.llama_media import ImageSpan
+    from app.engine.slots import Job, Slot
+    from app.engine.step_plan import Feed
+
+
+@dataclass
+class Canon:
+    """The scheduler's deterministic rules, for prompts decoded in pieces of ``chunk``."""
+
+    chunk: int
+    _turn: int = field(default=-1)  # the sequence served last
+
+    def one(self, generating: list[Slot], prefilling: list[Slot]
+            ) -> tuple[list[Slot], list[Slot]]:
+        """The one slot this step serves: the next with work after the last served, by
+        sequence id (round robin: a long prompt cannot starve the streams)."""
+        busy = sorted([*generating, *prefilling], key=lambda s: s.seq_id)
+        if not busy:
+            return [], []
+        pick = next((s for s in busy if s.seq_id > self._turn), busy[0])
+        self._turn = pick.seq_id
+        return ([pick], []) if pick in generating else ([], [pick])
+
+    def reuse(self, common: int, canonical: int) -> int:
+        """Of a cached prefix ``common`` tokens long, what may be reused: all of it up to the
+        canonical cells, else back to a multiple of the chunk (where a fresh run's chunk
+        starts too)."""
+        return canonical if common >= canonical else common - common % self.chunk
+
+    def boundary(self, job: Job, end: int) -> bool:
+        """Whether a prompt piece ending at token ``end`` ends where every run's would."""
+        return end % self.chunk == 0 or any(span.start == end for span in job.images)
+
+    def settle(self, feeds: Sequence[Feed]) -> None:
+        """After a decode: a prompt piece that began at its sequence's canonical end and
+        ended at a boundary extends the canonical cells."""
+        for f in feeds:
+            kv, job = f.slot.kv, f.slot.job
+            end = len(kv)
+            if f.prompt and job is not None and kv.canonical == end - len(f.tokens) \
+                    and self.boundary(job, end):
+                kv.canonical = end
+
+    @staticmethod
+    def settle_image(slot: Slot, span: ImageSpan) -> None:
+        """After an image's decode: its cells are canonical when the cells before were (an
+        image is decoded whole, from its own start, in every run)."""
+        kv = slot.kv
+        if kv.canonical == span.start and len(kv) == span.start + span.n:
+            kv.canonical = len(kv)
+
+    @staticmethod
+    def keep(slot: Slot, job: Job) -> None:
+        """A finished request's slot keeps its canonical cells only."""
+        n = slot.kv.canonical
+        if n < len(slot.kv):
+            slot.kv.keep_first(n, job.pos_at(n))
