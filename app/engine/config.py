@@ -65,6 +65,8 @@ class EngineConfig:
     memory_check: Literal["warn", "error", "off"]
     memory_margin_gb: float
     memory_budget_gb: str | None
+    spec_mtp: Literal["auto", "on", "off"]
+    spec_mtp_draft_max: int
     spec_ngram: bool
     spec_adaptive: bool
     spec_draft_max: int

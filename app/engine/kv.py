@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,14 +23,27 @@ if TYPE_CHECKING:
     from app.engine.llama_media import ImageSpan
 
 
+class KvShadow(Protocol):
+    """A second memory that follows the sequences' cells (the MTP head's, app.engine.mtp):
+    told of every edit that is not a decode."""
+
+    def cut(self, seq: int, pos: int) -> None: ...  # cells from ``pos`` on dropped (0: all)
+
+    def copied(self, src: int, dst: int) -> None: ...
+
+    def lose(self, seq: int) -> None: ...  # cells it cannot follow (an image, a restore)
+
+
 class KvSeq:
     """Sequence ``seq_id`` of a context's memory: its cells, the tokens they hold, the images
     among them, and the position its next token takes."""
 
-    __slots__ = ("_ll", "_mem", "seq_id", "_tokens", "_marks", "n_pos", "_drafted", "canonical")
+    __slots__ = ("_ll", "_mem", "seq_id", "_tokens", "_marks", "n_pos", "_drafted", "canonical",
+                 "shadow")
 
-    def __init__(self, ll: Any, mem: Any, seq_id: int):
+    def __init__(self, ll: Any, mem: Any, seq_id: int, shadow: KvShadow | None = None):
         self._ll, self._mem, self.seq_id = ll, mem, seq_id
+        self.shadow = shadow
         self._tokens: list[int] = []
         self._marks: list[Mark] = []  # the images among the tokens, by full digest
         # the position the next token takes: the token count, except after an image of a
@@ -77,6 +90,8 @@ class KvSeq:
         self._tokens.extend([span.placeholder] * span.n)
         self._marks.append(span.mark)
         self.n_pos = after
+        if self.shadow is not None:
+            self.shadow.lose(self.seq_id)
 
     def keep_first(self, n: int, pos: int) -> int:
         """Keep the first ``n`` tokens (never the inside of an image: ``slots.before_image``
@@ -86,6 +101,8 @@ class KvSeq:
                 self._mem, self.seq_id, pos, -1):
             self.clear()
             return 0
+        if n < len(self._tokens) and self.shadow is not None:
+            self.shadow.cut(self.seq_id, pos)
         del self._tokens[n:]
         self._marks = [m for m in self._marks if m.start + m.n <= n]
         self.n_pos = pos
@@ -95,11 +112,15 @@ class KvSeq:
     def clear(self) -> None:
         """Drop every cell."""
         self._ll.llama_memory_seq_rm(self._mem, self.seq_id, -1, -1)
+        if self.shadow is not None:
+            self.shadow.cut(self.seq_id, 0)
         self.freed()
 
     def copy_from(self, other: KvSeq) -> None:
         """The cells become a copy of ``other``'s (a whole stream: a memory copy)."""
         self._ll.llama_memory_seq_cp(self._mem, other.seq_id, self.seq_id, -1, -1)
+        if self.shadow is not None:
+            self.shadow.copied(other.seq_id, self.seq_id)
         self._tokens, self._marks = list(other._tokens), list(other._marks)
         self.n_pos = other.n_pos
         self.canonical = other.canonical
@@ -140,6 +161,8 @@ class KvSeq:
         self.n_pos = n_pos
         # kept only as a deterministic server keeps them (a file's identity says which)
         self.canonical = len(self._tokens)
+        if self.shadow is not None:
+            self.shadow.lose(seq)
         return True
 
     def drop_draft(self) -> None:
@@ -147,6 +170,8 @@ class KvSeq:
         if self._drafted:
             self._ll.llama_memory_seq_rm(self._mem, self.seq_id, self.n_pos, -1)
             self._drafted = 0
+            if self.shadow is not None:
+                self.shadow.cut(self.seq_id, self.n_pos)
 
     def freed(self) -> None:
         """The cells are gone (cleared, or the context freed): the mirror is empty."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from app.base import cxx_runtime
 from app.base.errors import ModelLoadError
-from app.engine import cpu_buffers, cuda_check, llama_log, memory_check, placement
+from app.engine import cpu_buffers, cuda_check, llama_log, memory_check, mtp, placement
 from app.engine.config import EngineConfig
 from app.engine.deterministic import Canon
 from app.engine.embed import POOLING_IDS
@@ -69,6 +69,7 @@ class LlamaModel:
         self.cuda: dict | None = None  # what a CUDA build found (cuda_check), None otherwise
         self.projector: Projector | None = None  # MMPROJ, when set
         self.draft_model: DraftModel | None = None  # DRAFT_MODEL, when set
+        self.mtp: mtp.MtpDrafter | None = None  # SPEC_MTP, where the model has the layers
         self.adapters: Adapters | None = None  # LORA_ADAPTERS, when set
         # KV_CACHE_TYPE_*, N_UBATCH and the tensor overrides as loaded: /props "placement"
         self.placement: dict = {}
@@ -126,6 +127,12 @@ class LlamaModel:
 
         self._progress_cb = ll.llama_progress_callback(on_progress)  # alive while loading
         mparams.progress_callback = self._progress_cb
+        # the MTP layers are loaded only to be used (their weights cost memory)
+        # DETERMINISTIC decodes one token per step: no drafts (SPEC_MTP=on with it is refused)
+        use_mtp = cfg.embeddings != "only" and not cfg.deterministic \
+            and mtp.wanted(cfg.spec_mtp, path, draft)
+        if use_mtp:
+            mparams.load_mtp = True
         model = ll.llama_model_load_from_file(path.encode(), mparams)
         if not model:
             raise ModelLoadError(
@@ -147,7 +154,7 @@ class LlamaModel:
             n_batch = self._open_generation(path)
             if mmproj:
                 self._open_projector(mmproj)
-            spec = self._open_speculation(draft, n_batch)
+            spec = self._open_speculation(draft, n_batch, use_mtp)
             if adapters:
                 self.adapters = Adapters(ll, model, adapters)
             self.sched = Scheduler(
@@ -155,8 +162,9 @@ class LlamaModel:
                 n_ctx=self.n_ctx, n_batch=n_batch, prefill_chunk=cfg.prefill_chunk,
                 parallel=cfg.parallel, on_job_end=job_over,
                 features=Features(self.projector, self.draft_model, spec, self.adapters,
-                                  self._prompt_cache(),
-                                  Canon(cfg.prefill_chunk) if cfg.deterministic else None))
+                                  self._prompt_cache(), mtp=self.mtp,
+                                  canon=Canon(cfg.prefill_chunk) if cfg.deterministic
+                                  else None))
         if mode in ("on", "only"):
             self.embedder = self._make_embedder(turns, only=mode == "only")
             if not self.generates:
@@ -301,20 +309,26 @@ class LlamaModel:
         self.batch = ll.llama_batch_init(n_batch, 0, 1)
         return n_batch
 
-    def _open_speculation(self, draft: str | None, n_batch: int) -> SpecConfig | None:
+    def _open_speculation(self, draft: str | None, n_batch: int,
+                          use_mtp: bool) -> SpecConfig | None:
         """Speculative decoding: the draft model, when DRAFT_MODEL names one, opened beside the
-        model (its layers where the model's are, one sequence per slot), and the limits (None:
-        off). The server drafts on its own with DRAFT_MODEL or SPEC_NGRAM; without either,
-        only requests that bring a prediction (Predicted Outputs) are drafted for."""
+        model (its layers where the model's are, one sequence per slot), or the model's MTP
+        head (SPEC_MTP), and the limits (None: off). The server drafts on its own with
+        DRAFT_MODEL, MTP or SPEC_NGRAM; without, only requests that bring a prediction
+        (Predicted Outputs) are drafted for."""
         cfg = self.cfg
         ll = self.ll
-        server = draft is not None or cfg.spec_ngram
         if cfg.deterministic:
             # a checked draft is decoded in rows of the draft's length, not one at a time
             log.info("DETERMINISTIC: one sequence per step, prompts cut at multiples of %d "
                      "tokens; speculative decoding (a request's prediction too) is off",
                      cfg.prefill_chunk)
             return None
+        if use_mtp and ll.llama_model_n_layer_nextn(self.model) <= 0:
+            if cfg.spec_mtp == "on":
+                raise ModelLoadError("SPEC_MTP=on: llama.cpp loaded no MTP layers of this model")
+            use_mtp = False
+        server = draft is not None or cfg.spec_ngram or use_mtp
         if ll.llama_model_is_recurrent(self.model) or ll.llama_model_is_hybrid(self.model):
             # its memory cannot drop a rejected draft's tail: the cache would hold it
             if server:
@@ -327,9 +341,20 @@ class LlamaModel:
                 self.ll, draft, self.vocab, n_ctx=self.n_ctx, n_seq=cfg.parallel,
                 n_batch=n_batch, gpu_layers=self.gpu_layers, threads=self.n_threads,
                 flash_attn=FLASH[cfg.flash_attn])
+        if use_mtp:
+            import llama_cpp.llama_cpp_ext as ext  # the NextN hidden states' calls
+
+            self.mtp = mtp.MtpDrafter(
+                ll, ext, self.model, self.ctx, n_ctx=self.n_ctx, n_seq=cfg.parallel,
+                n_batch=n_batch, n_ubatch=min(n_batch, cfg.n_ubatch or 512),
+                threads=self.n_threads, flash_attn=FLASH[cfg.flash_attn],
+                draft_max=min(cfg.spec_mtp_draft_max, cfg.spec_draft_max))
+            log.info("speculative decoding: the model's MTP layers (%d), up to %d tokens "
+                     "drafted per step", ll.llama_model_n_layer_nextn(self.model),
+                     self.mtp.draft_max)
         spec = SpecConfig(cfg.spec_draft_max, cfg.spec_draft_min, cfg.spec_p_min,
                           cfg.spec_ngram, cfg.spec_adaptive, server)
-        if server:
+        if server and not use_mtp:
             log.info("speculative decoding: %s, up to %d tokens drafted per step",
                      f"draft model {draft}" + (" and n-gram lookup" if cfg.spec_ngram else "")
                      if draft else "n-gram lookup", cfg.spec_draft_max)
@@ -441,6 +466,9 @@ class LlamaModel:
         if self.draft_model is not None:
             self.draft_model.free()
             self.draft_model = None
+        if self.mtp is not None:  # before the target context it reads
+            self.mtp.free()
+            self.mtp = None
         if self.adapters is not None:  # before the model they were made for
             self.adapters.free()
             self.adapters = None

@@ -34,6 +34,7 @@ from app.engine.llama_media import ImageSpan, Projector
 from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet, next_set
+from app.engine.mtp import MtpDrafter
 from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
 from app.engine.prompt_file import DIGEST
 from app.engine.sampling import GrammarStepTooSlow, Vocab
@@ -78,6 +79,7 @@ class Features:
     adapters: Adapters | None = None  # LORA_ADAPTERS: a step serves one set, the sets in turn
     prompt_cache: PromptCache | None = None  # PROMPT_CACHE_RAM_MB: slots' KV kept aside
     canon: Canon | None = None  # DETERMINISTIC: one sequence per step, prompts cut alike
+    mtp: MtpDrafter | None = None  # SPEC_MTP: the model's own draft head, mirroring every decode
 
 
 @dataclass
@@ -120,7 +122,7 @@ class Scheduler:
         self.score_rows = rows_per_step(tables.n if tables else 1, prefill_chunk)
         self.on_job_end = on_job_end  # a job has ended: the engine's accounting
         self.features = features
-        self.slots = [Slot(KvSeq(ll, mem, i)) for i in range(parallel)]
+        self.slots = [Slot(KvSeq(ll, mem, i, features.mtp)) for i in range(parallel)]
         self.waiting: deque[Job] = deque()  # prepared, admitted in turn as slots free up
         self.stats = StepStats()
         self.server_gate = SpecGate()  # whether the server's drafts pay, per batch width
@@ -136,6 +138,8 @@ class Scheduler:
         self.stats = StepStats()
         self.server_gate = SpecGate()
         self.prediction_gate = SpecGate()
+        if self.features.mtp is not None:
+            self.features.mtp.reset_stats()
 
     def clear_kv(self) -> None:
         """Drop every idle slot's KV: text no later prompt will reuse (the warm-up's)."""
@@ -155,6 +159,7 @@ class Scheduler:
                if spec is not None and spec.server else {}),
             **({"prediction_rates": self.prediction_gate.as_dict()}
                if self.prediction_gate.rate else {}),
+            **({"mtp": self.features.mtp.report()} if self.features.mtp is not None else {}),
         }
 
     def reap(self) -> None:
@@ -284,7 +289,7 @@ class Scheduler:
         generating, prefilling = at_work(self.slots, lora)
         f = self.features
         decision = decide_drafts(f.spec, self.server_gate, self.prediction_gate, generating)
-        drafts = (propose(f.spec, f.draft_model, self.n_ctx, list(decision.asking))
+        drafts = (propose(f.spec, f.draft_model, self.n_ctx, list(decision.asking), f.mtp)
                   if decision.asking and f.spec is not None else {})
         canon = f.canon
         if canon is not None:
@@ -399,6 +404,8 @@ class Scheduler:
         self.batch.n_tokens = n
         t0 = time.perf_counter()
         rc = self.ll.llama_decode(self.ctx, self.batch)
+        if rc == 0 and self.features.mtp is not None:
+            self.features.mtp.mirror(self.batch, n)  # its hidden states are this decode's only
         self.stats.decode_seconds += time.perf_counter() - t0
         if rc == 0:
             return True
@@ -482,6 +489,7 @@ class Scheduler:
         without speculation. The drafted tail the target did not keep leaves the KV."""
         job.draft_n += len(draft)
         self.stats.drafted += len(draft)
+        kept = job.draft_accepted
         try:
             for j in range(len(draft) + 1):
                 tok = self._take(slot, job, i + j)
@@ -498,6 +506,8 @@ class Scheduler:
                 self.stats.accepted += 1
         finally:
             slot.kv.drop_draft()
+            if self.features.mtp is not None:
+                self.features.mtp.verified(slot.seq_id, len(draft), job.draft_accepted - kept)
 
     def _step_lora(self) -> LoraSet | None:
         """The adapter set this step serves: with adapters loaded, the sets of the jobs in

@@ -23,6 +23,7 @@ from app.engine.llama_embed import open_context
 from app.engine.tokens import common_prefix, put
 
 if TYPE_CHECKING:
+    from app.engine.mtp import MtpDrafter
     from app.engine.slots import Slot
 
 log = logging.getLogger(__name__)
@@ -206,11 +207,11 @@ class DraftModel:
 
 
 def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
-            generating: list[Slot]) -> dict[int, list[int]]:
+            generating: list[Slot], mtp: MtpDrafter | None = None) -> dict[int, list[int]]:
     """This step's drafts, by sequence id, for the ``generating`` sequences whose requests
-    let them speculate: from the draft model (all of them in one batch per drafted
-    position), else from their own earlier tokens (n-gram lookup). None shorter than its
-    request's minimum."""
+    let them speculate: from a request's prediction, else the draft model or the model's MTP
+    head (all of them in one batch per drafted position), else from their own earlier tokens
+    (n-gram lookup). None shorter than its request's minimum."""
     asks: list[tuple[Slot, int, float]] = []  # (slot, most to draft, least confidence)
     least: dict[int, int] = {}  # seq id -> the shortest draft worth checking
     for slot in generating:
@@ -238,6 +239,13 @@ def propose(spec: SpecConfig, draft_model: DraftModel | None, n_ctx: int,
     if by_model:
         out.update(draft_model.draft(
             [(s.seq_id, [*s.kv.tokens, s.last_token], n, p) for s, n, p in by_model]))
+    if mtp is not None:  # the head's own confidence floor is the request's (llama-server: 0)
+        by_head = [(s.seq_id, s.last_token, s.kv.n_pos, n,
+                    s.job.request.params.speculative.p_min or 0.0)
+                   for s, n, _ in asks if s.job.prediction is None and not s.job.images
+                   and mtp.in_sync(s.seq_id, s.kv.n_pos)]
+        if by_head:
+            out.update(mtp.draft(by_head))
     if spec.ngram:  # n-gram lookup for the rest (all of them without a draft model)
         for slot, n_max, _ in asks:
             if slot.seq_id not in out:

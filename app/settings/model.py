@@ -106,6 +106,21 @@ class ModelSettings(BaseModel):
         max_length=2048,
         **env("DRAFT_MODEL"),
     )
+    spec_mtp: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Multi-token prediction: draft with the model's own MTP (NextN) layers "
+        "(GLM-4.5+, DeepSeek V3, Hunyuan v3...), checked as any draft is. auto: on where the "
+        "GGUF carries them and no DRAFT_MODEL is set; on: a start-up error where it does not.",
+        **env("SPEC_MTP"),
+    )
+    spec_mtp_draft_max: int = Field(
+        3,
+        description="Most tokens the MTP layers draft per sequence per step (within "
+        "SPEC_DRAFT_MAX and a request's speculative.n_max; llama-server's default 3).",
+        ge=1,
+        le=16,
+        **env("SPEC_MTP_DRAFT_MAX"),
+    )
     spec_ngram: bool = Field(
         False,
         description="Speculative decoding with no second model: draft from the sequence "
@@ -198,9 +213,11 @@ class ModelSettings(BaseModel):
     def _deterministic_without_drafts(self) -> ModelSettings:
         """A checked draft decodes a sequence's rows in batches of the draft's length, which
         changes the numbers: DETERMINISTIC refuses the settings that draft on their own."""
-        if self.deterministic and (self.spec_ngram or self.draft_model):
+        if self.deterministic and (self.spec_ngram or self.draft_model
+                                   or self.spec_mtp == "on"):
             raise ValueError("DETERMINISTIC=on decodes one token per step: leave SPEC_NGRAM "
-                             "off and DRAFT_MODEL unset (docs/deterministic.md)")
+                             "off, SPEC_MTP auto or off and DRAFT_MODEL unset "
+                             "(docs/deterministic.md)")
         return self
 
 
