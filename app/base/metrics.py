@@ -415,6 +415,14 @@ class EngineCollector:
                 PREFIX + "spec_draft_tokens_accepted", "Drafted tokens the model sampled too, "
                 "kept without a decode of their own; over spec_draft_tokens: the acceptance "
                 "rate.", value=float(stats["draft_tokens_accepted"]))
+        mtp = stats.get("mtp")
+        if isinstance(mtp, dict):  # SPEC_MTP: the model's own MTP layers draft
+            yield CounterMetricFamily(
+                PREFIX + "spec_mtp_draft_tokens", "Tokens the model's MTP layers drafted and "
+                "the model checked (part of spec_draft_tokens).", value=float(mtp["draft_tokens"]))
+            yield CounterMetricFamily(
+                PREFIX + "spec_mtp_draft_tokens_accepted", "MTP-drafted tokens the model sampled "
+                "too.", value=float(mtp["draft_tokens_accepted"]))
         cache = stats.get("prompt_cache")
         if isinstance(cache, dict) and "bytes" in cache:  # PROMPT_CACHE_RAM_MB is on
             yield GaugeMetricFamily(PREFIX + "prompt_cache_bytes", "Host RAM held by prompts "

@@ -20,9 +20,12 @@ D, H, HKV, FF, N_TRUNK = 64, 4, 2, 128, 2  # width, heads, KV heads, FFN, trunk 
 HD = D // H
 
 
-def build_tiny_mtp(path: Path, vocab_src: Path, echo: bool = False, seed: int = 0) -> Path:
+def build_tiny_mtp(path: Path, vocab_src: Path, echo: bool = False, seed: int = 0,
+                   nextn: bool = True) -> Path:
     """The GGUF at ``path`` (``vocab_src``'s tokenizer); the NextN layer is blk.N_TRUNK, and
-    ``block_count`` counts it (llama_model_n_layer is the trunk's)."""
+    ``block_count`` counts it (llama_model_n_layer is the trunk's). ``nextn`` False: the
+    metadata claims the layer but its own tensors are left out (a GGUF converted without
+    them, on which llama.cpp's MTP context would abort the process)."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "hy_v3")
     n_vocab = copy_tokenizer(w, vocab_src)
@@ -60,6 +63,8 @@ def build_tiny_mtp(path: Path, vocab_src: Path, echo: bool = False, seed: int = 
         w.add_tensor(f"blk.{i}.ffn_gate.weight", _rand(rng, D, FF))
         w.add_tensor(f"blk.{i}.ffn_up.weight", _rand(rng, D, FF))
         w.add_tensor(f"blk.{i}.ffn_down.weight", out(FF, D))
+    if not nextn:
+        return finish(w, path)
     n = N_TRUNK  # the NextN layer's own tensors: concat(enorm(embd), hnorm(h)) -> eh_proj
     eh = (np.concatenate([np.eye(D, dtype=np.float32), np.zeros((D, D), np.float32)], axis=1)
           if echo else _rand(rng, 2 * D, D))
