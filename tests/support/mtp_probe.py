@@ -90,4 +90,4 @@ def main(path: str, prompt: list[int], n_draft: int = 3) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], [5, 9, 13, 21, 30])))
+    print(json.dumps(main(sys.argv[1], [int(t) for t in sys.argv[2:]] or [5, 9, 13, 21, 30])))
