@@ -14,8 +14,15 @@ speculation of its own, chat requests that ask for a code block back, each with 
 sent with the code as the prediction (what an editor sends: the file before the edit) and
 without; the figure is the speedup of the first over the second.
 
+Then multi-token prediction (issue 53): on the tiny Hunyuan v3 GGUF with one NextN layer
+(tests/support/tiny_mtp.py), the echo model (every MTP draft is the model's own greedy token)
+and random weights (few kept), vertex-gguf SPEC_MTP=off and on (the gate off: drafting on
+every step, and on) against llama-server without and with ``--spec-type draft-mtp``, the same
+n_max (3, both defaults), completions of 128 tokens (ignore_eos) at c=1 and c=8.
+
     python bench/speculative.py --llama-server bench/gpu/work/build-cpu/bin/llama-server
     python bench/speculative.py --only-prediction
+    python bench/speculative.py --only-mtp --llama-server bench/gpu/work/build-cpu/bin/llama-server
 """
 
 from __future__ import annotations
@@ -94,12 +101,22 @@ def own_body(base: str, i: int, max_tokens: int) -> tuple[str, dict]:
     return path, {**body, "prediction": {"type": "content", "content": _OWN[key]}}
 
 
+WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "hello", "world", "is", "it", "here"]
+
+
+def tiny_body(i: int, max_tokens: int) -> tuple[str, dict]:
+    """A completion in the tiny MTP model's vocabulary, each request its own prompt."""
+    prompt = " ".join(WORDS[(i * 7 + k * 5) % len(WORDS)] for k in range(12))
+    return "/v1/completions", {"prompt": prompt, "temperature": 0, "max_tokens": max_tokens,
+                               "ignore_eos": True}
+
+
 WORKLOADS = {"copy": copy_body, "free": free_body}
 
 
 def run(base: str, workload: str, c: int, rounds: int, max_tokens: int) -> dict:
     """``rounds`` x ``c`` requests, ``c`` at a time; tokens per second and draft counts."""
-    make = {**WORKLOADS, "edit": edit_body,
+    make = {**WORKLOADS, "edit": edit_body, "tiny": tiny_body,
             "edit+prediction": lambda i, n: edit_body(i, n, predict=True),
             "edit+own": lambda i, n: own_body(base, i, n)}[workload]
 
@@ -164,10 +181,62 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--only-prediction", action="store_true",
                     help="only the Predicted Outputs part")
+    ap.add_argument("--only-mtp", action="store_true", help="only the MTP part")
+    ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU (the MTP part)")
     args = ap.parse_args()
+    if args.only_mtp:
+        mtp(args)
+        return
     if not args.only_prediction:
         compare_servers(args)
+        mtp(args)
     predictions(args)
+
+
+def mtp(args) -> None:
+    """SPEC_MTP against llama-server's draft-mtp on the tiny hy_v3 models (echo, random)."""
+    from tests.support.tiny_bert import build_tiny_bert
+    from tests.support.tiny_mtp import build_tiny_mtp
+
+    rows: list[tuple[str, str, str, int, dict]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = build_tiny_bert(Path(tmp) / "bert.gguf")
+        for kind in ("echo", "random"):
+            model = build_tiny_mtp(Path(tmp) / f"{kind}.gguf", vocab, echo=kind == "echo")
+            env = {"PARALLEL": "8", "CTX_SIZE": "512", "THREADS": str(args.threads),
+                   "MODEL": str(model), "SLOTS_PER_REQUEST": "1", "GPU_LAYERS": str(args.ngl)}
+            sides = [("vertex-gguf", "none", serve(ROOT, {**env, "SPEC_MTP": "off"})),
+                     ("vertex-gguf", "mtp", serve(ROOT, {**env, "SPEC_MTP": "on",
+                                                         "SPEC_ADAPTIVE": "false"})),
+                     ("vertex-gguf", "mtp+gate", serve(ROOT, {**env, "SPEC_MTP": "on"}))]
+            if args.llama_server:
+                base = [args.llama_server, "-m", str(model), "--host", "127.0.0.1", "--port",
+                        "{port}", "-np", "8", "-c", str(8 * 512), "-t", str(args.threads), "-tb",
+                        str(args.threads), "-ngl", str(args.ngl), "--no-webui"]
+                for mode, extra in (("none", []), ("mtp", ["--spec-type", "draft-mtp",
+                                                           "--spec-draft-n-max", "3"])):
+                    sides.append(("llama-server", mode, process(
+                        base + extra, None, "/health", f"llama-server-{mode}", 300)))
+            for name, mode, ctx in sides:
+                with ctx as url:
+                    for c in (1, 8):
+                        r = run(url, "tiny", c, args.rounds, args.max_tokens)
+                        rows.append((kind, name, mode, c, r))
+                        print(f"{kind:6} {name:12} {mode:8} c={c}: {r['tok_s']:7.1f} tok/s, "
+                              f"{r['accepted']}/{r['drafted']} drafted kept", flush=True)
+    got = {(k, n, m, c): r for k, n, m, c, r in rows}
+    print("\n| model | server | mode | c | tok/s | vs its own none | drafts kept |")
+    print("|---|---|---|---|---|---|---|")
+    for (kind, name, mode, c), r in got.items():
+        ref = got[(kind, name, "none", c)]
+        kept = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "-"
+        print(f"| {kind} | {name} | {mode} | {c} | {r['tok_s']:.1f} | "
+              f"{r['tok_s'] / ref['tok_s']:.2f}x | {kept} |")
+    print("\nvertex-gguf over llama-server, same mode (mtp: vertex-gguf drafting every step):")
+    for (kind, name, mode, c), r in got.items():
+        peer = got.get((kind, "llama-server", mode, c))
+        if name == "vertex-gguf" and peer:
+            print(f"  {kind:6} {mode:5} c={c}: {r['tok_s'] / peer['tok_s']:.2f}x")
 
 
 def predictions(args) -> None:

@@ -7,10 +7,11 @@ model (``LLAMA_CONTEXT_TYPE_MTP``), whose KV cache holds the NextN layer alone.
 
 That context must see every position the target decodes, each row a token with the target's
 hidden state of the row before, and those hidden states exist only right after the target's
-decode. So every target decode is mirrored at once (``mirror``: prompt chunks, generation
-steps, drafts being checked), and each sequence keeps the hidden state of its last position.
-Drafting (``draft``) then runs the head n times, each one decode for every asking sequence,
-each step fed the head's own hidden state; its cells are dropped after.
+decode. So every target decode is mirrored (``mirror``: prompt chunks, generation steps,
+drafts being checked): its rows, with copies of the hidden states, wait until the head next
+drafts (a rejected draft's rows are dropped before they are ever decoded) or fill a batch.
+Drafting (``draft``) decodes them, then runs the head n times, each one decode for every asking
+sequence, each step fed the head's own hidden state; its cells are dropped after.
 
 The target's KV edits reach here through ``kv.KvShadow`` (a cut, a copy, cells it cannot
 follow). A cut at a position whose hidden state is gone (a prompt reusing part of a cached
@@ -135,6 +136,8 @@ class MtpDrafter:
         # the last target decode's hidden states, by sequence: (first position, rows)
         self._last: dict[int, tuple[int, np.ndarray]] = {}
         self._proposed: dict[int, int] = {}  # seq -> tokens drafted this step
+        # mirrored rows not yet decoded into the head: (token, position, seq, hidden state)
+        self._pending: list[tuple[int, int, int, np.ndarray]] = []
         self.drafted = 0
         self.accepted = 0
 
@@ -168,14 +171,28 @@ class MtpDrafter:
             st.n, st.h = pos + 1, hidden[i]
             first.setdefault(seq, (pos, []))[1].append(i)
         self._last = {s: (p, hidden[idx]) for s, (p, idx) in first.items()}
+        self._pending += rows
+        if len(self._pending) >= self.n_batch:
+            self._flush()
+
+    def _flush(self) -> bool:
+        """The pending rows into the head."""
+        rows, self._pending = self._pending, []
         if rows and not self._decode(rows, outputs=()):
             self._reset()
+            return False
+        return True
+
+    def _unpend(self, seq: int, pos: int = 0) -> None:
+        """Forget the pending rows of ``seq`` from position ``pos`` on."""
+        self._pending = [r for r in self._pending if r[2] != seq or r[1] < pos]
 
     def cut(self, seq: int, pos: int) -> None:
         """The target dropped sequence ``seq``'s cells from ``pos`` on (0: all of them)."""
         st = self.seqs.get(seq)
         if st is None:
             return
+        self._unpend(seq, max(pos, 0))
         if pos <= 0:
             self.ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             self.seqs[seq] = _Seq()
@@ -193,6 +210,10 @@ class MtpDrafter:
         a = self.seqs.get(src)
         if a is None or dst not in self.seqs:
             return
+        self._unpend(dst)
+        if not self._flush():  # the source's cells whole before they are copied
+            return
+        a = self.seqs[src]
         self.ll.llama_memory_seq_rm(self.mem, dst, -1, -1)
         if not a.lost:
             self.ll.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
@@ -201,6 +222,7 @@ class MtpDrafter:
     def lose(self, seq: int) -> None:
         """The target's sequence holds cells the head cannot mirror (an image, a restore)."""
         if seq in self.seqs:
+            self._unpend(seq)
             self.ll.llama_memory_seq_rm(self.mem, seq, -1, -1)
             self.seqs[seq] = _Seq(lost=True)
 
@@ -219,6 +241,10 @@ class MtpDrafter:
         live = [(seq, tok, pos, min(n_max, self.draft_max), p_min,
                  self._zero if self.seqs[seq].h is None else self.seqs[seq].h)
                 for seq, tok, pos, n_max, p_min in asks]
+        # the pending mirrored rows in a decode of their own: a drafting decode's rows must all
+        # be outputs (llama.cpp's masked hidden states are the graph's first n_outputs rows)
+        if not self._flush():
+            return {}
         while live:
             if not self._decode([(tok, pos, seq, h) for seq, tok, pos, _, _, h in live],
                                 outputs=range(len(live))):
@@ -291,6 +317,7 @@ class MtpDrafter:
 
     def _reset(self) -> None:
         """After a failed decode: no cells, every sequence unfollowed until it restarts."""
+        self._pending = []
         self.ll.llama_memory_clear(self.mem, True)
         for seq in self.seqs:
             self.seqs[seq] = _Seq(lost=True)

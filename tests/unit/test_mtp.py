@@ -72,7 +72,7 @@ def _drafter(n_seq: int = 2) -> mtp.MtpDrafter:
     d = object.__new__(mtp.MtpDrafter)  # the record alone, no context
     d.ll, d.mem, d.width = _Memory(), None, 4
     d.seqs = {i: mtp._Seq() for i in range(n_seq)}
-    d._last, d._proposed, d.drafted, d.accepted = {}, {}, 0, 0
+    d._last, d._proposed, d._pending, d.drafted, d.accepted = {}, {}, [], 0, 0
     return d
 
 
