@@ -344,11 +344,17 @@ class LlamaModel:
         if use_mtp:
             import llama_cpp.llama_cpp_ext as ext  # the NextN hidden states' calls
 
-            self.mtp = mtp.MtpDrafter(
-                ll, ext, self.model, self.ctx, n_ctx=self.n_ctx, n_seq=cfg.parallel,
-                n_batch=n_batch, n_ubatch=min(n_batch, cfg.n_ubatch or 512),
-                threads=self.n_threads, flash_attn=FLASH[cfg.flash_attn],
-                draft_max=min(cfg.spec_mtp_draft_max, cfg.spec_draft_max))
+            try:
+                self.mtp = mtp.MtpDrafter(
+                    ll, ext, self.model, self.ctx, n_ctx=self.n_ctx, n_seq=cfg.parallel,
+                    n_batch=n_batch, n_ubatch=min(n_batch, cfg.n_ubatch or 512),
+                    threads=self.n_threads, flash_attn=FLASH[cfg.flash_attn],
+                    draft_max=min(cfg.spec_mtp_draft_max, cfg.spec_draft_max))
+            except ModelLoadError as err:
+                if cfg.spec_mtp == "on":
+                    raise
+                log.warning("multi-token prediction is off: %s", err)
+                return self._open_speculation(draft, n_batch, False)
             log.info("speculative decoding: the model's MTP layers (%d), up to %d tokens "
                      "drafted per step", ll.llama_model_n_layer_nextn(self.model),
                      self.mtp.draft_max)
