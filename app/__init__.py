@@ -49,12 +49,17 @@ def engine_config(settings: Settings) -> EngineConfig:
 
 def plan_options(settings: Settings) -> PlanOptions:
     """The planner's settings, taken by name; only the derived fields are spelled out."""
+    from dataclasses import replace
+
     from app.core.decode_budget import DecodeBudget
     from app.core.media import MediaLimits
     from app.core.plan import PlanOptions
+    from app.core.video import VideoLimits
     from app.grammar import gate
     from app.model.remote import Fetcher
     from app.settings import from_settings, max_tokens_default, slots_per_request
+
+    fetch = Fetcher.from_settings(settings)
 
     return from_settings(
         PlanOptions,
@@ -66,10 +71,15 @@ def plan_options(settings: Settings) -> PlanOptions:
         max_tokens_default=max_tokens_default(settings),
         media=MediaLimits(settings.images_per_request, settings.image_max_bytes,
                           settings.image_max_pixels, settings.image_max_side,
-                          fetch=Fetcher.from_settings(settings),
+                          fetch=fetch,
                           max_audio_seconds=settings.audio_max_seconds,
                           budget=DecodeBudget(settings.image_decode_budget,
-                                              settings.prepare_timeout / 2)),
+                                              settings.prepare_timeout / 2),
+                          video=VideoLimits(settings.video_fps, settings.video_max_frames,
+                                            settings.video_max_side, settings.video_max_bytes,
+                                            settings.video_timeout, settings.image_max_pixels),
+                          fetch_video=replace(fetch, max_bytes=settings.video_max_bytes,
+                                              limit_name="VIDEO_MAX_BYTES")),
     )
 
 

@@ -73,8 +73,10 @@ class GenerationApi(Api):
         self.heartbeat = (policy_of(settings).heartbeat_seconds or None) if self.keepalive else None
 
     def images(self, facts: Facts) -> Collected:
-        """A collector for one request's images (its model's IMAGE_MAX_BYTES each)."""
-        return Collected(self.settings_of(facts).image_max_bytes)
+        """A collector for one request's images (its model's IMAGE_MAX_BYTES each) and videos
+        (VIDEO_MAX_BYTES)."""
+        settings = self.settings_of(facts)
+        return Collected(settings.image_max_bytes, settings.video_max_bytes)
 
     # ---- what an API says ---------------------------------------------------------------
     def wants_stream(self, body: Any, facts: Facts) -> bool:

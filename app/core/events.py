@@ -98,6 +98,7 @@ class Usage:
     # Predicted Outputs, all choices: (the prediction's tokens the reply followed, the rest of
     # them); None when the request brought no prediction
     predicted: tuple[int, int] | None = None
+    video_frames: int = 0  # frames the request's videos gave the projector, each an image
 
     def timings(self) -> dict[str, int] | None:
         """llama-server's ``timings`` fields this server fills: the draft counts, when the

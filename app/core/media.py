@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.base.errors import BadRequest, PayloadTooLarge, QueueFull
+from app.core import video
 from app.core.decode_budget import DecodeBudget, decode_cost
 from app.engine.types import MEDIA, Audio, Image
 
@@ -48,6 +49,8 @@ class MediaLimits:
     fetch: Callable[[str, str], bytes] | None = None
     max_audio_seconds: float = 60.0  # AUDIO_MAX_SECONDS
     budget: DecodeBudget | None = None  # IMAGE_DECODE_BUDGET: the worker's, shared by requests
+    video: video.VideoLimits = video.VideoLimits()  # VIDEO_*: how frames are taken
+    fetch_video: Callable[[str, str], bytes] | None = None  # ``fetch`` held to VIDEO_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -58,25 +61,29 @@ class MediaInput:
     data: bytes
     param: str
     url: str = ""
-    kind: str = "image"  # or "audio"
+    kind: str = "image"  # or "audio", "video"
 
 
-def from_url(url: str, param: str, max_bytes: int) -> MediaInput:
+def from_url(url: str, param: str, max_bytes: int, kind: str = "image") -> MediaInput:
     """An image part's URL: a base64 ``data:`` URL (or bare base64, as llama-server takes),
-    or a gs:// or http(s) URL, read later if the operator allows it (``MediaLimits.fetch``)."""
+    or a gs:// or http(s) URL, read later if the operator allows it (``MediaLimits.fetch``).
+    ``kind``: what it holds (a video's bytes are VIDEO_MAX_BYTES at most)."""
+    what = "video" if kind == "video" else "image"
     if url.startswith(("http://", "https://", "gs://")):
         if len(url) > 4096:
-            raise BadRequest("image URL is over 4096 characters", param=param,
-                             code="invalid_image")
-        return MediaInput(b"", param, url)
+            raise BadRequest(f"{what} URL is over 4096 characters", param=param,
+                             code=f"invalid_{what}")
+        return MediaInput(b"", param, url, kind)
     m = _DATA_URL.match(url)
     if url.startswith("data:") and m is None:
-        raise BadRequest("an image data: URL must be base64: data:image/png;base64,...",
-                         param=param, code="invalid_image")
+        raise BadRequest(f"an {what} data: URL must be base64: data:{what}/"
+                         f"{'mp4' if kind == 'video' else 'png'};base64,...",
+                         param=param, code=f"invalid_{what}")
     payload = url[m.end():] if m else url
     # base64 is 4 characters per 3 bytes: a body past the limit is refused before decoding
     if len(payload) > (max_bytes + 2) // 3 * 4 + 4:
-        raise PayloadTooLarge(f"image is over {max_bytes} bytes (IMAGE_MAX_BYTES)", param=param)
+        setting = "VIDEO_MAX_BYTES" if kind == "video" else "IMAGE_MAX_BYTES"
+        raise PayloadTooLarge(f"{what} is over {max_bytes} bytes ({setting})", param=param)
     try:
         if "-" in payload or "_" in payload:  # the URL-safe alphabet (Google's SDKs send it)
             data = base64.b64decode(payload + "=" * (-len(payload) % 4), altchars=b"-_",
@@ -84,16 +91,18 @@ def from_url(url: str, param: str, max_bytes: int) -> MediaInput:
         else:
             data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise BadRequest("image is not valid base64", param=param, code="invalid_image") from None
-    return MediaInput(data, param)
+        raise BadRequest(f"{what} is not valid base64", param=param,
+                         code=f"invalid_{what}") from None
+    return MediaInput(data, param, kind=kind)
 
 
 class Collected:
     """A request's images, in the order its parser meets them; ``take`` returns the MEDIA mark
     that stands for each in its turn's text."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, video_max_bytes: int = 64 << 20):
         self.max_bytes = max_bytes
+        self.video_max_bytes = video_max_bytes
         self.items: list[MediaInput] = []
 
     def take(self, url: str, param: str) -> str:
@@ -102,9 +111,19 @@ class Collected:
         return MEDIA
 
     def part(self, part: dict, param: str) -> str:
-        """An OpenAI image part (image_part) or audio part (audio_part)."""
-        read = audio_part if part.get("type") == "input_audio" else image_part
+        """An OpenAI image part (image_part), audio part (audio_part) or video part
+        (video_part)."""
+        kind = part.get("type")
+        if kind in VIDEO_PARTS:
+            self.items.append(video_part(part, param, self.video_max_bytes))
+            return MEDIA
+        read = audio_part if kind == "input_audio" else image_part
         self.items.append(read(part, param, self.max_bytes))
+        return MEDIA
+
+    def take_video(self, url: str, param: str) -> str:
+        """A video given as a data: URL, bare base64, or a gs:// or http(s) URL."""
+        self.items.append(from_url(url, param, self.video_max_bytes, "video"))
         return MEDIA
 
     def take_audio(self, data: str, param: str) -> str:
@@ -127,6 +146,24 @@ def audio_part(part: dict, param: str, max_bytes: int) -> MediaInput:
                          param=f"{param}.input_audio.format")
     item = from_url(audio["data"], f"{param}.input_audio.data", max_bytes)
     return MediaInput(item.data, item.param, item.url, kind="audio")
+
+
+# the video parts: vLLM's ``{"type": "video_url", "video_url": {"url"}}`` and llama-server's
+# ``{"type": "input_video", "input_video": {"data": base64} | {"url"} | base64}``
+VIDEO_PARTS = frozenset({"video_url", "input_video"})
+
+
+def video_part(part: dict, param: str, max_bytes: int) -> MediaInput:
+    """A video part (VIDEO_PARTS): its URL or base64, as ``from_url`` takes them."""
+    kind = part.get("type")
+    value, at = part.get(kind), f"{param}.{kind}"
+    if isinstance(value, dict):
+        key = "url" if kind == "video_url" or "url" in value else "data"
+        value, at = value.get(key), f"{at}.{key}"
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"a {kind} part needs its video as a URL or base64 string (a data: "
+                         "URL)", param=at, code="invalid_video")
+    return from_url(value, at, max_bytes, "video")
 
 
 def image_part(part: dict, param: str, max_bytes: int) -> MediaInput:
@@ -196,15 +233,30 @@ def decode(item: MediaInput, limits: MediaLimits) -> Image:
 
 
 def decode_all(items: tuple[MediaInput, ...], limits: MediaLimits, audio_rate: int = 0
-               ) -> tuple[Image | Audio, ...]:
-    """Every image (and sound) of a request, each read (if named by URL) and decoded; sound
-    at ``audio_rate``, the projector's."""
+               ) -> tuple[Image | Audio | tuple[Image, ...], ...]:
+    """Every image (and sound, and video) of a request, each read (if named by URL) and
+    decoded; sound at ``audio_rate``, the projector's; a video as its frames."""
     if len(items) > limits.per_request:
         raise BadRequest(f"{len(items)} images in one request: at most {limits.per_request} "
                          "(IMAGES_PER_REQUEST)", param=items[limits.per_request].param,
                          code="too_many_images")
-    return tuple(decode_audio(_fetched(item, limits), limits, audio_rate) if item.kind == "audio"
-                 else decode(_fetched(item, limits), limits) for item in items)
+    out: list[Image | Audio | tuple[Image, ...]] = []
+    for item in items:
+        if item.kind == "audio":
+            out.append(decode_audio(_fetched(item, limits), limits, audio_rate))
+        elif item.kind == "video":
+            out.append(decode_video(_fetched(item, limits), limits))
+        else:
+            out.append(decode(_fetched(item, limits), limits))
+    return tuple(out)
+
+
+def decode_video(item: MediaInput, limits: MediaLimits) -> tuple[Image, ...]:
+    """A video's frames (app.core.video extracts them, as PNG), each then decoded as an image
+    is: the same checks, the same pixels for the same frame, so a repeated video finds each
+    frame in the projector's cache."""
+    frames = video.extract(item.data, limits.video, item.param)
+    return tuple(decode(MediaInput(frame, item.param), limits) for frame in frames)
 
 
 def decode_audio(item: MediaInput, limits: MediaLimits, rate: int) -> Audio:
@@ -266,8 +318,9 @@ def _held(budget: DecodeBudget | None, cost: int, param: str):
 def _fetched(item: MediaInput, limits: MediaLimits) -> MediaInput:
     if not item.url:
         return item
-    if limits.fetch is None:
+    fetch = limits.fetch_video if item.kind == "video" else limits.fetch
+    if fetch is None:
         raise BadRequest("image URLs are not fetched by this server: send the image inline as "
                          "a data: URL (data:image/png;base64,...)", param=item.param,
                          code="image_url_not_allowed")
-    return MediaInput(limits.fetch(item.url, item.param), item.param)
+    return MediaInput(fetch(item.url, item.param), item.param, kind=item.kind)

@@ -53,6 +53,7 @@ class Plan:
     reasoning_budget: int | None = None
     reasoning_control: bool = False
     model: str | None = None  # the name the answers carry (Service.model_name)
+    video_frames: int = 0  # frames the request's videos gave (usage reports them)
 
 
 def pick(offered: tuple[Tool, ...], choice: ToolChoice) -> tuple[list[Tool], bool]:
@@ -179,17 +180,25 @@ def plan_chat(info: ModelInfo, inp: ChatInput, opts: PlanOptions) -> Plan:
             string_params={t.name: tools.string_params(t) for t in parsed},
             names=frozenset(t.name for t in parsed),
         )
+    prompt, media_items, frames = _images(info, inp, prompt, opts.media)
     gen = GenerationRequest(prompt, params, timeout=opts.timeout, cache_prompt=inp.cache_prompt,
-                            n=inp.n, media=_images(info, inp, prompt, opts.media))
-    return _checked(Plan(gen, spec, inp.reasoning_budget, inp.reasoning_control), opts)
+                            n=inp.n, media=media_items)
+    return _checked(Plan(gen, spec, inp.reasoning_budget, inp.reasoning_control,
+                         video_frames=frames), opts)
 
 
-def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits) -> tuple:
-    """The request's images and sounds, decoded (app.core.media), each at its MEDIA mark in
-    the prompt."""
+def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits
+            ) -> tuple[str, tuple, int]:
+    """The prompt, the request's images and sounds, decoded (app.core.media), each at its
+    MEDIA mark in the prompt, and how many video frames are among them: a video's one mark
+    becomes one per frame, each frame an image."""
     if not inp.media:
-        return ()
+        return prompt, (), 0
     for item in inp.media:
+        if item.kind == "video" and not info.vision:
+            raise BadRequest("this model's projector sees no images, so it reads no video "
+                             "(serve it with an MMPROJ that sees to send video)",
+                             param=item.param, code="video_input_not_supported")
         if item.kind == "image" and not info.vision:
             raise BadRequest("this model has no vision projector: it reads no images (serve it "
                              "with an MMPROJ that sees to send them)", param=item.param,
@@ -204,7 +213,21 @@ def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits) -
     if prompt.count(MEDIA) != len(inp.media):  # a template that drops or repeats a message
         raise BadRequest("the chat template did not keep each image in its place",
                          param=inp.media[0].param, code="invalid_image")
-    return media.decode_all(inp.media, limits, info.audio_rate)
+    decoded = media.decode_all(inp.media, limits, info.audio_rate)
+    if not any(isinstance(d, tuple) for d in decoded):
+        return prompt, decoded, 0
+    pieces = prompt.split(MEDIA)
+    out, items, frames = [pieces[0]], [], 0
+    for d, after in zip(decoded, pieces[1:], strict=True):
+        if isinstance(d, tuple):
+            out.append(MEDIA * len(d))
+            items.extend(d)
+            frames += len(d)
+        else:
+            out.append(MEDIA)
+            items.append(d)
+        out.append(after)
+    return "".join(out), tuple(items), frames
 
 
 _MARK = "vertex-gguf opening 7f3a"

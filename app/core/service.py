@@ -347,7 +347,8 @@ class Run:
                 ended = self._ended.values()
                 out.append(Usage(first.prompt_tokens, self.completion_tokens, first.cached_tokens,
                                  _pair_sum([e.draft for e in ended]),
-                                 _pair_sum([e.predicted for e in ended])))
+                                 _pair_sum([e.predicted for e in ended]),
+                                 self._plan.video_frames))
                 self._end(self.finish_reason or "stop", first)
             return out
         if isinstance(ev, PromptScored):

@@ -102,9 +102,9 @@ def flatten_content(content: Any, where: str,
     return "".join(texts)
 
 
-# the media parts of OpenAI's Chat Completions (image_url, input_audio) and Responses
-# (input_image)
-IMAGE_PARTS = frozenset({"image_url", "input_image", "input_audio"})
+# the media parts of OpenAI's Chat Completions (image_url, input_audio; video_url as vLLM
+# takes it, input_video as llama-server does) and Responses (input_image)
+IMAGE_PARTS = frozenset({"image_url", "input_image", "input_audio", "video_url", "input_video"})
 
 
 def render(

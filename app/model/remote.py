@@ -53,6 +53,7 @@ class Fetcher:
     emulator_host: str | None
     networks: tuple[Network, ...] = ()
     tls: ssl.SSLContext | None = field(default=None, compare=False)  # None: the system's
+    limit_name: str = "IMAGE_MAX_BYTES"  # the setting max_bytes is (a video's: VIDEO_MAX_BYTES)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Fetcher:
@@ -86,7 +87,7 @@ class Fetcher:
         except LookupError as exc:
             raise BadRequest(str(exc), param=param, code="image_not_found") from None
         except ValueError as exc:
-            raise PayloadTooLarge(f"{exc} (IMAGE_MAX_BYTES)", param=param) from None
+            raise PayloadTooLarge(f"{exc} ({self.limit_name})", param=param) from None
         except gcs.GcsError as exc:
             bridge.log_on_hub(log, logging.INFO, "image %r not read: %s", url[:200], exc)
             raise BadRequest("the image could not be read from Cloud Storage within "
@@ -99,7 +100,7 @@ class Fetcher:
         try:
             return get(target, addresses, deadline, self.max_bytes, self.tls)
         except TooLarge as exc:
-            raise PayloadTooLarge(f"{exc} (IMAGE_MAX_BYTES)", param=param) from None
+            raise PayloadTooLarge(f"{exc} ({self.limit_name})", param=param) from None
         except FetchFailed as exc:
             bridge.log_on_hub(log, logging.INFO, "image %s not read: %s", _shown(target), exc)
             raise BadRequest(_UNREADABLE, param=param, code="image_not_found") from None

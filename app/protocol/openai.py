@@ -373,11 +373,12 @@ def new_id(prefix: str) -> str:
 
 def usage(
     prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
-    predicted: tuple[int, int] | None = None,
+    predicted: tuple[int, int] | None = None, video_frames: int = 0,
 ) -> dict[str, Any]:
     """OpenAI usage; ``cached_tokens`` (prompt tokens served from the KV cache) when known;
     ``predicted`` (Predicted Outputs: the prediction's tokens accepted, and the rest of them)
-    when the request brought a prediction."""
+    when the request brought a prediction; ``video_frames`` (the frames its videos gave, each
+    an image to the projector) beside the cached tokens when it sent video."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -385,6 +386,8 @@ def usage(
     }
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if video_frames:
+        out.setdefault("prompt_tokens_details", {})["video_frames"] = video_frames
     if predicted is not None:
         out["completion_tokens_details"] = {"accepted_prediction_tokens": predicted[0],
                                             "rejected_prediction_tokens": predicted[1]}

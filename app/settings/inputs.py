@@ -1,4 +1,4 @@
-"""What a request brings besides text: images and sound (MMPROJ, and the limits on reading them),
+"""What a request brings besides text: images, sound and video (MMPROJ, and the limits on reading them),
 and embeddings (their context, pooling, task prefixes). One part of app.settings.Settings.
 """
 
@@ -130,6 +130,48 @@ class InputSettings(BaseModel):
         ge=16,
         le=16384,
         **env("IMAGE_MAX_SIDE"),
+    )
+    video_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        description="Largest video in bytes (as sent, before base64, or as read from its "
+        "URL); larger is a 413. A video sent inline must also fit MAX_BODY_BYTES.",
+        ge=1024,
+        le=1 << 34,
+        **env("VIDEO_MAX_BYTES"),
+    )
+    video_fps: float = Field(
+        1.0,
+        description="Frames taken per second of video, from its start (docs/video.md); each "
+        "frame goes to the projector as an image.",
+        ge=0.05,
+        le=30,
+        **env("VIDEO_FPS"),
+    )
+    video_max_frames: int = Field(
+        32,
+        description="Most frames taken from one video: VIDEO_FPS from the start until this "
+        "many (so the first VIDEO_MAX_FRAMES / VIDEO_FPS seconds are seen; the rest of a "
+        "longer video is not read).",
+        ge=1,
+        le=512,
+        **env("VIDEO_MAX_FRAMES"),
+    )
+    video_max_side: int = Field(
+        768,
+        description="Video frames are scaled down (aspect kept) until neither side is longer, "
+        "as ffmpeg extracts them: a frame costs the projector what a small image does.",
+        ge=16,
+        le=4096,
+        **env("VIDEO_MAX_SIDE"),
+    )
+    video_timeout: float = Field(
+        20.0,
+        description="Seconds ffmpeg may take to extract one video's frames (it also runs "
+        "under 512 MiB of address space and this much CPU time); past it the child is killed "
+        "and the request gets a 400. PREPARE_TIMEOUT bounds it too.",
+        gt=0,
+        le=600,
+        **env("VIDEO_TIMEOUT"),
     )
 
     # --- embeddings --------------------------------------------------------------------------

@@ -202,10 +202,12 @@ def _image(part: dict[str, Any], at: str, take: Collected | None) -> str | None:
         raise BadRequest(f"{at}.{kind}: must be an object", param=f"{at}.{kind}")
     mime = get(blob, "mimeType")
     mime = mime if isinstance(mime, str) else ""
-    if mime and not mime.startswith(("image/", "audio/wav", "audio/x-wav", "audio/wave")):
-        raise BadRequest(f"{at}.{kind}.mimeType: {mime!r}: this server takes images and WAV "
-                         "audio only", param=f"{at}.{kind}.mimeType")
-    read = take.take_audio if mime.startswith("audio/") else take.take
+    if mime and not mime.startswith(("image/", "video/", "audio/wav", "audio/x-wav",
+                                     "audio/wave")):
+        raise BadRequest(f"{at}.{kind}.mimeType: {mime!r}: this server takes images, video "
+                         "and WAV audio only", param=f"{at}.{kind}.mimeType")
+    read = (take.take_audio if mime.startswith("audio/")
+            else take.take_video if mime.startswith("video/") else take.take)
     if kind == "inlineData":
         data = get(blob, "data")
         if not isinstance(data, str):

@@ -63,7 +63,8 @@ def chat_message(a: Answer, reasoning_field: str = "reasoning_content") -> dict[
 
 
 def _usage(u: Usage) -> dict[str, Any]:
-    return openai.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.predicted)
+    return openai.usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.predicted,
+                        u.video_frames)
 
 
 class _OpenAI(GenerationApi):

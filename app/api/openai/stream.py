@@ -142,7 +142,8 @@ class ChunkWriter:
             obj = dict(self._base)
             obj["choices"] = []
             obj["usage"] = usage(self.prompt_tokens, self.completion_tokens,
-                                 use.cached_tokens if use else 0, use.predicted if use else None)
+                                 use.cached_tokens if use else 0, use.predicted if use else None,
+                                 use.video_frames if use else 0)
             out.append(frame(obj))
         if self.policy.send_done:
             out.append(DONE)
