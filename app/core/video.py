@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import struct
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 MEMORY = 512 << 20  # the child's address space (bytes): ffmpeg and its libraries map ~150 MiB
 _POLL = 0.01  # seconds between looks at the child
 _PNG = b"\x89PNG\r\n\x1a\n"
+_ADDRESS = re.compile(r" ?@ 0x[0-9a-f]+")  # ffmpeg's "[mov @ 0x55d4...]": a pointer, not news
 
 
 @dataclass(frozen=True)
@@ -149,14 +151,16 @@ def extract(data: bytes, limits: VideoLimits, param: str, fps: float | None = No
         if status != 0 or not frames:
             with open(err, "rb") as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - 1000))
-                why = f.read().decode("utf-8", "replace").replace(tmp, "").strip()
+                why = f.read().decode("utf-8", "replace").replace(f"file:{src}", "the video")
+                why = _ADDRESS.sub("", why.replace(src, "the video")).strip()
             bridge.log_on_hub(log, logging.INFO, "video not read (%s, exit %s, %d frames): %s",
                               fmt, status, len(frames), why[-500:])
             if status == -signal.SIGXFSZ:
                 raise PayloadTooLarge("video's frames are over the server's limit", param=param)
             if not frames or status not in (0, None):
+                said = why.splitlines()[-1][:200] if why else f"exit status {status}"
                 raise BadRequest(f"video cannot be decoded ({fmt}): no frame could be read "
-                                 "within the server's limits", param=param,
+                                 f"within the server's limits (ffmpeg: {said})", param=param,
                                  code="invalid_video")
     return frames[:limits.max_frames]
 
