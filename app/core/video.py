@@ -169,11 +169,12 @@ def _run(argv: list[str], out: str, err: str, timeout: float, param: str) -> int
     """Runs ``argv`` (stdin /dev/null, stdout to ``out``, stderr to ``err``) in a session of
     its own; its exit status (negative: the signal; None: someone else reaped it), or a 400
     after killing the whole group at ``timeout``."""
-    waitpid = original("os", "waitpid")
+    # the originals: gevent's would watch the child from this thread's loop, which cannot
+    waitpid, spawn = original("os", "waitpid"), original("os", "posix_spawn")
     out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     err_fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        pid = os.posix_spawn(argv[0], argv, {"LC_ALL": "C"}, setsid=True, file_actions=[
+        pid = spawn(argv[0], argv, {"LC_ALL": "C"}, setsid=True, file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)])
     finally:
