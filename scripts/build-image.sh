@@ -14,6 +14,7 @@
 #                    build installs that wheel instead of compiling llama.cpp
 #   BUILD_JOBS       parallel compile jobs (default: one per core)
 #   CUDA_ARCHS       cuda only (default: the Dockerfile's)
+#   WITH_FFMPEG=0    leave ffmpeg out of the image (video parts are then a 400; docs/video.md)
 #   PULL_TIMEOUT     seconds to wait for a registry before making the local base (default 60)
 #   REBUILD_BASE=1   make the local Debian base again even if it exists
 #   PODMAN_RUNTIME   the OCI runtime podman uses (default: runc where installed)
@@ -81,6 +82,7 @@ make_local_base() {
 
 build_args=(--build-arg "BACKEND=$variant" --build-arg "BUILD_JOBS=$jobs")
 if [ -n "${CUDA_ARCHS:-}" ]; then build_args+=(--build-arg "CUDA_ARCHS=$CUDA_ARCHS"); fi
+if [ -n "${WITH_FFMPEG:-}" ]; then build_args+=(--build-arg "WITH_FFMPEG=$WITH_FFMPEG"); fi
 base="${BASE_IMAGE:-}"
 if [ -z "$base" ] && [ "$variant" = cpu ]; then
   base="debian:bookworm-slim"
