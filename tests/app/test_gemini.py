@@ -188,9 +188,12 @@ def test_the_model_list_and_vertex_paths():
     ({"contents": [{"role": "model", "parts": [{"inlineData": {"mimeType": "image/png",
                                                                "data": "AAAA"}}]}]},
      "contents.0.parts.0.inlineData: images come in a user turn"),
+    ({"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "application/pdf",
+                                                              "data": "AAAA"}}]}]},
+     "takes images, video and WAV audio only"),
     ({"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "video/mp4",
                                                               "data": "AAAA"}}]}]},
-     "takes images and WAV audio only"),
+     "reads no video"),  # the server's model reads text only
     ({"contents": []}, "contents"),
     ({**BODY, "frobnicate": 1}, "frobnicate"),
 ])
