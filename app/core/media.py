@@ -20,7 +20,7 @@ import io
 import re
 import wave
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.base.errors import BadRequest, PayloadTooLarge, QueueFull
 from app.core import video
@@ -62,6 +62,7 @@ class MediaInput:
     param: str
     url: str = ""
     kind: str = "image"  # or "audio", "video"
+    clip: video.Clip | None = None  # a video's part to take (Gemini's videoMetadata)
 
 
 def from_url(url: str, param: str, max_bytes: int, kind: str = "image") -> MediaInput:
@@ -121,9 +122,11 @@ class Collected:
         self.items.append(read(part, param, self.max_bytes))
         return MEDIA
 
-    def take_video(self, url: str, param: str) -> str:
-        """A video given as a data: URL, bare base64, or a gs:// or http(s) URL."""
-        self.items.append(from_url(url, param, self.video_max_bytes, "video"))
+    def take_video(self, url: str, param: str, clip: video.Clip | None = None) -> str:
+        """A video given as a data: URL, bare base64, or a gs:// or http(s) URL; ``clip``:
+        the part of it to take."""
+        item = from_url(url, param, self.video_max_bytes, "video")
+        self.items.append(replace(item, clip=clip) if clip else item)
         return MEDIA
 
     def take_audio(self, data: str, param: str) -> str:
@@ -255,7 +258,7 @@ def decode_video(item: MediaInput, limits: MediaLimits) -> tuple[Image, ...]:
     """A video's frames (app.core.video extracts them, as PNG), each then decoded as an image
     is: the same checks, the same pixels for the same frame, so a repeated video finds each
     frame in the projector's cache."""
-    frames = video.extract(item.data, limits.video, item.param)
+    frames = video.extract(item.data, limits.video, item.param, item.clip)
     return tuple(decode(MediaInput(frame, item.param), limits) for frame in frames)
 
 
@@ -323,4 +326,4 @@ def _fetched(item: MediaInput, limits: MediaLimits) -> MediaInput:
         raise BadRequest("image URLs are not fetched by this server: send the image inline as "
                          "a data: URL (data:image/png;base64,...)", param=item.param,
                          code="image_url_not_allowed")
-    return MediaInput(fetch(item.url, item.param), item.param, kind=item.kind)
+    return replace(item, data=fetch(item.url, item.param), url="")

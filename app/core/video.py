@@ -69,6 +69,17 @@ class VideoLimits:
     prlimit: str | None = None
 
 
+@dataclass(frozen=True)
+class Clip:
+    """The part of a video a request asks for (Gemini's ``videoMetadata``): from ``start``
+    seconds, up to ``end`` (None: the end), at ``fps`` frames a second (None: VIDEO_FPS).
+    VIDEO_MAX_FRAMES still bounds the frames."""
+
+    start: float = 0.0
+    end: float | None = None
+    fps: float | None = None
+
+
 def sniff(data: bytes) -> str | None:
     """ffmpeg's demuxer for the container the bytes start with, or None: ISO media (MP4,
     MOV, 3GP: an ``ftyp`` box first), Matroska and WebM (the EBML magic), AVI, GIF."""
@@ -93,17 +104,21 @@ def available(limits: VideoLimits) -> bool:
     return bool(_program("ffmpeg", limits.ffmpeg) and _program("prlimit", limits.prlimit))
 
 
-def command(limits: VideoLimits, fmt: str, path: str, fps: float | None = None) -> list[str]:
+def command(limits: VideoLimits, fmt: str, path: str, clip: Clip | None = None) -> list[str]:
     """ffmpeg's arguments: the one file, in ``fmt``, to PNG frames on stdout."""
-    fps = fps or limits.fps
+    clip = clip or Clip()
+    fps = clip.fps or limits.fps
     side = limits.max_side
     seconds = limits.max_frames / fps + 1.0  # the last frame's time, and a second to find it
+    if clip.end is not None:
+        seconds = min(seconds, max(0.001, clip.end - clip.start))
+    start = ["-ss", f"{clip.start:.3f}"] if clip.start > 0 else []
     scale = (f"scale=w='min({side},iw)':h='min({side},ih)'"
              ":force_original_aspect_ratio=decrease:flags=bicubic")
     return ["-nostdin", "-hide_banner", "-loglevel", "error",
             "-threads", "1", "-filter_threads", "1",
             "-max_pixels", str(limits.max_pixels),
-            "-protocol_whitelist", "file", "-f", fmt, "-t", f"{seconds:.3f}",
+            "-protocol_whitelist", "file", "-f", fmt, *start, "-t", f"{seconds:.3f}",
             "-i", f"file:{path}",
             "-map", "0:v:0", "-an", "-sn", "-dn",
             "-vf", f"fps={fps:g},{scale}", "-frames:v", str(limits.max_frames),
@@ -117,7 +132,7 @@ def out_limit(limits: VideoLimits) -> int:
     return limits.max_frames * (side * (3 * side + 1) + 65536) + (1 << 20)
 
 
-def extract(data: bytes, limits: VideoLimits, param: str, fps: float | None = None
+def extract(data: bytes, limits: VideoLimits, param: str, clip: Clip | None = None
             ) -> list[bytes]:
     """The video's frames as PNG files (each at most VIDEO_MAX_SIDE a side), in order; a 400
     (or 413) for anything that is not a video this server reads within its limits."""
@@ -144,7 +159,7 @@ def extract(data: bytes, limits: VideoLimits, param: str, fps: float | None = No
             f.write(data)
         argv = [prlimit, f"--as={limits.memory}", f"--cpu={math.ceil(timeout) + 1}",
                 f"--fsize={out_limit(limits)}", "--nofile=32", "--core=0", "--",
-                ffmpeg, *command(limits, fmt, src, fps)]
+                ffmpeg, *command(limits, fmt, src, clip)]
         status = _run(argv, out, err, timeout, param)
         with open(out, "rb") as f:
             frames = split_png(f.read())

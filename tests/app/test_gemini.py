@@ -231,3 +231,36 @@ def test_the_predict_route():
     assert env.get_json()["predictions"][0]["candidates"][0]["finishReason"] == "STOP"
     raw = flask.post("/predict", json=BODY)
     assert raw.get_json()["candidates"][0]["content"]["role"] == "model"
+
+
+@pytest.mark.parametrize("meta, clip", [
+    ({"startOffset": "1.5s", "endOffset": "4s", "fps": 2}, (1.5, 4.0, 2.0)),
+    ({"start_offset": "2s"}, (2.0, None, None)),
+    (None, None),
+])
+def test_video_metadata_is_the_clip_taken(meta, clip):
+    from app.api.gemini import parsing
+    from app.core.media import Collected
+
+    take = Collected(1 << 20, 1 << 20)
+    part = {"inlineData": {"mimeType": "video/mp4", "data": "AAAA"}}
+    if meta is not None:
+        part["videoMetadata"] = meta
+    parsing.messages([{"role": "user", "parts": [part]}], take)
+    (item,) = take.items
+    assert item.kind == "video"
+    got = item.clip and (item.clip.start, item.clip.end, item.clip.fps)
+    assert got == clip
+
+
+@pytest.mark.parametrize("meta, field", [
+    ({"fps": 0}, "videoMetadata.fps"), ({"fps": 25}, "videoMetadata.fps"),
+    ({"startOffset": "soon"}, "videoMetadata.startOffset"),
+    ({"startOffset": "3s", "endOffset": "2s"}, "videoMetadata.endOffset"),
+])
+def test_bad_video_metadata_is_a_400_naming_it(meta, field):
+    body = {"contents": [{"role": "user", "parts": [
+        {"inlineData": {"mimeType": "video/mp4", "data": "AAAA"}, "videoMetadata": meta}]}]}
+    resp = make_client(FakeEngine()).post(PATH, json=body)
+    assert resp.status_code == 400
+    assert field in resp.get_json()["error"]["message"]

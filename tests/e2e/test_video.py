@@ -140,6 +140,16 @@ def test_gemini_sdk_inline_video(server):
                                       config=config)
     assert reply.text == want["choices"][0]["message"]["content"]
     assert reply.usage_metadata.prompt_token_count == want["usage"]["prompt_tokens"]
+    # videoMetadata: the first second only, one frame
+    clip = types.Part(inline_data=types.Blob(data=raw, mime_type="video/mp4"),
+                      video_metadata=types.VideoMetadata(end_offset="1s"))
+    one = g.models.generate_content(model="m", config=config, contents=[
+        types.Content(role="user", parts=[types.Part(text=ASK), clip])])
+    first = extract(raw, VideoLimits(max_side=SIDE), "x")[0]
+    as_image = chat_raw(server, [{"role": "user", "content": [
+        {"type": "text", "text": ASK}, {"type": "image_url", "image_url": {"url": data_url(first)}}]}])
+    assert one.usage_metadata.prompt_token_count == as_image["usage"]["prompt_tokens"]
+    assert one.text == as_image["choices"][0]["message"]["content"]
     bad = [types.Part(text=ASK), types.Part.from_bytes(data=b"RIFF\0\0\0\0AVI junk" * 20,
                                                        mime_type="video/avi")]
     with pytest.raises(genai.errors.ClientError) as err:

@@ -256,3 +256,16 @@ def test_no_client_bytes_reach_libmtmds_own_decoders():
             if isinstance(node, ast.Name) and node.id.startswith("mtmd_helper_bitmap_init"):
                 calls.add(f"{path.relative_to(ROOT)}: {node.id}")
     assert not calls
+
+
+def test_a_clip_takes_its_part_at_its_rate():
+    """Gemini's videoMetadata: from startOffset to endOffset at its fps, VIDEO_MAX_FRAMES
+    still the cap."""
+    ffmpeg()
+    raw = make_video(4, fps=4)
+    part = extract(raw, VideoLimits(fps=1), P, video.Clip(1.0, 3.0))
+    assert len(part) == 2
+    for got, exp in zip(colours(part), [video_colour(1), video_colour(2)], strict=True):
+        assert max(abs(a - b) for a, b in zip(got, exp, strict=True)) < 40, (got, exp)
+    assert len(extract(raw, VideoLimits(fps=1), P, video.Clip(0.0, 2.0, fps=2.0))) == 4
+    assert len(extract(raw, VideoLimits(fps=1, max_frames=3), P, video.Clip(fps=4.0))) == 3

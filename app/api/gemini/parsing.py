@@ -11,13 +11,16 @@ why); anything else is a 400 naming it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from functools import partial
 from typing import Any
 
 from app.base.errors import BadRequest
 from app.core.input import OutputFormat, ToolChoice, template_call
 from app.core.media import Collected
+from app.core.video import Clip
 from app.engine.types import SamplingParams
 from app.formats.chat_template import clean
 from app.grammar.gate import GrammarTooComplex
@@ -206,8 +209,10 @@ def _image(part: dict[str, Any], at: str, take: Collected | None) -> str | None:
                                      "audio/wave")):
         raise BadRequest(f"{at}.{kind}.mimeType: {mime!r}: this server takes images, video "
                          "and WAV audio only", param=f"{at}.{kind}.mimeType")
-    read = (take.take_audio if mime.startswith("audio/")
-            else take.take_video if mime.startswith("video/") else take.take)
+    read = take.take_audio if mime.startswith("audio/") else take.take
+    if mime.startswith("video/"):
+        clip = _clip(get(part, "videoMetadata"), f"{at}.videoMetadata")
+        read = partial(_take_video, take, clip)
     if kind == "inlineData":
         data = get(blob, "data")
         if not isinstance(data, str):
@@ -218,6 +223,39 @@ def _image(part: dict[str, Any], at: str, take: Collected | None) -> str | None:
         raise BadRequest(f"{at}.fileData.fileUri: must be a gs:// or https URI",
                          param=f"{at}.fileData.fileUri")
     return read(uri, f"{at}.fileData.fileUri")
+
+
+def _take_video(take: Collected, clip: Clip | None, url: str, param: str) -> str:
+    return take.take_video(url, param, clip)
+
+
+def _clip(meta: Any, at: str) -> Clip | None:
+    """``videoMetadata``: ``startOffset`` and ``endOffset`` (durations, "1.5s"), ``fps``
+    (0 < fps <= 24, as Gemini takes it)."""
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        raise BadRequest(f"{at}: must be an object", param=at)
+    start, end = (_seconds(get(meta, k), f"{at}.{k}") for k in ("startOffset", "endOffset"))
+    fps = get(meta, "fps")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float)
+                            or not 0 < fps <= 24):
+        raise BadRequest(f"{at}.fps: must be a number above 0, at most 24", param=f"{at}.fps")
+    if start is not None and end is not None and end <= start:
+        raise BadRequest(f"{at}.endOffset: must come after startOffset", param=f"{at}.endOffset")
+    return Clip(start or 0.0, end, float(fps) if fps is not None else None)
+
+
+def _seconds(value: Any, at: str) -> float | None:
+    """A protobuf Duration as JSON writes it ("3.5s"), or a number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.endswith("s"):
+        with contextlib.suppress(ValueError):
+            value = float(value[:-1])
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e7:
+        raise BadRequest(f"{at}: must be a duration such as \"1.5s\"", param=at)
+    return float(value)
 
 
 def system_text(instruction: Any) -> str | None:
