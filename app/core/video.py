@@ -42,7 +42,7 @@ from functools import lru_cache
 
 from app.base import bridge
 from app.base.errors import BadRequest, PayloadTooLarge
-from app.base.threads import original, original_sleep
+from app.base.threads import close_fd, original, original_sleep
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,6 @@ def sniff(data: bytes) -> str | None:
 @lru_cache(maxsize=8)
 def _program(name: str, given: str | None) -> str | None:
     return given if given else shutil.which(name)
-
-
-def available(limits: VideoLimits) -> bool:
-    """Whether this server can read video: ffmpeg and prlimit are there."""
-    return bool(_program("ffmpeg", limits.ffmpeg) and _program("prlimit", limits.prlimit))
 
 
 def command(limits: VideoLimits, fmt: str, path: str, clip: Clip | None = None) -> list[str]:
@@ -193,8 +188,8 @@ def _run(argv: list[str], out: str, err: str, timeout: float, param: str) -> int
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)])
     finally:
-        os.close(out_fd)
-        os.close(err_fd)
+        close_fd(out_fd)
+        close_fd(err_fd)
     deadline = time.monotonic() + timeout
     reaped = False
     try:
