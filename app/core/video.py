@@ -96,7 +96,7 @@ def sniff(data: bytes) -> str | None:
 
 @lru_cache(maxsize=8)
 def _program(name: str, given: str | None) -> str | None:
-    return given if given else shutil.which(name)
+    return shutil.which(given or name)
 
 
 def command(limits: VideoLimits, fmt: str, path: str, clip: Clip | None = None) -> list[str]:

@@ -269,3 +269,9 @@ def test_a_clip_takes_its_part_at_its_rate():
         assert max(abs(a - b) for a, b in zip(got, exp, strict=True)) < 40, (got, exp)
     assert len(extract(raw, VideoLimits(fps=1), P, video.Clip(0.0, 2.0, fps=2.0))) == 4
     assert len(extract(raw, VideoLimits(fps=1, max_frames=3), P, video.Clip(fps=4.0))) == 3
+
+
+def test_a_server_without_ffmpeg_says_so(mp4):
+    with pytest.raises(BadRequest) as err:
+        extract(mp4, VideoLimits(ffmpeg="/nonexistent/ffmpeg"), P)
+    assert err.value.code == "video_input_not_supported" and "ffmpeg" in err.value.message
