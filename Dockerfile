@@ -121,7 +121,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # cuBLAS and NCCL from NVIDIA's apt repository (configured in the CUDA base image), the exact
 # versions the build stage linked against. ffmpeg (the distribution's) extracts video frames in
 # a limited child process (app/core/video.py, docs/video.md); WITH_FFMPEG=0 leaves it out (about
-# 190 MB less; video parts are then a 400).
+# 440 MB less on Debian bookworm, most of it Mesa and LLVM through libavdevice; video parts are
+# then a 400).
 # Ubuntu 24.04 images already have a user with uid 1000 (`ubuntu`): it is removed first, so that
 # uid 1000 is `app` on every base.
 COPY --from=build /opt/cuda-runtime-packages.txt /tmp/cuda-runtime-packages.txt
