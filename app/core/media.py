@@ -259,7 +259,10 @@ def decode_video(item: MediaInput, limits: MediaLimits) -> tuple[Image, ...]:
     is: the same checks, the same pixels for the same frame, so a repeated video finds each
     frame in the projector's cache."""
     frames = video.extract(item.data, limits.video, item.param, item.clip)
-    return tuple(decode(MediaInput(frame, item.param), limits) for frame in frames)
+    # a frame is this server's own PNG, bounded by VIDEO_MAX_SIDE: IMAGE_MAX_BYTES is for
+    # clients' files, and a small one must not refuse frames
+    as_image = replace(limits, max_bytes=max(limits.max_bytes, video.out_limit(limits.video)))
+    return tuple(decode(MediaInput(frame, item.param), as_image) for frame in frames)
 
 
 def decode_audio(item: MediaInput, limits: MediaLimits, rate: int) -> Audio:

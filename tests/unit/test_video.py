@@ -211,6 +211,9 @@ def test_frames_are_images_and_a_repeat_has_the_same_digests(mp4):
     first, again = decode_video(item, limits), decode_video(item, limits)
     assert [f.digest for f in first] == [f.digest for f in again]
     assert len({f.digest for f in first}) == 3 and {(f.width, f.height) for f in first} == {(64, 48)}
+    # IMAGE_MAX_BYTES is for clients' images: the server's own frames are not held to it
+    small = MediaLimits(8, 1024, 25_000_000, 2048, video=VideoLimits(max_side=64))
+    assert [f.digest for f in decode_video(item, small)] == [f.digest for f in first]
     # beside an image, in the request's order: a video is its frames
     (img, frames) = decode_all((MediaInput(encoded("red"), "x"), item), limits)
     assert img.width == 64 and len(frames) == 3
