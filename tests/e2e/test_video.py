@@ -8,6 +8,9 @@ every bad video a clear 4xx in the calling API's shape while the server stays up
 from __future__ import annotations
 
 import base64
+import http.server
+import threading
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -34,13 +37,39 @@ def qwen2vl(default_model, tmp_path_factory):
             tiny_qwen2vl.build_projector(d / "mmproj-tiny-qwen2vl.gguf"))
 
 
+class Files(http.server.BaseHTTPRequestHandler):
+    """A listed video host: ``files`` by path."""
+
+    files: dict[str, bytes] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        body = self.files.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def server(qwen2vl):
+def host() -> Iterator[http.server.ThreadingHTTPServer]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(qwen2vl, host):
     model, proj = qwen2vl
     port = free_port()
     env = {"MODEL": str(model), "MMPROJ": str(proj), "PARALLEL": "2", "IMAGES_PER_REQUEST": "4",
            "VIDEO_MAX_SIDE": str(SIDE), "VIDEO_MAX_BYTES": "200000", "AIP_MODE": "PREDICTION",
-           "AIP_HTTP_PORT": str(port), "AIP_PREDICT_ROUTE": VERTEX_PREDICT}
+           "AIP_HTTP_PORT": str(port), "AIP_PREDICT_ROUTE": VERTEX_PREDICT,
+           "IMAGE_URL_HOSTS": f"127.0.0.1:{host.server_address[1]}"}
     with running_server(env) as srv:
         yield srv
 
@@ -212,3 +241,21 @@ def test_a_projector_that_cannot_see_refuses_video(default_model, tmp_path):
         assert g.status_code == 400
         assert g.json()["error"]["status"] == "INVALID_ARGUMENT"
         assert "reads no video" in g.json()["error"]["message"]
+
+
+def test_a_video_from_a_listed_host_reads_as_the_same_video_inline(server, host):
+    """The image rules name the hosts; VIDEO_MAX_BYTES bounds what is read."""
+    raw = make_video(2, fps=2, first=17)
+    Files.files.update({"/clip.mp4": raw, "/big.mp4": raw + bytes(250_000)})
+    base = f"http://127.0.0.1:{host.server_address[1]}"
+    inline = chat_raw(server, video_message(video_url(raw)))
+    by_url = chat_raw(server, video_message({"type": "video_url",
+                                             "video_url": {"url": f"{base}/clip.mp4"}}))
+    assert by_url["choices"][0]["message"] == inline["choices"][0]["message"]
+    assert by_url["usage"]["prompt_tokens"] == inline["usage"]["prompt_tokens"]
+    r = requests.post(server.url("/v1/chat/completions"), timeout=60, json={
+        "model": "m", "messages": video_message({"type": "input_video",
+                                                 "input_video": {"url": f"{base}/big.mp4"}}),
+        **GREEDY})
+    assert r.status_code == 413 and "VIDEO_MAX_BYTES" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "messages.0.content.1.input_video.url"
