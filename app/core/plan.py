@@ -5,6 +5,7 @@ holds the model to a format, and how to read the reply. Pure CPU work, run off t
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
@@ -14,7 +15,7 @@ from app.base.errors import BadRequest
 from app.core import media
 from app.core.input import ChatInput, OutputFormat, TextInput, ToolChoice, effort_for
 from app.core.media import MediaLimits
-from app.engine.types import MEDIA, GenerationRequest, ModelInfo, SamplingParams
+from app.engine.types import MEDIA, Frames, GenerationRequest, Image, ModelInfo, SamplingParams
 from app.formats import chat_template
 from app.formats.spec import ReplySpec, Tool
 from app.grammar import gate, json_schema
@@ -220,14 +221,28 @@ def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits
     out, items, frames = [pieces[0]], [], 0
     for d, after in zip(decoded, pieces[1:], strict=True):
         if isinstance(d, tuple):
-            out.append(MEDIA * len(d))
-            items.extend(d)
+            groups = _frame_groups(d) if info.merges_frames else d
+            out.append(MEDIA * len(groups))
+            items.extend(groups)
             frames += len(d)
         else:
             out.append(MEDIA)
             items.append(d)
         out.append(after)
     return "".join(out), tuple(items), frames
+
+
+def _frame_groups(frames: tuple[Image, ...]) -> tuple[Image | Frames, ...]:
+    """A video's frames in pairs, for a projector that merges two adjacent frames into one set
+    of tokens (Qwen2-VL and its successors); an odd last frame stays an image."""
+    out: list[Image | Frames] = []
+    for i in range(0, len(frames) - 1, 2):
+        pair = frames[i:i + 2]
+        digest = hashlib.sha256(("frames:" + ":".join(f.digest for f in pair)).encode())
+        out.append(Frames(pair, digest.hexdigest()))
+    if len(frames) % 2:
+        out.append(frames[-1])
+    return tuple(out)
 
 
 _MARK = "vertex-gguf opening 7f3a"

@@ -31,7 +31,7 @@ import numpy as np
 
 from app.base.errors import BadRequest, ModelLoadError
 from app.engine.tokens import Mark
-from app.engine.types import Audio, Image
+from app.engine.types import Audio, Frames, Image
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class ImageSpan:
         return Mark(self.start, self.n, self.digest)
 
 
-def placeholder(item: Image | Audio) -> int:
+def placeholder(item: Image | Audio | Frames) -> int:
     """The id an image's (or a sound's) tokens take in a prompt's token list: negative, from
     28 bits of its digest (not an identity: ``ImageSpan.digest`` is)."""
     return -1 - int(item.digest[:7], 16)
@@ -101,8 +101,36 @@ class Projector:
         self._cache_limit = cache_bytes
         self.encodes = 0  # images encoded (for tests and stats)
         self.cache_hits = 0
+        self.merges_frames = self.vision and self._merges()
 
-    def image_tokens(self, image: Image | Audio, start: int, scope: str = ""
+    def _merges(self) -> bool:
+        """Whether this projector merges two adjacent mergeable frames into one chunk (asked
+        of libmtmd by tokenizing two tiny frames: no encode runs)."""
+        mt = self.mt
+        rgb = bytes(3 * 32 * 32)
+        bitmaps = [mt.mtmd_bitmap_init(32, 32, (ctypes.c_ubyte * len(rgb)).from_buffer_copy(rgb))
+                   for _ in range(2)]
+        chunks = mt.mtmd_input_chunks_init()
+        try:
+            for b in bitmaps:
+                mt.mtmd_bitmap_set_mergeable(b, True)
+            text = mt.mtmd_input_text()
+            text.text = self._marker * 2
+            text.text_len = len(text.text)
+            text.add_special = False
+            text.parse_special = True
+            if mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text),
+                                (ctypes.c_void_p * 2)(*bitmaps), 2) != 0:
+                return False
+            kinds = [mt.mtmd_input_chunk_get_type(mt.mtmd_input_chunks_get(chunks, i))
+                     for i in range(mt.mtmd_input_chunks_size(chunks))]
+            return kinds.count(_IMAGE) == 1
+        finally:
+            mt.mtmd_input_chunks_free(chunks)
+            for b in bitmaps:
+                mt.mtmd_bitmap_free(b)
+
+    def image_tokens(self, image: Image | Audio | Frames, start: int, scope: str = ""
                      ) -> tuple[list[int], list[ImageSpan]]:
         """The tokens an image stands for, from prompt position ``start``: text tokens (the
         model's image wrappers) and ImageSpans (each with a chunk of its own, to free). From
@@ -147,25 +175,33 @@ class Projector:
                 for s in old:
                     self.free_span(s)
 
-    def _encode(self, image: Image | Audio, start: int) -> tuple[list[int], list[ImageSpan]]:
+    def _bitmap(self, image: Image | Audio) -> Any:
         mt = self.mt
         if isinstance(image, Audio):
             pcm = (ctypes.c_float * image.samples).from_buffer_copy(image.pcm)
-            bitmap = mt.mtmd_bitmap_init_from_audio(image.samples, pcm)
-        else:
-            buf = (ctypes.c_ubyte * len(image.rgb)).from_buffer_copy(image.rgb)
-            bitmap = mt.mtmd_bitmap_init(image.width, image.height, buf)
+            return mt.mtmd_bitmap_init_from_audio(image.samples, pcm)
+        buf = (ctypes.c_ubyte * len(image.rgb)).from_buffer_copy(image.rgb)
+        return mt.mtmd_bitmap_init(image.width, image.height, buf)
+
+    def _encode(self, image: Image | Audio | Frames, start: int
+                ) -> tuple[list[int], list[ImageSpan]]:
+        mt = self.mt
+        parts = image.images if isinstance(image, Frames) else (image,)
+        bitmaps = [self._bitmap(p) for p in parts]
         chunks = mt.mtmd_input_chunks_init()
         try:
-            mt.mtmd_bitmap_set_id(bitmap, image.digest.encode())
+            for b in bitmaps:
+                mt.mtmd_bitmap_set_id(b, image.digest.encode())
+                if isinstance(image, Frames):  # one chunk for the group: the temporal merge
+                    mt.mtmd_bitmap_set_mergeable(b, True)
             text = mt.mtmd_input_text()
-            text.text = self._marker
-            text.text_len = len(self._marker)
+            text.text = self._marker * len(bitmaps)
+            text.text_len = len(text.text)
             text.add_special = False
             text.parse_special = True
-            bitmaps = (ctypes.c_void_p * 1)(bitmap)
+            array = (ctypes.c_void_p * len(bitmaps))(*bitmaps)
             with self._encoding:  # mtmd_tokenize is thread-safe; encode is not: both under it
-                rc = mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), bitmaps, 1)
+                rc = mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(text), array, len(bitmaps))
                 if rc != 0:
                     raise BadRequest(f"the projector could not read the image (error {rc})",
                                      code="invalid_image")
@@ -173,9 +209,10 @@ class Projector:
                 return self._collect(chunks, image, start)
         finally:
             mt.mtmd_input_chunks_free(chunks)
-            mt.mtmd_bitmap_free(bitmap)
+            for b in bitmaps:
+                mt.mtmd_bitmap_free(b)
 
-    def _collect(self, chunks: Any, image: Image | Audio, start: int
+    def _collect(self, chunks: Any, image: Image | Audio | Frames, start: int
                  ) -> tuple[list[int], list[ImageSpan]]:
         mt = self.mt
         tokens: list[int] = []

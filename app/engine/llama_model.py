@@ -224,6 +224,7 @@ class LlamaModel:
             cxx_runtime=cxx_runtime.runtime().as_dict(),
             vision=self.projector is not None and self.projector.vision,
             audio_rate=self.projector.audio_rate if self.projector is not None else 0,
+            merges_frames=self.projector is not None and self.projector.merges_frames,
             placement=self.placement,
             memory=self.memory,
             adapters=tuple((f.name, f.scale) for f in self.adapters.files)

@@ -46,6 +46,16 @@ class Audio:
     digest: str
 
 
+@dataclass(frozen=True, eq=False)
+class Frames:
+    """Adjacent video frames the projector merges into one set of tokens (Qwen-VL's temporal
+    merge, libmtmd's mergeable bitmaps): half the tokens of the frames apart. ``digest`` names
+    the group (from its frames' digests), as an image's names the image."""
+
+    images: tuple[Image, ...]
+    digest: str
+
+
 @dataclass(frozen=True)
 class Speculation:
     """A request's own speculative-decoding limits (llama-server's ``speculative.*``); None:
@@ -116,7 +126,7 @@ class GenerationRequest:
     # who may reuse this prompt's KV: only a request of the same scope (its API key's digest;
     # "" without keys), so cached_tokens tells nobody about another key's prompts
     cache_scope: str = ""
-    media: tuple[Image | Audio, ...] = ()  # what stands at the prompt's MEDIA marks, in order
+    media: tuple[Image | Audio | Frames, ...] = ()  # what stands at the prompt's MEDIA marks
     # the LoRA adapters applied: (adapter index, scale) with nonzero scales, in index order;
     # () is the base model (app.engine.lora)
     lora: tuple[tuple[int, float], ...] = ()
@@ -229,6 +239,7 @@ class ModelInfo:
     cxx_runtime: dict | None = None
     vision: bool = False  # a projector (MMPROJ) is loaded that reads images
     audio_rate: int = 0  # ... that hears: the sample rate it takes (0: it reads no audio)
+    merges_frames: bool = False  # ... that merges two adjacent video frames (Qwen2-VL and on)
     # KV cache types and size, micro-batch, tensor overrides and what they moved (llama_model)
     placement: dict | None = None
     # the memory estimate before the load, the budget, and what llama.cpp then allocated

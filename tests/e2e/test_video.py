@@ -98,24 +98,92 @@ def engine_stats(server) -> dict:
     return requests.get(server.url("/health"), timeout=10).json()["engine"]
 
 
-def test_a_video_is_its_frames_as_images(server):
+def reference_answer(model, proj, prompt: str, frames: list[bytes], n: int) -> list[int]:
+    """libmtmd's own evaluation of ``prompt`` (its marker where each frame goes, every frame
+    mergeable, as llama.cpp's video path makes them), then ``n`` greedy tokens."""
+    import ctypes
+    import io
+
+    from llama_cpp import llama_cpp as ll
+    from llama_cpp import mtmd_cpp as mt
+    from PIL import Image as PILImage
+
+    ll.llama_backend_init()
+    mparams = ll.llama_model_default_params()
+    mparams.n_gpu_layers = 0
+    m = ll.llama_model_load_from_file(str(model).encode(), mparams)
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx, cparams.n_batch = 1024, 512
+    ctx = ll.llama_init_from_model(m, cparams)
+    mp = mt.mtmd_context_params_default()
+    mp.use_gpu, mp.print_timings = False, False
+    mc = mt.mtmd_init_from_file(str(proj).encode(), m, mp)
+    bitmaps = []
+    for raw in frames:
+        img = PILImage.open(io.BytesIO(raw)).convert("RGB")
+        rgb = img.tobytes()
+        b = mt.mtmd_bitmap_init(img.width, img.height,
+                                (ctypes.c_ubyte * len(rgb)).from_buffer_copy(rgb))
+        mt.mtmd_bitmap_set_mergeable(b, True)
+        bitmaps.append(b)
+    chunks = mt.mtmd_input_chunks_init()
+    text = mt.mtmd_input_text()
+    text.text = prompt.encode()
+    text.text_len = len(text.text)
+    text.add_special, text.parse_special = False, True
+    try:
+        assert mt.mtmd_tokenize(mc, chunks, ctypes.byref(text),
+                                (ctypes.c_void_p * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
+        n_past = ctypes.c_int32(0)
+        assert mt.mtmd_helper_eval_chunks(mc, ctx, chunks, 0, 0, 512, True,
+                                          ctypes.byref(n_past)) == 0
+        n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(m))
+        out = []
+        for _ in range(n):  # positions from the KV's last (M-RoPE takes every axis from it)
+            logits = ll.llama_get_logits_ith(ctx, -1)
+            tok = max(range(n_vocab), key=lambda t: logits[t])
+            out.append(tok)
+            assert ll.llama_decode(ctx, ll.llama_batch_get_one((ll.llama_token * 1)(tok), 1)) == 0
+        return out
+    finally:
+        mt.mtmd_input_chunks_free(chunks)
+        for b in bitmaps:
+            mt.mtmd_bitmap_free(b)
+        mt.mtmd_free(mc)
+        ll.llama_free(ctx)
+        ll.llama_model_free(m)
+
+
+def test_a_video_is_its_frames_merged_as_libmtmd_merges_them(server, qwen2vl):
+    """Qwen2-VL merges two adjacent frames into one set of tokens: three frames are a pair
+    and a frame alone, two images' worth of tokens, and the server's greedy tokens are
+    libmtmd's own for the same frames, all mergeable."""
+    from gguf import GGUFReader
+    from llama_cpp import mtmd_cpp as mt
+
+    from app.engine.types import MEDIA
+    from app.formats.chat_template import render
+
     raw = make_video(3, fps=4, size=(128, 96))
     frames = extract(raw, VideoLimits(max_side=SIDE), "x")
     assert len(frames) == 3
-    as_video = chat_raw(server, video_message(video_url(raw)))
-    as_images = chat_raw(server, [{"role": "user", "content": [{"type": "text", "text": ASK}] + [
-        {"type": "image_url", "image_url": {"url": data_url(f)}} for f in frames]}])
-    assert as_video["choices"][0]["message"] == as_images["choices"][0]["message"]
-    assert as_video["usage"]["prompt_tokens"] == as_images["usage"]["prompt_tokens"]
+    as_video = chat_raw(server, video_message(video_url(raw)), logprobs=True,
+                        return_tokens_as_token_ids=True)
     assert as_video["usage"]["prompt_tokens_details"]["video_frames"] == 3
-    assert "video_frames" not in as_images["usage"]["prompt_tokens_details"]
+    model, proj = qwen2vl
+    template = bytes(GGUFReader(str(model)).fields["tokenizer.chat_template"].parts[-1]).decode()
+    prompt = render(template, [{"role": "user", "content": ASK + MEDIA}])
+    want = reference_answer(model, proj, prompt.replace(MEDIA, mt.mtmd_default_marker().decode() * 3),
+                            frames, GREEDY["max_tokens"])
+    got = [int(t["token"].split(":")[1]) for t in as_video["choices"][0]["logprobs"]["content"]]
+    assert got == want
     text_only = chat_raw(server, [{"role": "user", "content": ASK}])
     one = chat_raw(server, [{"role": "user", "content": [
         {"type": "text", "text": ASK}, {"type": "image_url", "image_url": {"url": data_url(
             frames[0])}}]}])
-    per_frame = one["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"]
-    assert per_frame > 2  # an image's tokens, and its wrappers (vision_start, vision_end)
-    assert as_video["usage"]["prompt_tokens"] == text_only["usage"]["prompt_tokens"] + 3 * per_frame
+    per_image = one["usage"]["prompt_tokens"] - text_only["usage"]["prompt_tokens"]
+    assert per_image > 2  # an image's tokens, and its wrappers (vision_start, vision_end)
+    assert as_video["usage"]["prompt_tokens"] == text_only["usage"]["prompt_tokens"] + 2 * per_image
     # streamed, the usage chunk carries the frames too
     r = requests.post(server.url("/v1/chat/completions"), timeout=120, stream=True, json={
         "model": "m", "messages": video_message(video_url(raw)), **GREEDY, "stream": True,
@@ -124,14 +192,15 @@ def test_a_video_is_its_frames_as_images(server):
     assert '"video_frames":3' in r.text.replace(" ", "")
 
 
-def test_a_repeated_video_hits_the_image_cache_per_frame(server, client):
-    raw = make_video(2, fps=2, first=5)
+def test_a_repeated_video_hits_the_image_cache_per_frame_pair(server, client):
+    raw = make_video(4, fps=2, first=5)
     before = engine_stats(server)
     first = client.chat.completions.create(model="m", messages=video_message(video_url(raw)),
                                            **GREEDY)
     again = client.chat.completions.create(model="m", messages=video_message(video_url(raw)),
                                            **GREEDY)
     after = engine_stats(server)
+    # four frames, two merged pairs: each pair encoded once, then found in the cache
     assert after["images_encoded"] - before["images_encoded"] == 2
     assert after["image_cache_hits"] - before["image_cache_hits"] == 2
     assert again.choices[0].message.content == first.choices[0].message.content

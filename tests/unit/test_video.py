@@ -278,3 +278,17 @@ def test_a_server_without_ffmpeg_says_so(mp4):
     with pytest.raises(BadRequest) as err:
         extract(mp4, VideoLimits(ffmpeg="/nonexistent/ffmpeg"), P)
     assert err.value.code == "video_input_not_supported" and "ffmpeg" in err.value.message
+
+
+def test_frames_go_in_pairs_to_a_projector_that_merges():
+    """Qwen-VL merges two adjacent frames: pairs, an odd last frame alone, and a pair's
+    digest is its frames' (the same frames, the same pair: the image cache finds it)."""
+    from app.core.plan import _frame_groups
+    from app.engine.types import Frames, Image
+
+    frames = tuple(Image(b"\0\0\0", 1, 1, f"{i:064x}") for i in range(5))
+    groups = _frame_groups(frames)
+    assert [type(g) for g in groups] == [Frames, Frames, Image]
+    assert [g.images for g in groups[:2]] == [frames[0:2], frames[2:4]] and groups[2] is frames[4]
+    assert _frame_groups(frames)[0].digest == groups[0].digest != groups[1].digest
+    assert _frame_groups(frames[:1]) == frames[:1]
