@@ -328,3 +328,17 @@ def test_a_video_from_a_listed_host_reads_as_the_same_video_inline(server, host)
         **GREEDY})
     assert r.status_code == 413 and "VIDEO_MAX_BYTES" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "messages.0.content.1.input_video.url"
+
+
+def test_merged_frames_cross_to_an_engine_process(server, qwen2vl):
+    """ENGINE_PROCESS=on: a video's merged pairs go over the engine's wire as they are, and
+    the reply is the in-process one."""
+    raw = make_video(2, fps=2, first=21)
+    want = chat_raw(server, video_message(video_url(raw)))
+    model, proj = qwen2vl
+    with running_server({"MODEL": str(model), "MMPROJ": str(proj), "PARALLEL": "1",
+                         "VIDEO_MAX_SIDE": str(SIDE), "ENGINE_PROCESS": "on"}) as srv:
+        got = chat_raw(srv, video_message(video_url(raw)))
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    assert got["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"]
+    assert got["usage"]["prompt_tokens_details"]["video_frames"] == 2
