@@ -192,7 +192,7 @@ def _images(info: ModelInfo, inp: ChatInput, prompt: str, limits: MediaLimits
             ) -> tuple[str, tuple, int]:
     """The prompt, the request's images and sounds, decoded (app.core.media), each at its
     MEDIA mark in the prompt, and how many video frames are among them: a video's one mark
-    becomes one per frame, each frame an image."""
+    becomes one per frame (or per merged pair of frames, _frame_groups)."""
     if not inp.media:
         return prompt, (), 0
     for item in inp.media:
