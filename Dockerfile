@@ -52,11 +52,15 @@ ENV PATH=/opt/venv/bin:$PATH
 # The Python dependencies, all from requirements/image.lock: every package pinned (==) with the
 # sha256 of its files, which pip checks (--require-hashes), so two builds of one commit install the
 # same files. After changing pyproject.toml's dependencies, regenerate the lock (runtime
-# dependencies only, for this image's Python 3.11 on Linux x86_64; any host) with
+# dependencies and the video extra, for this image's Python 3.11 on Linux x86_64; any host) with
 #   uv pip compile --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_35 \
-#     --output-file requirements/image.lock pyproject.toml
+#     --extra video --output-file requirements/image.lock pyproject.toml
 # or, on Linux with Python 3.11, pip-tools:
-#   pip-compile --generate-hashes --output-file requirements/image.lock pyproject.toml
+#   pip-compile --generate-hashes --extra video --output-file requirements/image.lock pyproject.toml
+# The video extra is imageio-ffmpeg: one ffmpeg binary that needs nothing but glibc, which
+# extracts video frames in a limited child process (app/core/video.py, docs/video.md): 165 MiB
+# installed (a 68 MB download). WITH_FFMPEG=0 builds without it (it is uninstalled before the
+# venv reaches the runtime stage); video parts are then a 400.
 # (tests/deploy/test_artifacts.py checks the lock against pyproject.toml).
 # llama-cpp-python is the exception that compiles: scripts/build-llama-wheel.sh builds its wheel
 # from the lock's hash-checked sdist for the chosen backend, with GGML_NATIVE off (the binary runs
@@ -68,6 +72,7 @@ ENV PATH=/opt/venv/bin:$PATH
 # The compilers are installed only to compile, and only in this stage.
 COPY requirements/image.lock scripts/build-llama-wheel.sh /tmp/build/
 COPY wheels/ /tmp/build/wheels/
+ARG WITH_FFMPEG=1
 # hadolint ignore=DL3008
 RUN pip install --upgrade "pip==25.3" \
     && want="$BACKEND" \
@@ -87,6 +92,7 @@ RUN pip install --upgrade "pip==25.3" \
     fi \
     && pip install --no-deps /tmp/build/wheels/llama_cpp_python-*.whl \
     && pip install --require-hashes -r /tmp/build/image.lock \
+    && if [ "$WITH_FFMPEG" != "1" ]; then pip uninstall -y imageio-ffmpeg; fi \
     && rm -rf /tmp/build
 
 # The app itself, without its dependencies (the lock installed them); `pip check` fails the build
@@ -119,18 +125,15 @@ ENV DEBIAN_FRONTEND=noninteractive
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # cuBLAS and NCCL from NVIDIA's apt repository (configured in the CUDA base image), the exact
-# versions the build stage linked against. ffmpeg (the distribution's) extracts video frames in
-# a limited child process (app/core/video.py, docs/video.md); WITH_FFMPEG=0 leaves it out (about
-# 440 MB less on Debian bookworm, most of it Mesa and LLVM through libavdevice; video parts are
-# then a 400).
+# versions the build stage linked against. No distribution ffmpeg: Debian bookworm's package
+# would add about 440 MB (Mesa and LLVM through libavdevice); the venv's imageio-ffmpeg (above)
+# is the server's ffmpeg.
 # Ubuntu 24.04 images already have a user with uid 1000 (`ubuntu`): it is removed first, so that
 # uid 1000 is `app` on every base.
 COPY --from=build /opt/cuda-runtime-packages.txt /tmp/cuda-runtime-packages.txt
-ARG WITH_FFMPEG=1
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 libgomp1 ca-certificates \
-    && if [ "$WITH_FFMPEG" = "1" ]; then apt-get install -y --no-install-recommends ffmpeg; fi \
     && if [ -s /tmp/cuda-runtime-packages.txt ]; then \
         xargs apt-get install -y --no-install-recommends < /tmp/cuda-runtime-packages.txt; \
     fi \

@@ -77,7 +77,8 @@ def plan_options(settings: Settings) -> PlanOptions:
                                               settings.prepare_timeout / 2),
                           video=VideoLimits(settings.video_fps, settings.video_max_frames,
                                             settings.video_max_side, settings.video_max_bytes,
-                                            settings.video_timeout, settings.image_max_pixels),
+                                            settings.video_timeout, settings.image_max_pixels,
+                                            ffmpeg=settings.video_ffmpeg),
                           fetch_video=replace(fetch, max_bytes=settings.video_max_bytes,
                                               limit_name="VIDEO_MAX_BYTES")),
     )

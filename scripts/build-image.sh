@@ -14,7 +14,8 @@
 #                    build installs that wheel instead of compiling llama.cpp
 #   BUILD_JOBS       parallel compile jobs (default: one per core)
 #   CUDA_ARCHS       cuda only (default: the Dockerfile's)
-#   WITH_FFMPEG=0    leave ffmpeg out of the image (video parts are then a 400; docs/video.md)
+#   WITH_FFMPEG=0    build without the video extra (imageio-ffmpeg's ffmpeg, 165 MiB): video
+#                    parts are then a 400 (docs/video.md)
 #   PULL_TIMEOUT     seconds to wait for a registry before making the local base (default 60)
 #   REBUILD_BASE=1   make the local Debian base again even if it exists
 #   PODMAN_RUNTIME   the OCI runtime podman uses (default: runc where installed)

@@ -13,16 +13,20 @@ only) and extracts frames here instead, where a hostile file can cost at most:
 - frames and time: VIDEO_FPS from the start, at most VIDEO_MAX_FRAMES (``-frames:v``), and
   ``-t`` stops the read at the last frame's time, so an hour-long file costs what its first
   seconds do;
-- the child: one thread (``-threads 1``), an address-space limit (RLIMIT_AS, 512 MiB), a CPU
-  limit, an output-size limit (RLIMIT_FSIZE: its frames, as PNG, go to a file), few files
-  (RLIMIT_NOFILE), no core file, no stdin, no environment; a session of its own, killed as a
-  group at VIDEO_TIMEOUT (or sooner when the request's preparation gives up), and always
-  reaped: nothing is left running.
+- the child: one decoding thread (``-threads 1``), an address-space limit (RLIMIT_AS,
+  512 MiB), a CPU limit, an output-size limit (RLIMIT_FSIZE: its frames, as PNG, go to a
+  file), few files (RLIMIT_NOFILE), no core file, no stdin, no environment but LC_ALL=C and
+  MALLOC_ARENA_MAX=1; a session of its own, killed as a group at VIDEO_TIMEOUT (or sooner
+  when the request's preparation gives up), and always reaped: nothing is left running.
 
 The limits are set by util-linux's ``prlimit`` (in every Debian image) before it runs ffmpeg,
 so they hold from ffmpeg's first instruction. The child is started with ``posix_spawn`` and
 polled: the request's preparation runs on a native thread, where gevent's subprocess cannot
 watch a child.
+
+The ffmpeg is, in order (``ffmpeg_program``): VIDEO_FFMPEG, the binary in the ``video`` extra's
+imageio-ffmpeg wheel (what the image ships: one ffmpeg that needs nothing but glibc), the
+``ffmpeg`` on PATH.
 """
 
 from __future__ import annotations
@@ -46,7 +50,14 @@ from app.base.threads import close_fd, original, original_sleep
 
 log = logging.getLogger(__name__)
 
-MEMORY = 512 << 20  # the child's address space (bytes): ffmpeg and its libraries map ~150 MiB
+# The child's address space (bytes). imageio-ffmpeg's ffmpeg maps its own 165 MiB file; its
+# threads (ffmpeg 9 runs demuxer, decoder, filters and muxer each on one, -threads 1 or not) would
+# each get a glibc malloc arena reserving 64 MiB of address space: a 16-megapixel frame failed 5
+# of 10 tries, and 6 of 6 in another run, at 512 MiB (768 MiB held it). One arena (MALLOC_ARENA_MAX=1, ENV) fixes that:
+# measured, that binary then needs 256 MiB for a small video, 272 MiB at 1080p and 288 MiB for a
+# 24-megapixel frame (IMAGE_MAX_PIXELS is 25 M), Debian's ffmpeg 5.1 288, 304 and 400 MiB.
+MEMORY = 512 << 20
+ENV = {"LC_ALL": "C", "MALLOC_ARENA_MAX": "1"}  # the child's whole environment
 _POLL = 0.01  # seconds between looks at the child
 _PNG = b"\x89PNG\r\n\x1a\n"
 _ADDRESS = re.compile(r" ?@ 0x[0-9a-f]+")  # ffmpeg's "[mov @ 0x55d4...]": a pointer, not news
@@ -99,6 +110,42 @@ def _program(name: str, given: str | None) -> str | None:
     return shutil.which(given or name)
 
 
+def bundled_ffmpeg() -> str | None:
+    """imageio-ffmpeg's binary (the ``video`` extra), or None when that package is not
+    installed or holds none for this platform. Its ``get_ffmpeg_exe()`` is not called: it
+    runs the program (``-version``, through subprocess, which a native thread cannot watch
+    under gevent) and falls back to PATH's; the wheel's one ``binaries/ffmpeg-*`` file is
+    taken as is."""
+    try:
+        from importlib.resources import files
+
+        found = sorted(str(f) for f in files("imageio_ffmpeg.binaries").iterdir()
+                       if f.name.startswith("ffmpeg-") and not f.name.endswith(".exe"))
+    except (ImportError, OSError, TypeError):  # not installed, or not a folder on disk
+        return None
+    return next((f for f in found if os.access(f, os.X_OK)), None)
+
+
+@lru_cache(maxsize=8)
+def ffmpeg_program(given: str | None = None) -> str | None:
+    """The ffmpeg that extracts frames (and that the tests make their videos with): ``given``
+    (VIDEO_FFMPEG: a path, or a name looked up on PATH; None when it is not there), else
+    imageio-ffmpeg's binary, else the ``ffmpeg`` on PATH. Logged once (cached per ``given``)."""
+    if given:
+        found, source = shutil.which(given), "VIDEO_FFMPEG"
+    else:
+        found, source = bundled_ffmpeg(), "the video extra's imageio-ffmpeg"
+        if not found:
+            found, source = shutil.which("ffmpeg"), "PATH"
+    if found:
+        # the wheel's file name carries ffmpeg's version (ffmpeg-linux-x86_64-v9.0.2): no run
+        bridge.log_on_hub(log, logging.INFO, "video: ffmpeg is %s (from %s)", found, source)
+    else:
+        bridge.log_on_hub(log, logging.WARNING, "video: no ffmpeg (%s); video parts are a 400",
+                          f"VIDEO_FFMPEG={given} not found" if given else "none installed")
+    return found
+
+
 def command(limits: VideoLimits, fmt: str, path: str, clip: Clip | None = None) -> list[str]:
     """ffmpeg's arguments: the one file, in ``fmt``, to PNG frames on stdout."""
     clip = clip or Clip()
@@ -140,7 +187,7 @@ def extract(data: bytes, limits: VideoLimits, param: str, clip: Clip | None = No
     if fmt is None:
         raise BadRequest("video is not an MP4/MOV, WebM/Matroska, AVI or GIF file (judged by "
                          "its bytes)", param=param, code="invalid_video")
-    ffmpeg, prlimit = _program("ffmpeg", limits.ffmpeg), _program("prlimit", limits.prlimit)
+    ffmpeg, prlimit = ffmpeg_program(limits.ffmpeg), _program("prlimit", limits.prlimit)
     if not ffmpeg or not prlimit:
         raise BadRequest("this server reads no video: ffmpeg is not installed where it runs",
                          param=param, code="video_input_not_supported")
@@ -184,7 +231,7 @@ def _run(argv: list[str], out: str, err: str, timeout: float, param: str) -> int
     out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     err_fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        pid = spawn(argv[0], argv, {"LC_ALL": "C"}, setsid=True, file_actions=[
+        pid = spawn(argv[0], argv, ENV, setsid=True, file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out_fd, 1), (os.POSIX_SPAWN_DUP2, err_fd, 2)])
     finally:

@@ -173,6 +173,13 @@ class InputSettings(BaseModel):
         le=600,
         **env("VIDEO_TIMEOUT"),
     )
+    video_ffmpeg: str | None = Field(
+        None,
+        description="The ffmpeg that extracts video frames: a path, or a name looked up on "
+        "PATH. Unset: the binary of the video extra (imageio-ffmpeg, which the image "
+        "installs), else the ffmpeg on PATH. Whichever it is runs under the same limits.",
+        **env("VIDEO_FFMPEG"),
+    )
 
     # --- embeddings --------------------------------------------------------------------------
     embeddings: Literal["auto", "on", "off", "only"] = Field(

@@ -123,6 +123,14 @@ def test_image_dependencies_come_from_a_hashed_lock(dockerfile):
         name = canonicalize_name(req.name)
         assert name in pins, f"{req.name} is missing from the lock: regenerate it (see the Dockerfile)"
         assert req.specifier.contains(pins[name][0], prereleases=True), f"{dep} vs {pins[name][0]}"
+    # the video extra (the image's ffmpeg) too, each pinned exactly; WITH_FFMPEG=0 uninstalls it
+    for dep in project["optional-dependencies"]["video"]:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} (video extra) is missing from the lock: regenerate it"
+        assert str(req.specifier) == f"=={pins[name][0]}", f"{dep} vs {pins[name][0]}"
+    assert 'if [ "$WITH_FFMPEG" != "1" ]; then pip uninstall -y imageio-ffmpeg; fi' in (
+        ROOT / "Dockerfile").read_text()
     deps = [Requirement(d) for d in project["dependencies"]]
     llama = next(r for r in deps if r.name == "llama-cpp-python")
     assert str(llama.specifier) == f"=={pins['llama-cpp-python'][0]}"  # pyproject's exact pin

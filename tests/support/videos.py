@@ -1,6 +1,7 @@
 """Videos for the video tests, made here: frames drawn with Pillow, encoded by the ffmpeg the
-server extracts frames with (MPEG-4 in MP4, VP8 in WebM, MJPEG in AVI: what Debian's ffmpeg
-encodes). Without ffmpeg a test skips, or fails under CI_REQUIRE_ALL (.ci/run installs it)."""
+server extracts frames with (app.core.video.ffmpeg_program: the video extra's imageio-ffmpeg
+binary, else PATH's; MPEG-4 in MP4, VP8 in WebM, MJPEG in AVI, which both encode). Without
+ffmpeg a test skips, or fails under CI_REQUIRE_ALL (.ci/run installs the extra)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
+from app.core.video import ffmpeg_program
+
 CODECS = {"mp4": ["-c:v", "mpeg4", "-q:v", "5"], "webm": ["-c:v", "libvpx", "-b:v", "200k"],
           "avi": ["-c:v", "mjpeg", "-q:v", "5"]}
 
 
 def ffmpeg() -> str:
     """ffmpeg's path; the test skips without it (fails under CI_REQUIRE_ALL)."""
-    found = shutil.which("ffmpeg")
+    found = ffmpeg_program()
     if found and shutil.which("prlimit"):
         return found
-    why = "ffmpeg (or prlimit) is not installed: apt-get install ffmpeg (.ci/run installs it)"
+    why = ("ffmpeg (or prlimit) is not installed: pip install '.[video]' (.ci/run installs "
+           "it), or ffmpeg on PATH")
     if os.environ.get("CI_REQUIRE_ALL"):
         pytest.fail(why)
     pytest.skip(why)

@@ -90,7 +90,7 @@ def test_every_install_path_builds_without_amx():
     assert "-DGGML_NATIVE=off" in args[0] and "$no_amx" in args[0]
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^PYTHON=python scripts/build-llama-wheel\.sh cpu (\S+)$", ci, re.M)
-    assert re.search(r"pip install --quiet \.whl/llama-cpu/llama_cpp_python-\*\.whl '\.\[test\]'", ci)
+    assert re.search(r"pip install --quiet \.whl/llama-cpu/llama_cpp_python-\*\.whl '\.\[test,video\]'", ci)
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert '/tmp/build/build-llama-wheel.sh "$BACKEND" /tmp/build/wheels' in dockerfile
 

@@ -167,7 +167,8 @@ def _zombie(pid: int) -> bool:
 
 def test_the_child_runs_under_its_limits(tmp_path):
     """The child's limits, as it sees them: address space, CPU, output size, files, no core
-    file; stdin /dev/null, a session of its own, no environment but LC_ALL."""
+    file; stdin /dev/null, a session of its own, no environment but LC_ALL and
+    MALLOC_ARENA_MAX."""
     ffmpeg()
     seen = tmp_path / "seen"
     fake = fake_program(tmp_path, f"cat /proc/self/limits > {seen}; readlink /proc/$$/fd/0 >> "
@@ -188,7 +189,8 @@ def test_the_child_runs_under_its_limits(tmp_path):
     pid = next(line.split()[1] for line in lines if line.startswith("pid "))
     assert "/dev/null" in lines and pid in lines  # stdin; the session is its own (sid = pid)
     assert [line for line in lines if "=" in line and not line.startswith(("PWD=", "SHLVL=",
-                                                                             "_="))] == ["LC_ALL=C"]
+                                                                             "_="))] == [
+        "LC_ALL=C", "MALLOC_ARENA_MAX=1"]
 
 
 def test_memory_past_the_limit_fails_cleanly(mp4):
@@ -278,6 +280,44 @@ def test_a_server_without_ffmpeg_says_so(mp4):
     with pytest.raises(BadRequest) as err:
         extract(mp4, VideoLimits(ffmpeg="/nonexistent/ffmpeg"), P)
     assert err.value.code == "video_input_not_supported" and "ffmpeg" in err.value.message
+
+
+def test_the_ffmpeg_is_video_ffmpeg_then_the_extras_then_paths(tmp_path, monkeypatch):
+    """VIDEO_FFMPEG first (a path, or a name on PATH), then imageio-ffmpeg's binary (the video
+    extra, without running it), then PATH's ffmpeg."""
+    own = fake_program(tmp_path, "exit 0")
+    wheel = tmp_path / "wheel-ffmpeg"
+    wheel.write_text("#!/bin/sh\n")
+    wheel.chmod(0o755)
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "ffmpeg").symlink_to(own)
+    monkeypatch.setenv("PATH", str(on_path))
+    monkeypatch.setattr(video, "bundled_ffmpeg", lambda: str(wheel))
+    video.ffmpeg_program.cache_clear()
+    try:
+        assert video.ffmpeg_program(own) == own
+        assert video.ffmpeg_program("ffmpeg") == str(on_path / "ffmpeg")  # a name: PATH's
+        assert video.ffmpeg_program() == str(wheel)
+        video.ffmpeg_program.cache_clear()
+        monkeypatch.setattr(video, "bundled_ffmpeg", lambda: None)
+        assert video.ffmpeg_program() == str(on_path / "ffmpeg")
+        video.ffmpeg_program.cache_clear()
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+        assert video.ffmpeg_program() is None
+    finally:
+        video.ffmpeg_program.cache_clear()
+
+
+def test_the_extras_binary_is_found_without_running_it():
+    """With imageio-ffmpeg installed, its one binaries/ffmpeg-* file; without it, None."""
+    found = video.bundled_ffmpeg()
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        assert found is None
+        return
+    assert found and Path(found).name.startswith("ffmpeg-") and os.access(found, os.X_OK)
 
 
 def test_frames_go_in_pairs_to_a_projector_that_merges():
