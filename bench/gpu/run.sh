@@ -45,9 +45,11 @@ MAX_TOKENS="${MAX_TOKENS:-128}"
 if [ "$BACKEND" = cuda ]; then THREADS="${THREADS:-4}"; NGL=999; else THREADS="${THREADS:-2}"; NGL=0; fi
 # The end-to-end files that pass on a random-weight model of the default model's vocabulary
 # (checked here on the CPU: 133 passed, 3 skipped, in 247 s; then issue 53's test_mtp*.py, 15
-# tests on tiny GGUFs of their own, in about 40 s). The others check what a reply
+# tests on tiny GGUFs of their own, in about 40 s; test_deterministic.py, early: whether
+# DETERMINISTIC's bytes repeat on the GPU, about 2 minutes on the CPU). The others check what a reply
 # says (a tool call the model chose, "Paris", embeddings that differ), which noise cannot do.
-E2E_FILES="${E2E_FILES:-tests/e2e/test_server.py tests/e2e/test_streaming.py tests/e2e/test_batching.py
+E2E_FILES="${E2E_FILES:-tests/e2e/test_server.py tests/e2e/test_deterministic.py
+  tests/e2e/test_streaming.py tests/e2e/test_batching.py
   tests/e2e/test_anthropic.py tests/e2e/test_tools.py tests/e2e/test_response_format.py
   tests/e2e/test_generation_bounds.py tests/e2e/test_metrics.py tests/e2e/test_ops.py
   tests/e2e/test_introspection.py tests/e2e/test_logprobs.py tests/e2e/test_reasoning.py
