@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.engine.slots import before_image
+
 if TYPE_CHECKING:
     from app.engine.llama_media import ImageSpan
     from app.engine.slots import Job, Slot
@@ -36,24 +38,37 @@ class Canon:
     """The scheduler's deterministic rules, for prompts decoded in pieces of ``chunk``."""
 
     chunk: int
-    _turn: int = field(default=-1)  # the sequence served last
+    # the sequence served last, per adapter set (a step serves one set: the sets' turns are
+    # lora.next_set's, the slots' within a set are these)
+    _turn: dict[object, int] = field(default_factory=dict)
 
-    def one(self, generating: list[Slot], prefilling: list[Slot]
+    def one(self, generating: list[Slot], prefilling: list[Slot], lora: object = ()
             ) -> tuple[list[Slot], list[Slot]]:
         """The one slot this step serves: the next with work after the last served, by
         sequence id (round robin: a long prompt cannot starve the streams)."""
         busy = sorted([*generating, *prefilling], key=lambda s: s.seq_id)
         if not busy:
             return [], []
-        pick = next((s for s in busy if s.seq_id > self._turn), busy[0])
-        self._turn = pick.seq_id
+        turn = self._turn.get(lora, -1)
+        pick = next((s for s in busy if s.seq_id > turn), busy[0])
+        self._turn[lora] = pick.seq_id
         return ([pick], []) if pick in generating else ([], [pick])
 
-    def reuse(self, common: int, canonical: int) -> int:
-        """Of a cached prefix ``common`` tokens long, what may be reused: all of it up to the
-        canonical cells, else back to a multiple of the chunk (where a fresh run's chunk
-        starts too)."""
-        return canonical if common >= canonical else common - common % self.chunk
+    def reuse(self, job: Job, common: int, canonical: int) -> int:
+        """Of a cached prefix ``common`` tokens long whose first ``canonical`` cells were
+        decoded canonically, what ``job`` may reuse: up to a place where a fresh run of the job
+        cuts its prompt too (a multiple of the chunk, or where one of its images starts or
+        ends), never past the canonical cells nor inside an image. A canonical end at another
+        prompt's image start is no such place for a prompt without that image."""
+        n = min(common, canonical)
+        if not self.cut(job, n):
+            n -= n % self.chunk
+        return before_image(job, n)
+
+    def cut(self, job: Job, n: int) -> bool:
+        """Whether every run of ``job`` cuts its prompt at token ``n``."""
+        return n % self.chunk == 0 or any(n in (span.start, span.start + span.n)
+                                          for span in job.images)
 
     def boundary(self, job: Job, end: int) -> bool:
         """Whether a prompt piece ending at token ``end`` ends where every run's would."""

@@ -84,8 +84,12 @@ def open_persist(cfg: EngineConfig, model: str, mmproj: str | None, adapters: Se
         "type_k": cfg.kv_cache_type_k, "type_v": cfg.kv_cache_type_v,
         "flash_attn": cfg.flash_attn, "parallel": cfg.parallel, "kv_unified": False,
         "format": prompt_file.VERSION,
-        # DETERMINISTIC keeps only cells cut at multiples of PREFILL_CHUNK: not another's
-        **({"deterministic": cfg.prefill_chunk} if cfg.deterministic else {})})
+        # DETERMINISTIC keeps only cells cut at multiples of PREFILL_CHUNK, and its bytes hold
+        # only under the settings that shape the numbers: not another's
+        **({"deterministic": cfg.prefill_chunk, "n_ubatch": cfg.n_ubatch,
+            "threads": cfg.threads or len(os.sched_getaffinity(0)),
+            "threads_batch": cfg.threads_batch, "gpu_layers": cfg.gpu_layers}
+           if cfg.deterministic else {})})
     whole_only = cache is not None and cache.whole_only
     store = PromptStore(cfg.prompt_cache_dir, identity(parts), cfg.prompt_cache_disk_mb << 20,
                         emulator_host=cfg.storage_emulator_host, whole_only=whole_only)

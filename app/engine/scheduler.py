@@ -215,7 +215,8 @@ class Scheduler:
                       and s.follows is None else 0
                       for s in self.slots}
             if canon is not None:
-                shared = {id(s): canon.reuse(shared[id(s)], s.kv.canonical) for s in self.slots}
+                shared = {id(s): canon.reuse(job, shared[id(s)], s.kv.canonical)
+                          for s in self.slots}
             slot, source = place(self.slots, free, shared)
             n_common = before_image(job, shared[id(source)])
             cache = self.features.prompt_cache
@@ -223,8 +224,8 @@ class Scheduler:
                               if cache is not None and reuse else (None, 0))
             job.preloaded = None  # read from disk for this admission only
             n_entry = before_image(job, min(n_entry, len(job.tokens) - 1))
-            if canon is not None and entry is not None:
-                n_entry = canon.reuse(n_entry, len(entry.tokens))
+            if canon is not None and entry is not None:  # kept whole: canonical throughout
+                n_entry = canon.reuse(job, n_entry, len(entry.tokens))
             whole = cache is not None and cache.whole_only  # a recurrent model's memory
             if n_entry - n_common < RELOCATE_MIN_TOKENS or entry is not None and whole \
                     and n_entry < len(entry.tokens):
@@ -293,7 +294,7 @@ class Scheduler:
                   if decision.asking and f.spec is not None else {})
         canon = f.canon
         if canon is not None:
-            generating, prefilling = canon.one(generating, prefilling)
+            generating, prefilling = canon.one(generating, prefilling, lora)
         return plan_step(generating, prefilling, decision, drafts, self._injections(generating),
                          self.prefill_chunk, self.score_rows, self.n_ctx,
                          align=canon.chunk if canon is not None else 0)

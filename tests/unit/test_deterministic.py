@@ -6,6 +6,7 @@ rows decoded for a request whether it ran alone, beside others, or after a cache
 from __future__ import annotations
 
 from app.engine.deterministic import Canon
+from app.engine.llama_media import ImageSpan
 from app.engine.prompt_cache import PromptCache
 from app.engine.scheduler import Features
 from app.engine.slots import Job
@@ -27,12 +28,34 @@ def _pieces(ll, seq: int) -> list[tuple[int, int]]:
             for d in ll.decodes if any(s == seq for s, _ in d)]
 
 
-def test_reuse_takes_canonical_cells_or_a_multiple_of_the_chunk():
+def test_reuse_takes_canonical_cells_only_up_to_where_the_new_prompt_is_cut_too():
     c = Canon(8)
-    assert c.reuse(30, 24) == 24  # all the canonical cells
-    assert c.reuse(20, 24) == 16  # back to where a fresh run's chunk starts
-    assert c.reuse(7, 24) == 0
-    assert c.reuse(0, 0) == 0
+    _, ll = _det()
+    plain = make_job(list(range(1, 31)), ll, [])
+    assert c.reuse(plain, 30, 24) == 24  # all the canonical cells
+    assert c.reuse(plain, 20, 24) == 16  # back to where a fresh run's chunk starts
+    assert c.reuse(plain, 7, 24) == 0
+    assert c.reuse(plain, 0, 0) == 0
+    # canonical cells ending where another prompt's image started: not a cut of this prompt
+    assert c.reuse(plain, 30, 20) == 16
+    with_image = make_job(list(range(1, 31)), ll, [])
+    with_image.images = [ImageSpan(20, 5, None, None, -5, 5, "d")]
+    assert c.reuse(with_image, 30, 20) == 20  # ... but of this one, whose image starts there
+    assert c.reuse(with_image, 30, 25) == 25  # ... and ends there
+    inside = make_job(list(range(1, 31)), ll, [])
+    inside.images = [ImageSpan(10, 8, None, None, -5, 8, "d")]
+    assert c.reuse(inside, 17, 40) == 10  # never inside an image: back to its start
+
+
+def test_the_adapter_sets_each_take_turns_of_their_own():
+    c = Canon(8)
+    sched, _ = _det(parallel=3)
+    s0, s1, s2 = sched.slots
+    picks = []
+    for lora in ("a", "b", "a", "b", "a", "b"):  # the sets served in turn
+        gen = [s0, s2] if lora == "a" else [s1]
+        picks.append(c.one(gen, [], lora)[0][0].seq_id)
+    assert picks == [0, 1, 2, 1, 0, 1]  # set a's slots alternate: neither starves
 
 
 def test_the_slots_take_turns_and_each_decode_holds_one_sequence():
