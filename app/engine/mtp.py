@@ -119,6 +119,10 @@ class MtpDrafter:
             params["n_outputs_max"] = n_seq  # a drafting decode reads one row per sequence
         self.ctx, self.mem = open_context(ll, model, "the MTP context", "lower CTX_SIZE or "
                                           "PARALLEL, or set SPEC_MTP=off", **params)
+        self.batch = ll.llama_batch_ext_init(self.ctx)
+        if not self.batch:
+            ll.llama_free(self.ctx)
+            raise ModelLoadError("could not create the MTP context's batch")
         x.llama_set_embeddings_nextn(target_ctx, True, False)  # a hidden state per row
         x.llama_set_embeddings_nextn(self.ctx, True, True)
         self.target = target_ctx
@@ -127,10 +131,6 @@ class MtpDrafter:
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_batch = n_batch
         self.draft_max = draft_max
-        self.batch = ll.llama_batch_ext_init(self.ctx)
-        if not self.batch:
-            ll.llama_free(self.ctx)
-            raise ModelLoadError("could not create the MTP context's batch")
         self.seqs = {i: _Seq() for i in range(n_seq)}
         self._zero = np.zeros(self.width, np.float32)
         # the last target decode's hidden states, by sequence: (first position, rows)
@@ -168,7 +168,7 @@ class MtpDrafter:
                 self.lose(seq)
                 continue
             rows.append((int(toks[i]), pos, seq, self._zero if st.h is None else st.h))
-            st.n, st.h = pos + 1, hidden[i]
+            st.n, st.h = pos + 1, hidden[i].copy()  # not a view keeping the decode's rows
             first.setdefault(seq, (pos, []))[1].append(i)
         self._last = {s: (p, hidden[idx]) for s, (p, idx) in first.items()}
         self._pending += rows
@@ -252,13 +252,20 @@ class MtpDrafter:
                 return {}
             nxt = []
             for i, (seq, _, pos, n_max, p_min, _) in enumerate(live):
-                tok, p = self._top(i)
+                top = self._top(i)
+                if top is None:  # llama.cpp returned no logits for the row
+                    self._reset()
+                    return {}
+                tok, p = top
                 if p < p_min or self.ll.llama_vocab_is_eog(self.vocab, tok):
                     continue
                 out[seq].append(tok)
                 if len(out[seq]) < n_max:
-                    h = np.ctypeslib.as_array(self.x.llama_get_embeddings_nextn_ith(self.ctx, i),
-                                              shape=(self.width,)).copy()
+                    ptr = self.x.llama_get_embeddings_nextn_ith(self.ctx, i)
+                    if not ptr:  # llama.cpp has no state for the row: stop drafting
+                        self._reset()
+                        return {}
+                    h = np.ctypeslib.as_array(ptr, shape=(self.width,)).copy()
                     nxt.append((seq, tok, pos + 1, n_max, p_min, h))
             live = nxt
         for seq, _, pos, *_ in asks:  # the head's own cells past the target's
@@ -282,9 +289,11 @@ class MtpDrafter:
         self.drafted = self.accepted = 0
 
     # ---- llama.cpp ---------------------------------------------------------------------------
-    def _top(self, i: int) -> tuple[int, float]:
-        row = np.ctypeslib.as_array(self.ll.llama_get_logits_ith(self.ctx, i),
-                                    shape=(self.n_vocab,))
+    def _top(self, i: int) -> tuple[int, float] | None:
+        ptr = self.ll.llama_get_logits_ith(self.ctx, i)
+        if not ptr:
+            return None
+        row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         tok = int(np.argmax(row))
         return tok, 1.0 / float(np.exp(row - row[tok]).sum())
 
