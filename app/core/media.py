@@ -244,21 +244,38 @@ def decode_all(items: tuple[MediaInput, ...], limits: MediaLimits, audio_rate: i
                          "(IMAGES_PER_REQUEST)", param=items[limits.per_request].param,
                          code="too_many_images")
     out: list[Image | Audio | tuple[Image, ...]] = []
+    frames_left = limits.video.max_frames  # shared by the request's videos
     for item in items:
         if item.kind == "audio":
             out.append(decode_audio(_fetched(item, limits), limits, audio_rate))
         elif item.kind == "video":
-            out.append(decode_video(_fetched(item, limits), limits))
+            if frames_left <= 0:
+                raise BadRequest(f"the request's videos already gave {limits.video.max_frames} "
+                                 "frames (VIDEO_MAX_FRAMES, for all of a request's videos)",
+                                 param=item.param, code="too_many_frames")
+            frames = decode_video(_fetched(item, limits), limits, frames_left)
+            frames_left -= len(frames)
+            out.append(frames)
         else:
             out.append(decode(_fetched(item, limits), limits))
     return tuple(out)
 
 
-def decode_video(item: MediaInput, limits: MediaLimits) -> tuple[Image, ...]:
-    """A video's frames (app.core.video extracts them, as PNG), each then decoded as an image
-    is: the same checks, the same pixels for the same frame, so a repeated video finds each
-    frame in the projector's cache."""
-    frames = video.extract(item.data, limits.video, item.param, item.clip)
+def decode_video(item: MediaInput, limits: MediaLimits, max_frames: int | None = None
+                 ) -> tuple[Image, ...]:
+    """A video's frames (app.core.video extracts them, as PNG: at most ``max_frames``), each
+    then decoded as an image is: the same checks, the same pixels for the same frame, so a
+    repeated video finds each frame in the projector's cache. The extraction holds the
+    child's memory (its address space and its frames' file) in the worker's decode budget
+    (IMAGE_DECODE_BUDGET): a burst of videos waits its turn, or is a 429, as images are."""
+    vlimits = limits.video if max_frames is None else replace(
+        limits.video, max_frames=min(max_frames, limits.video.max_frames))
+    # the child's resident memory is about half its address-space cap (docs/video.md), and
+    # its frames' file can be on a tmpfs
+    hold = (limits.budget.hold(vlimits.memory // 2 + video.out_limit(vlimits), item.param)
+            if limits.budget is not None else contextlib.nullcontext())
+    with hold:
+        frames = video.extract(item.data, vlimits, item.param, item.clip)
     # a frame is this server's own PNG, bounded by VIDEO_MAX_SIDE: IMAGE_MAX_BYTES is for
     # clients' files, and a small one must not refuse frames
     as_image = replace(limits, max_bytes=max(limits.max_bytes, video.out_limit(limits.video)))

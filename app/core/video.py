@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from app.base import bridge
-from app.base.errors import BadRequest, PayloadTooLarge
+from app.base.errors import BadRequest, PayloadTooLarge, Unavailable
 from app.base.threads import close_fd, original, original_sleep
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,7 @@ def command(limits: VideoLimits, fmt: str, path: str, clip: Clip | None = None) 
     seconds = limits.max_frames / fps + 1.0  # the last frame's time, and a second to find it
     if clip.end is not None:
         seconds = min(seconds, max(0.001, clip.end - clip.start))
+    seconds = min(seconds, 86400.0)  # a tiny fps (Gemini's takes any above 0): a day at most
     start = ["-ss", f"{clip.start:.3f}"] if clip.start > 0 else []
     scale = (f"scale=w='min({side},iw)':h='min({side},ih)'"
              ":force_original_aspect_ratio=decrease:flags=bicubic")
@@ -195,6 +196,16 @@ def extract(data: bytes, limits: VideoLimits, param: str, clip: Clip | None = No
     left = bridge.time_left()
     if left is not None:
         timeout = max(0.1, min(timeout, left))
+    try:
+        return _extract(data, limits, param, clip, fmt, ffmpeg, prlimit, timeout)
+    except OSError as err:  # no room for the files, or no process to be had: not the client's
+        bridge.log_on_hub(log, logging.WARNING, "video not read: %s", err)
+        raise Unavailable(f"the server cannot read a video now ({err.strerror or err}): retry",
+                          param=param) from None
+
+
+def _extract(data: bytes, limits: VideoLimits, param: str, clip: Clip | None, fmt: str,
+             ffmpeg: str, prlimit: str, timeout: float) -> list[bytes]:
     with tempfile.TemporaryDirectory(prefix="vg-video-") as tmp:
         src, out, err = (os.path.join(tmp, n) for n in ("in", "out", "err"))
         with open(src, "wb") as f:

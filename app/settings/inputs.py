@@ -149,9 +149,10 @@ class InputSettings(BaseModel):
     )
     video_max_frames: int = Field(
         32,
-        description="Most frames taken from one video: VIDEO_FPS from the start until this "
-        "many (so the first VIDEO_MAX_FRAMES / VIDEO_FPS seconds are seen; the rest of a "
-        "longer video is not read).",
+        description="Most frames taken from one request's videos together: VIDEO_FPS from "
+        "a video's start until this many (so the first VIDEO_MAX_FRAMES / VIDEO_FPS seconds "
+        "are seen; the rest of a longer video is not read); a later video gets what the "
+        "earlier ones left, and one with none left is a 400.",
         ge=1,
         le=512,
         **env("VIDEO_MAX_FRAMES"),

@@ -332,3 +332,37 @@ def test_frames_go_in_pairs_to_a_projector_that_merges():
     assert [g.images for g in groups[:2]] == [frames[0:2], frames[2:4]] and groups[2] is frames[4]
     assert _frame_groups(frames)[0].digest == groups[0].digest != groups[1].digest
     assert _frame_groups(frames[:1]) == frames[:1]
+
+
+def test_a_requests_videos_share_the_frame_cap_and_the_decode_budget(mp4):
+    from app.core.decode_budget import DecodeBudget
+
+    budget = DecodeBudget(1 << 30, wait=1.0)
+    limits = MediaLimits(8, 1 << 20, 25_000_000, 2048, video=VideoLimits(max_side=64,
+                                                                          max_frames=5),
+                         budget=budget)
+    item = MediaInput(mp4, P, kind="video")
+    first, second = decode_all((item, item), limits)
+    assert (len(first), len(second)) == (3, 2)  # the second gets what the first left
+    # the extraction held the child's share of the worker's budget, and gave it back
+    assert budget.peak >= limits.video.memory // 2 and budget.used == 0
+    with pytest.raises(BadRequest) as err:
+        decode_all((item, item, item), limits)
+    assert err.value.code == "too_many_frames" and err.value.param == P
+
+
+def test_no_room_for_the_files_is_a_503_not_the_clients_error(mp4, monkeypatch):
+    from app.base.errors import Unavailable
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(video.tempfile, "TemporaryDirectory", full)
+    with pytest.raises(Unavailable) as err:
+        extract(mp4, VideoLimits(), P)
+    assert "No space left" in err.value.message and err.value.param == P
+
+
+def test_a_tiny_clip_rate_reads_a_day_at_most():
+    argv = video.command(VideoLimits(), "mov", "/x", video.Clip(0.0, None, 1e-300))
+    assert float(argv[argv.index("-t") + 1]) == 86400.0
