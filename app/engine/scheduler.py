@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from app.base.errors import EngineFailure, ServiceError
 from app.engine.deterministic import Canon
 from app.engine.kv import KvSeq
@@ -35,22 +33,19 @@ from app.engine.llama_vocab import Tokenizer
 from app.engine.logprobs import chars, logits_row, rows_per_step, score
 from app.engine.lora import Adapters, LoraSet, next_set
 from app.engine.mtp import MtpDrafter
+from app.engine.prefix import choose
 from app.engine.prompt_cache import PromptCache, bring_back, keep_aside
 from app.engine.prompt_file import DIGEST
 from app.engine.sampling import GrammarStepTooSlow, Vocab
 from app.engine.slots import (
     PUBLIC,
-    RELOCATE_MIN_TOKENS,
     Job,
     Slot,
-    before_image,
     cache_scope,
     drop,
     fail,
     next_waiting,
-    place,
     pop_scores,
-    reuse_rule,
     spread,
     timeout_error,
 )
@@ -63,7 +58,7 @@ from app.engine.step_plan import (
     decide_drafts,
     plan_step,
 )
-from app.engine.tokens import common_prefix, put
+from app.engine.tokens import put
 from app.engine.types import Finished, PromptScored, TextPiece, TokenScore
 
 log = logging.getLogger(__name__)
@@ -190,7 +185,7 @@ class Scheduler:
     def admit(self) -> None:
         """Waiting jobs in turn by key scope (``slots.next_waiting``), each taking a free slot
         that keeps the running sequences' ids close together (``slots.place``), with the
-        longest cached prefix of its prompt, and decoding only the rest."""
+        longest cached prefix of its prompt (``prefix.choose``), and decoding only the rest."""
         while self.waiting:
             free = [s for s in self.slots if s.job is None]
             i = next_waiting(self.waiting, self.slots)
@@ -199,42 +194,17 @@ class Scheduler:
                 return  # the next request waits for enough slots for all its choices
             del self.waiting[i]
             job.queued = time.monotonic() - job.submitted
-            prompt = np.asarray(job.tokens, dtype=np.int32)
-            lora = job.request.lora
             scope = cache_scope(job.request)
-            # KV is reused only within a scope (an API key): cached_tokens is no oracle for
-            # another key's prompts; a prompt to score needs logits where a reused prefix has
-            # none
-            reuse = job.request.cache_prompt and job.request.params.prompt_logprobs is None
-            wanted = [span.mark for span in job.images]
-            may_reuse = reuse_rule(scope, lora)
-            canon = self.features.canon
-            shared = {id(s): min(common_prefix(s.kv.tokens, prompt, s.kv.marks, wanted),
-                                 len(job.tokens) - 1)
-                      if reuse and may_reuse(s.scope)
-                      and s.follows is None else 0
-                      for s in self.slots}
-            if canon is not None:
-                shared = {id(s): canon.reuse(job, shared[id(s)], s.kv.canonical)
-                          for s in self.slots}
-            slot, source = place(self.slots, free, shared)
-            n_common = before_image(job, shared[id(source)])
             cache = self.features.prompt_cache
-            entry, n_entry = (cache.best(scope, prompt, wanted, also=job.preloaded)
-                              if cache is not None and reuse else (None, 0))
+            r = choose(job, self.slots, free, cache, self.features.canon)
             job.preloaded = None  # read from disk for this admission only
-            n_entry = before_image(job, min(n_entry, len(job.tokens) - 1))
-            if canon is not None and entry is not None:  # kept whole: canonical throughout
-                n_entry = canon.reuse(job, n_entry, len(entry.tokens))
+            slot, source, n_common, entry = r.slot, r.source, r.n_common, r.entry
             whole = cache is not None and cache.whole_only  # a recurrent model's memory
-            if n_entry - n_common < RELOCATE_MIN_TOKENS or entry is not None and whole \
-                    and n_entry < len(entry.tokens):
-                entry = None  # a slot holds about as much, or it would not be kept whole
             if cache is not None:  # the conversation the slot held, before it is overwritten
                 kept = n_common if source is slot and entry is None else 0
                 self._keep_aside(slot, 0 if whole and kept < len(slot.kv) else kept)
             if entry is not None:  # the prefix was kept aside: copy it back
-                n_common = n_entry if bring_back(cache, self.ctx, slot.kv, entry) else 0
+                n_common = r.n_entry if bring_back(cache, self.ctx, slot.kv, entry) else 0
             elif source is not slot:  # the prefix is in a slot too far off: copy it over
                 slot.kv.copy_from(source.kv)
             n_common = slot.kv.keep_first(n_common, job.pos_at(n_common))
