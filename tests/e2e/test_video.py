@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import base64
 import http.server
+import io
 import threading
 from collections.abc import Iterator
 
 import openai
 import pytest
 import requests
+from PIL import Image as PILImage
 
 from app.core.video import VideoLimits, extract
 from tests.support.images import data_url
+from tests.support.mtmd_reference import reference_answer
 from tests.support.server import VERTEX_PREDICT, free_port, running_server
 from tests.support.videos import ffmpeg
 from tests.support.videos import video as make_video
@@ -98,62 +101,6 @@ def engine_stats(server) -> dict:
     return requests.get(server.url("/health"), timeout=10).json()["engine"]
 
 
-def reference_answer(model, proj, prompt: str, frames: list[bytes], n: int) -> list[int]:
-    """libmtmd's own evaluation of ``prompt`` (its marker where each frame goes, every frame
-    mergeable, as llama.cpp's video path makes them), then ``n`` greedy tokens."""
-    import ctypes
-    import io
-
-    from llama_cpp import llama_cpp as ll
-    from llama_cpp import mtmd_cpp as mt
-    from PIL import Image as PILImage
-
-    ll.llama_backend_init()
-    mparams = ll.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    m = ll.llama_model_load_from_file(str(model).encode(), mparams)
-    cparams = ll.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch = 1024, 512
-    ctx = ll.llama_init_from_model(m, cparams)
-    mp = mt.mtmd_context_params_default()
-    mp.use_gpu, mp.print_timings = False, False
-    mc = mt.mtmd_init_from_file(str(proj).encode(), m, mp)
-    bitmaps = []
-    for raw in frames:
-        img = PILImage.open(io.BytesIO(raw)).convert("RGB")
-        rgb = img.tobytes()
-        b = mt.mtmd_bitmap_init(img.width, img.height,
-                                (ctypes.c_ubyte * len(rgb)).from_buffer_copy(rgb))
-        mt.mtmd_bitmap_set_mergeable(b, True)
-        bitmaps.append(b)
-    chunks = mt.mtmd_input_chunks_init()
-    text = mt.mtmd_input_text()
-    text.text = prompt.encode()
-    text.text_len = len(text.text)
-    text.add_special, text.parse_special = False, True
-    try:
-        assert mt.mtmd_tokenize(mc, chunks, ctypes.byref(text),
-                                (ctypes.c_void_p * len(bitmaps))(*bitmaps), len(bitmaps)) == 0
-        n_past = ctypes.c_int32(0)
-        assert mt.mtmd_helper_eval_chunks(mc, ctx, chunks, 0, 0, 512, True,
-                                          ctypes.byref(n_past)) == 0
-        n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(m))
-        out = []
-        for _ in range(n):  # positions from the KV's last (M-RoPE takes every axis from it)
-            logits = ll.llama_get_logits_ith(ctx, -1)
-            tok = max(range(n_vocab), key=lambda t: logits[t])
-            out.append(tok)
-            assert ll.llama_decode(ctx, ll.llama_batch_get_one((ll.llama_token * 1)(tok), 1)) == 0
-        return out
-    finally:
-        mt.mtmd_input_chunks_free(chunks)
-        for b in bitmaps:
-            mt.mtmd_bitmap_free(b)
-        mt.mtmd_free(mc)
-        ll.llama_free(ctx)
-        ll.llama_model_free(m)
-
-
 def test_a_video_is_its_frames_merged_as_libmtmd_merges_them(server, qwen2vl):
     """Qwen2-VL merges two adjacent frames into one set of tokens: three frames are a pair
     and a frame alone, two images' worth of tokens, and the server's greedy tokens are
@@ -173,8 +120,10 @@ def test_a_video_is_its_frames_merged_as_libmtmd_merges_them(server, qwen2vl):
     model, proj = qwen2vl
     template = bytes(GGUFReader(str(model)).fields["tokenizer.chat_template"].parts[-1]).decode()
     prompt = render(template, [{"role": "user", "content": ASK + MEDIA}])
+    rgbs = [(im.tobytes(), im.width, im.height)
+            for im in (PILImage.open(io.BytesIO(f)).convert("RGB") for f in frames)]
     want = reference_answer(model, proj, prompt.replace(MEDIA, mt.mtmd_default_marker().decode() * 3),
-                            frames, GREEDY["max_tokens"])
+                            rgbs, GREEDY["max_tokens"], mergeable=True)
     got = [int(t["token"].split(":")[1]) for t in as_video["choices"][0]["logprobs"]["content"]]
     assert got == want
     text_only = chat_raw(server, [{"role": "user", "content": ASK}])

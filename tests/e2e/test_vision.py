@@ -19,6 +19,7 @@ import requests
 from gguf import GGUFReader
 
 from tests.support.images import data_url, encoded, png_bomb, wav
+from tests.support.mtmd_reference import reference_answer
 from tests.support.server import VERTEX_PREDICT, ServerProcess, free_port, running_server
 from tests.support.tiny_mmproj import N_TOKENS, TINY_GEMMA3, build_tiny_mmproj
 
@@ -395,57 +396,6 @@ def qwen2vl(default_model, tmp_path_factory) -> tuple[Path, Path]:
             tiny_qwen2vl.build_projector(d / "mmproj-tiny-qwen2vl.gguf"))
 
 
-def reference_answer(model: Path, proj: Path, prompt: str, raw_rgb: tuple[bytes, int, int],
-                     n: int) -> list[int]:
-    """libmtmd's own evaluation of ``prompt`` (its marker where the image goes), positions
-    and all, then ``n`` greedy tokens: what a correct server generates."""
-    import ctypes
-
-    from llama_cpp import llama_cpp as ll
-    from llama_cpp import mtmd_cpp as mt
-
-    ll.llama_backend_init()
-    mparams = ll.llama_model_default_params()
-    mparams.n_gpu_layers = 0
-    m = ll.llama_model_load_from_file(str(model).encode(), mparams)
-    cparams = ll.llama_context_default_params()
-    cparams.n_ctx, cparams.n_batch = 1024, 512
-    ctx = ll.llama_init_from_model(m, cparams)
-    mp = mt.mtmd_context_params_default()
-    mp.use_gpu, mp.print_timings = False, False
-    mc = mt.mtmd_init_from_file(str(proj).encode(), m, mp)
-    rgb, w, h = raw_rgb
-    bitmap = mt.mtmd_bitmap_init(w, h, (ctypes.c_ubyte * len(rgb)).from_buffer_copy(rgb))
-    chunks = mt.mtmd_input_chunks_init()
-    text = mt.mtmd_input_text()
-    text.text = prompt.encode()
-    text.text_len = len(text.text)
-    text.add_special, text.parse_special = False, True
-    try:
-        assert mt.mtmd_tokenize(mc, chunks, ctypes.byref(text), (ctypes.c_void_p * 1)(bitmap), 1) == 0
-        n_past = ctypes.c_int32(0)
-        assert mt.mtmd_helper_eval_chunks(mc, ctx, chunks, 0, 0, 512, True, ctypes.byref(n_past)) == 0
-        vocab = ll.llama_model_get_vocab(m)
-        n_vocab = ll.llama_vocab_n_tokens(vocab)
-        out, pos = [], n_past.value
-        for _ in range(n):
-            logits = ll.llama_get_logits_ith(ctx, -1)
-            tok = max(range(n_vocab), key=lambda t: logits[t])
-            out.append(tok)
-            one = (ll.llama_token * 1)(tok)
-            batch = ll.llama_batch_get_one(one, 1)
-            batch.pos = (ll.llama_pos * 1)(pos)
-            assert ll.llama_decode(ctx, batch) == 0
-            pos += 1
-        return out
-    finally:
-        mt.mtmd_input_chunks_free(chunks)
-        mt.mtmd_bitmap_free(bitmap)
-        mt.mtmd_free(mc)
-        ll.llama_free(ctx)
-        ll.llama_model_free(m)
-
-
 def test_m_rope_images_are_placed_as_libmtmd_places_them(qwen2vl):
     """A Qwen2-VL pair: an image of 12 tokens moves the position by 4. The server's greedy
     tokens equal libmtmd's own evaluation of the same prompt, fresh and after reusing the
@@ -472,7 +422,7 @@ def test_m_rope_images_are_placed_as_libmtmd_places_them(qwen2vl):
             got = [int(t.token.split(":")[1]) for t in reply.choices[0].logprobs.content]
             prompt = render(template, [{"role": "user", "content": MEDIA + words}])
             want = reference_answer(model, proj, prompt.replace(MEDIA, mt.mtmd_default_marker().decode()),
-                                    (rgb, 64, 48), 8)
+                                    [(rgb, 64, 48)], 8)
             assert got == want, words
         # the second question reused the image's KV (its 12 tokens and the words before it),
         # and its own words went in at positions counted from there
