@@ -63,7 +63,7 @@ def test_after_its_own_cached_prompt(srv, reference, name, sampling):
 def _stream(srv: ServerProcess, seed: int) -> requests.Response:
     r = requests.post(srv.url("/v1/completions"), headers=AUTH, stream=True, timeout=300,
                       json={"prompt": story(seed, 120), "max_tokens": 72, "temperature": 0,
-                            "stream": True})
+                            "ignore_eos": True, "stream": True})  # never done before 72
     assert r.status_code == 200
     return r
 
