@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from gguf import GGUFReader
 
 from tests.support.drip import DripServer
 from tests.support.images import data_url, encoded
-from tests.support.server import ServerProcess, running_server, wait_for
+from tests.support.server import ServerProcess, loopback_http, running_server, wait_for
 from tests.support.tiny_mmproj import build_tiny_mmproj
 
 KEY_A, KEY_B = "image-key-a-0123456789", "image-key-b-0123456789"
@@ -44,11 +43,8 @@ class Images(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def images() -> Iterator[http.server.ThreadingHTTPServer]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Images)
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with loopback_http(Images) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import http.server
 import io
-import threading
 from collections.abc import Iterator
 
 import openai
@@ -21,7 +20,7 @@ from PIL import Image as PILImage
 from app.core.video import VideoLimits, extract
 from tests.support.images import data_url
 from tests.support.mtmd_reference import reference_answer
-from tests.support.server import VERTEX_PREDICT, free_port, running_server
+from tests.support.server import VERTEX_PREDICT, free_port, loopback_http, running_server
 from tests.support.videos import ffmpeg
 from tests.support.videos import video as make_video
 
@@ -58,11 +57,8 @@ class Files(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def host() -> Iterator[http.server.ThreadingHTTPServer]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with loopback_http(Files) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,3 +140,17 @@ def running_server(env: dict[str, str]) -> Iterator[ServerProcess]:
 
 VERTEX_HEALTH = "/v1/endpoints/1234/deployedModels/5678"
 VERTEX_PREDICT = "/v1/endpoints/1234/deployedModels/5678:predict"
+
+
+@contextlib.contextmanager
+def loopback_http(handler: type[http.server.BaseHTTPRequestHandler]
+                  ) -> Iterator[http.server.ThreadingHTTPServer]:
+    """A threaded HTTP server with ``handler`` on a free loopback port (the files a test lets
+    the server fetch), shut down after."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
