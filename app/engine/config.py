@@ -6,6 +6,7 @@ and the composition root builds it (app.engine_config) without importing llama.c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -83,3 +84,8 @@ class EngineConfig:
     # the text every chat starts with, for the model's card (app.core.plan.opening): decoded
     # at load and left in the KV cache, so the first requests reuse it as later ones do
     opening: Callable[[ModelInfo], str | None] | None
+
+
+def n_threads(cfg: EngineConfig) -> int:
+    """THREADS, resolved (0: every core this process may run on)."""
+    return cfg.threads or len(os.sched_getaffinity(0))

@@ -70,18 +70,14 @@ class Canon:
         return n % self.chunk == 0 or any(n in (span.start, span.start + span.n)
                                           for span in job.images)
 
-    def boundary(self, job: Job, end: int) -> bool:
-        """Whether a prompt piece ending at token ``end`` ends where every run's would."""
-        return end % self.chunk == 0 or any(span.start == end for span in job.images)
-
     def settle(self, feeds: Sequence[Feed]) -> None:
         """After a decode: a prompt piece that began at its sequence's canonical end and
-        ended at a boundary extends the canonical cells."""
+        ended where every run cuts the prompt (``cut``) extends the canonical cells."""
         for f in feeds:
             kv, job = f.slot.kv, f.slot.job
             end = len(kv)
             if f.prompt and job is not None and kv.canonical == end - len(f.tokens) \
-                    and self.boundary(job, end):
+                    and self.cut(job, end):
                 kv.canonical = end
 
     @staticmethod

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from app.base import cxx_runtime
 from app.base.errors import ModelLoadError
 from app.engine import cpu_buffers, cuda_check, llama_log, memory_check, mtp, placement
-from app.engine.config import EngineConfig
+from app.engine.config import EngineConfig, n_threads
 from app.engine.deterministic import Canon
 from app.engine.embed import POOLING_IDS
 from app.engine.file_holds import FileHolds
@@ -145,7 +145,7 @@ class LlamaModel:
         self.tok = Tokenizer(ll, self.vocab, cfg.preserved_tokens,
                              self.vocab_tables.user_defined_texts)
         self.n_ctx_train = ll.llama_model_n_ctx_train(model)
-        self.n_threads = cfg.threads or len(os.sched_getaffinity(0))
+        self.n_threads = n_threads(cfg)
         self.n_threads_batch = cfg.threads_batch or self.n_threads
 
         mode = self._embedding_mode()

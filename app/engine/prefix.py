@@ -35,6 +35,7 @@ from app.engine.tokens import common_prefix
 class Reuse:
     """Where a new prompt goes and what it starts from."""
 
+    scope: str  # the prompt's key scope (slots.cache_scope): what it may reuse, and leaves
     slot: Slot  # the free slot the prompt takes
     source: Slot  # the slot whose cells hold the reused prefix (``slot`` itself, or one to copy)
     n_common: int  # tokens of ``source``'s cells reused
@@ -67,4 +68,4 @@ def choose(job: Job, slots: list[Slot], free: list[Slot], cache: PromptCache | N
     if n_entry - n_common < RELOCATE_MIN_TOKENS or entry is not None and whole \
             and n_entry < len(entry.tokens):
         entry = None  # a slot holds about as much, or it would not be kept whole
-    return Reuse(slot, source, n_common, entry, n_entry)
+    return Reuse(scope, slot, source, n_common, entry, n_entry)

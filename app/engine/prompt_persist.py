@@ -28,7 +28,7 @@ import numpy as np
 
 from app.base.threads import ThreadEvent, allocate_lock, original_sleep, start_native_thread
 from app.engine import prompt_file
-from app.engine.config import EngineConfig
+from app.engine.config import EngineConfig, n_threads
 from app.engine.prompt_cache import Entry, PromptCache
 from app.engine.prompt_store import PromptStore, Stored, identity
 from app.engine.slots import PUBLIC, RELOCATE_MIN_TOKENS, Job, Slot, cache_scope, reuse_rule
@@ -87,7 +87,7 @@ def open_persist(cfg: EngineConfig, model: str, mmproj: str | None, adapters: Se
         # DETERMINISTIC keeps only cells cut at multiples of PREFILL_CHUNK, and its bytes hold
         # only under the settings that shape the numbers: not another's
         **({"deterministic": cfg.prefill_chunk, "n_ubatch": cfg.n_ubatch,
-            "threads": cfg.threads or len(os.sched_getaffinity(0)),
+            "threads": n_threads(cfg),
             "threads_batch": cfg.threads_batch, "gpu_layers": cfg.gpu_layers}
            if cfg.deterministic else {})})
     whole_only = cache is not None and cache.whole_only

@@ -41,7 +41,6 @@ from app.engine.slots import (
     PUBLIC,
     Job,
     Slot,
-    cache_scope,
     drop,
     fail,
     next_waiting,
@@ -194,9 +193,9 @@ class Scheduler:
                 return  # the next request waits for enough slots for all its choices
             del self.waiting[i]
             job.queued = time.monotonic() - job.submitted
-            scope = cache_scope(job.request)
             cache = self.features.prompt_cache
             r = choose(job, self.slots, free, cache, self.features.canon)
+            scope = r.scope
             job.preloaded = None  # read from disk for this admission only
             slot, source, n_common, entry = r.slot, r.source, r.n_common, r.entry
             whole = cache is not None and cache.whole_only  # a recurrent model's memory
